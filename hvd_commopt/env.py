@@ -1,0 +1,139 @@
+"""The only place that reads ``os.environ``: typed getters for deployment knobs and launch detection.
+
+An explicit argument always wins over an environment variable; an environment variable wins over
+the default. ``HOROVOD_*`` spellings of the same knob are honoured so that a Horovod job script
+keeps working after changing one import.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from .errors import ConfigError, LaunchEnvironmentError
+
+__all__ = [
+    "LaunchInfo",
+    "detect_launch",
+    "backend_name",
+    "fusion_threshold_bytes",
+    "collective_timeout_s",
+    "timeline_path",
+    "verbose",
+    "DEFAULT_FUSION_THRESHOLD",
+    "DEFAULT_TIMEOUT_S",
+]
+
+# Horovod's default HOROVOD_FUSION_THRESHOLD: 128 MiB (horovod/common/operations.cc).
+DEFAULT_FUSION_THRESHOLD = 128 * 1024 * 1024
+# Long enough for a slow first step (allocation, profiling), short enough that a lost rank is
+# reported within minutes rather than never.
+DEFAULT_TIMEOUT_S = 300.0
+
+
+def _get(*names: str) -> str | None:
+    for n in names:
+        v = os.environ.get(n)
+        if v is not None and v != "":
+            return v
+    return None
+
+
+def _number(value: str, name: str, kind=float):
+    try:
+        return kind(value)
+    except ValueError:
+        raise ConfigError(f"environment variable {name}={value!r} is not a number; unset it or give a number") from None
+
+
+def fusion_threshold_bytes(explicit: int | None = None) -> int:
+    """Fusion threshold in bytes (0 = one tensor per message), Horovod's meaning."""
+    if explicit is not None:
+        return int(explicit)
+    v = _get("HVD_COMMOPT_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHOLD")
+    if v is None:
+        return DEFAULT_FUSION_THRESHOLD
+    out = _number(v, "HVD_COMMOPT_FUSION_THRESHOLD", int)
+    if out < 0:
+        raise ConfigError(f"HVD_COMMOPT_FUSION_THRESHOLD={out} is negative; use 0 to disable fusion")
+    return out
+
+
+def collective_timeout_s(explicit: float | None = None) -> float:
+    """Seconds a blocking wait may last before it fails with CollectiveTimeoutError."""
+    if explicit is not None:
+        out = float(explicit)
+    else:
+        v = _get("HVD_COMMOPT_TIMEOUT")
+        out = DEFAULT_TIMEOUT_S if v is None else _number(v, "HVD_COMMOPT_TIMEOUT")
+    if out <= 0:
+        raise ConfigError(f"collective timeout must be > 0 seconds, got {out}")
+    return out
+
+
+def timeline_path(explicit: str | None = None) -> str | None:
+    return explicit if explicit is not None else _get("HVD_COMMOPT_TIMELINE", "HOROVOD_TIMELINE")
+
+
+def verbose() -> bool:
+    return (_get("HVD_COMMOPT_VERBOSE") or "0") not in ("0", "false", "False", "")
+
+
+def backend_name(explicit: str | None = None) -> str | None:
+    """The backend asked for by argument or HVD_COMMOPT_BACKEND; None means 'choose from the launcher'."""
+    return explicit or _get("HVD_COMMOPT_BACKEND")
+
+
+@dataclass(frozen=True)
+class LaunchInfo:
+    """Where this process sits in the job, as told by the launcher's environment."""
+
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    launcher: str  # "openmpi", "mpich", "horovodrun", "torchrun", "slurm" or "none"
+
+
+# (launcher, rank var, size var, local rank var, local size var), in the order they are trusted.
+_LAUNCHERS = (
+    ("openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+     "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    ("mpich", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+    ("horovodrun", "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE"),
+    ("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
+)
+
+
+def detect_launch(environ: dict[str, str] | None = None) -> LaunchInfo:
+    """Read rank/size from every launcher's variables and check that they agree.
+
+    Raises:
+        LaunchEnvironmentError: two launchers' variables disagree (for instance a stale
+            ``RANK``/``WORLD_SIZE`` exported in a shell, then ``mpirun`` started the job), naming
+            both sources so the user knows which one to unset.
+    """
+    env = os.environ if environ is None else environ
+    found: list[tuple[str, int, int, int | None, int | None]] = []
+    for launcher, rv, sv, lrv, lsv in _LAUNCHERS:
+        if rv in env and sv in env:
+            try:
+                r, s = int(env[rv]), int(env[sv])
+                lr = int(env[lrv]) if lrv in env else None
+                ls = int(env[lsv]) if lsv in env else None
+            except ValueError:
+                raise LaunchEnvironmentError(
+                    f"{launcher} variables {rv}={env.get(rv)!r} {sv}={env.get(sv)!r} are not integers") from None
+            if not (0 <= r < s):
+                raise LaunchEnvironmentError(f"{launcher} says rank {r} of size {s}: rank must be in [0, size)")
+            found.append((launcher, r, s, lr, ls))
+    if not found:
+        return LaunchInfo(0, 1, 0, 1, "none")
+    first = found[0]
+    for other in found[1:]:
+        if (other[1], other[2]) != (first[1], first[2]):
+            raise LaunchEnvironmentError(
+                f"launchers disagree: {first[0]} says rank {first[1]} of {first[2]}, "
+                f"{other[0]} says rank {other[1]} of {other[2]}. Unset the stale variables "
+                f"(e.g. RANK/WORLD_SIZE left in the shell) or launch with one launcher only.")
+    launcher, r, s, lr, ls = first
+    return LaunchInfo(r, s, lr if lr is not None else r, ls if ls is not None else s, launcher)

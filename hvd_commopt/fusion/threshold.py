@@ -1,0 +1,53 @@
+"""Threshold fusion with Horovod's meaning.
+
+Plan representation used by every planner in :mod:`hvd_commopt.fusion`: a list of groups, each a
+list of tensor positions in *backward order* (position 0 = the first gradient to become ready,
+i.e. the last layer). Groups are contiguous, cover every position exactly once, and are
+communicated in list order.
+
+Horovod packs ready tensors into one fusion buffer until adding the next would exceed
+``HOROVOD_FUSION_THRESHOLD`` bytes (a tensor larger than the threshold travels alone);
+``threshold == 0`` disables fusion (one tensor per message). We plan that statically over the
+backward order, which is what Horovod converges to when gradients arrive in that order.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+__all__ = ["plan_threshold", "plan_per_tensor", "plan_single", "validate_plan"]
+
+
+def plan_threshold(sizes_bytes: Sequence[int], threshold_bytes: int) -> list[list[int]]:
+    """Greedy contiguous packing of tensors (in backward order) under ``threshold_bytes``."""
+    if threshold_bytes < 0:
+        raise ValueError(f"fusion threshold must be >= 0 bytes, got {threshold_bytes}")
+    if threshold_bytes == 0:
+        return plan_per_tensor(len(sizes_bytes))
+    groups: list[list[int]] = []
+    current: list[int] = []
+    filled = 0
+    for i, nb in enumerate(sizes_bytes):
+        if current and filled + nb > threshold_bytes:
+            groups.append(current)
+            current, filled = [], 0
+        current.append(i)
+        filled += nb
+    if current:
+        groups.append(current)
+    return groups
+
+
+def plan_per_tensor(n: int) -> list[list[int]]:
+    return [[i] for i in range(n)]
+
+
+def plan_single(n: int) -> list[list[int]]:
+    return [list(range(n))] if n else []
+
+
+def validate_plan(plan: Sequence[Sequence[int]], n: int) -> None:
+    """Raise ValueError unless ``plan`` is contiguous groups covering 0..n-1 once, in order."""
+    flat = [i for g in plan for i in g]
+    if flat != list(range(n)) or any(len(g) == 0 for g in plan):
+        raise ValueError(f"invalid plan for {n} tensors: groups must be non-empty, contiguous and "
+                         f"cover 0..{n - 1} in order; got {[list(g) for g in plan]}")

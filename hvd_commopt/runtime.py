@@ -1,0 +1,81 @@
+"""Process-wide runtime: ``init()`` picks a backend from the launcher and holds the communicator.
+
+Backend choice, in order: the ``backend`` argument, ``HVD_COMMOPT_BACKEND``, then the launcher:
+``mpirun``/``mpiexec``/our launcher -> ``mpi``; ``torchrun`` -> the adapter's torch.distributed
+backend (``gloo``); no launcher -> ``local`` (size 1, no MPI needed, so ``python train.py`` works).
+"""
+from __future__ import annotations
+
+import atexit
+import threading
+
+from . import env
+from .comm import Communicator, create_backend
+from .errors import HvdCommoptError, LaunchEnvironmentError
+
+__all__ = ["init", "shutdown", "is_initialized", "communicator", "rank", "size", "local_rank", "local_size"]
+
+_lock = threading.Lock()
+_comm: Communicator | None = None
+
+
+def _default_backend(launch: env.LaunchInfo) -> str:
+    if launch.launcher in ("openmpi", "mpich"):
+        return "mpi"
+    if launch.launcher == "torchrun":
+        return "gloo"
+    if launch.launcher == "horovodrun":
+        return "mpi"
+    return "local"
+
+
+def init(backend: str | None = None, timeout_s: float | None = None) -> Communicator:
+    """Initialise once per process (later calls return the same communicator).
+
+    Raises:
+        LaunchEnvironmentError: the launcher's variables disagree with the backend's view of the
+            world (for instance ``mpirun -np 2`` with a stale ``WORLD_SIZE=4``).
+    """
+    global _comm
+    with _lock:
+        if _comm is not None:
+            return _comm
+        launch = env.detect_launch()
+        name = env.backend_name(backend) or _default_backend(launch)
+        be = create_backend(name)
+        if launch.launcher != "none" and (be.rank, be.size) != (launch.rank, launch.size):
+            raise LaunchEnvironmentError(
+                f"the {name} backend sees rank {be.rank} of {be.size}, but the {launch.launcher} "
+                f"launcher says rank {launch.rank} of {launch.size}. Start every rank with the same "
+                f"launcher, or choose the backend matching it with HVD_COMMOPT_BACKEND.")
+        if launch.launcher == "none" and name == "local" and be.size != 1:
+            raise LaunchEnvironmentError("internal: the local backend must have size 1")
+        _comm = Communicator(be, env.collective_timeout_s(timeout_s))
+        return _comm
+
+
+def is_initialized() -> bool:
+    return _comm is not None
+
+
+def communicator() -> Communicator:
+    if _comm is None:
+        raise HvdCommoptError("hvd_commopt is not initialised: call init() first (hco.init() in the adapters)")
+    return _comm
+
+
+def shutdown() -> None:
+    global _comm
+    with _lock:
+        if _comm is not None:
+            _comm.shutdown()
+            _comm = None
+
+
+atexit.register(shutdown)
+
+
+def rank() -> int: return communicator().rank
+def size() -> int: return communicator().size
+def local_rank() -> int: return communicator().local_rank
+def local_size() -> int: return communicator().local_size

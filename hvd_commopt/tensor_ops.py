@@ -1,0 +1,72 @@
+"""The small tensor-ops interface every algorithm in the core is written against.
+
+Each adapter implements it with its framework's native ops (``torch.topk``, ``tf.math.top_k``);
+:class:`hvd_commopt.numpy_ops.NumpyOps` implements it for host arrays and is what the unit tests
+and the in-process backend use.
+
+Design choice: every method is *functional* — it returns its result, and callers always use the
+returned value. PyTorch implementations may work in place and return their argument (cheap);
+TensorFlow tensors are immutable and return new tensors. Writing the core this way is what lets
+one algorithm serve both frameworks without a per-framework copy.
+
+Dtypes are named by strings ("float32", "float16", "bfloat16", "int32", "int64", "int8", ...),
+never by framework objects, so the core can reason about them.
+"""
+from __future__ import annotations
+
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+__all__ = ["TensorOps", "DTYPE_BYTES"]
+
+Tensor = Any
+
+DTYPE_BYTES = {
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
+    "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
+}
+
+
+@runtime_checkable
+class TensorOps(Protocol):
+    """Native tensor operations the core needs. All tensors handled here are 1-D unless stated."""
+
+    name: str  # "torch", "tensorflow", "numpy"
+
+    # -- description -------------------------------------------------------------------------
+    def numel(self, t: Tensor) -> int: ...
+    def dtype_name(self, t: Tensor) -> str: ...
+    def shape(self, t: Tensor) -> tuple[int, ...]: ...
+    def device_name(self, t: Tensor) -> str: ...  # "cpu", "cuda:0", ...
+
+    # -- creation and layout -----------------------------------------------------------------
+    def empty(self, n: int, dtype: str, like: Tensor) -> Tensor: ...  # 1-D, on like's device
+    def zeros(self, n: int, dtype: str, like: Tensor) -> Tensor: ...
+    def flatten(self, t: Tensor) -> Tensor: ...  # 1-D view where possible
+    def reshape(self, t: Tensor, shape: Sequence[int]) -> Tensor: ...
+    def slice(self, t: Tensor, start: int, stop: int) -> Tensor: ...  # view where possible
+    def cat(self, ts: Sequence[Tensor]) -> Tensor: ...
+    def copy_into(self, dst: Tensor, offset: int, src: Tensor) -> Tensor: ...  # dst[offset:offset+n] = flat(src)
+    def clone(self, t: Tensor) -> Tensor: ...
+    def cast(self, t: Tensor, dtype: str) -> Tensor: ...
+
+    # -- arithmetic --------------------------------------------------------------------------
+    def scale(self, t: Tensor, factor: float) -> Tensor: ...  # t * factor (in place allowed)
+    def add(self, a: Tensor, b: Tensor) -> Tensor: ...  # a + b (in place into a allowed)
+    def sub(self, a: Tensor, b: Tensor) -> Tensor: ...
+
+    # -- sparse ------------------------------------------------------------------------------
+    def topk_abs(self, t: Tensor, k: int) -> tuple[Tensor, Tensor]:
+        """(values, int64 indices) of the k largest |t|; ties broken towards the lower index."""
+        ...
+    def gather(self, t: Tensor, idx: Tensor) -> Tensor: ...
+    def scatter_add(self, dst: Tensor, idx: Tensor, vals: Tensor) -> Tensor: ...  # duplicates summed
+    def index_fill(self, t: Tensor, idx: Tensor, value: float) -> Tensor: ...
+    def arange(self, n: int, like: Tensor) -> Tensor: ...  # int64
+
+    # -- host exchange (communicators that need host buffers) ---------------------------------
+    def to_numpy(self, t: Tensor):
+        """A NumPy array with t's contents; a zero-copy view for contiguous CPU tensors."""
+        ...
+    def from_numpy(self, a, like: Tensor) -> Tensor:
+        """A tensor with a's contents on like's device (zero-copy where the framework allows)."""
+        ...
