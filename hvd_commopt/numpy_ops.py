@@ -61,9 +61,10 @@ class NumpyOps:
         return a
 
     def topk_abs(self, t, k):
-        # A stable sort on -|t| keeps equal magnitudes in index order: deterministic ties,
-        # the same on every rank (spec §11.8).
-        idx = np.argsort(-np.abs(t), kind="stable")[:k].astype(np.int64)
+        # A stable sort on -|t| keeps equal magnitudes in index order: ties go to the lower
+        # index, the same on every rank (spec §11.8). Indices are returned ascending, the
+        # canonical form every TensorOps uses.
+        idx = np.sort(np.argsort(-np.abs(t), kind="stable")[:k]).astype(np.int64)
         return t[idx], idx
 
     def gather(self, t, idx): return t[idx]

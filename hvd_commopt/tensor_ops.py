@@ -56,7 +56,8 @@ class TensorOps(Protocol):
 
     # -- sparse ------------------------------------------------------------------------------
     def topk_abs(self, t: Tensor, k: int) -> tuple[Tensor, Tensor]:
-        """(values, int64 indices) of the k largest |t|; ties broken towards the lower index."""
+        """(values, int64 indices) of the k largest |t|; ties broken towards the lower index;
+        indices in ascending order (the canonical form, identical on every rank)."""
         ...
     def gather(self, t: Tensor, idx: Tensor) -> Tensor: ...
     def scatter_add(self, dst: Tensor, idx: Tensor, vals: Tensor) -> Tensor: ...  # duplicates summed

@@ -119,8 +119,10 @@ class Communicator:
                     self._broken = e  # an MPI collective cannot be cancelled: the stream is dead
                 handle._set(error=e)
                 continue
+            sent, received = traffic(result)
+            handle.bytes_sent, handle.bytes_received = int(sent), int(received)
             handle._set(result=result)
-            self.traffic.add(*traffic(result), handle.comm_seconds)
+            self.traffic.add(sent, received, handle.comm_seconds)
 
     def _submit(self, op: str, name: str, fn: Callable, args: tuple, traffic: Callable[[Any], tuple[float, float]]) -> Handle:
         if self._closed:

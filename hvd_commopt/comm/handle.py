@@ -18,7 +18,7 @@ class Handle:
     thread.
     """
 
-    __slots__ = ("op", "name", "_done", "_result", "_error", "_submitted", "_started", "_finished")
+    __slots__ = ("op", "name", "_done", "_result", "_error", "_submitted", "_started", "_finished", "bytes_sent", "bytes_received")
 
     def __init__(self, op: str, name: str):
         self.op = op
@@ -29,6 +29,8 @@ class Handle:
         self._submitted = time.perf_counter()
         self._started: float | None = None
         self._finished: float | None = None
+        self.bytes_sent = 0      # set by the progress thread when done (accounting formulas)
+        self.bytes_received = 0
 
     # -- producer side (progress thread) ------------------------------------------------------
     def _start(self) -> None:

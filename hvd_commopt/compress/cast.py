@@ -1,0 +1,54 @@
+"""Precision-reducing compressors: none, fp16, bf16 (Horovod's ``Compression.none``/``.fp16``).
+
+Choice: fp16 and bf16 divide by P *before* the sum (``predivide``), so a sum of P gradients
+cannot overflow half precision's range; the cost is that tiny gradients divided by P may
+underflow in fp16 (bf16 keeps fp32's exponent range and does not).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..tensor_ops import TensorOps
+from .base import Compressor
+
+__all__ = ["NoneCompressor", "FP16Compressor", "BF16Compressor"]
+
+
+class NoneCompressor(Compressor):
+    """Sends the bucket as it is."""
+
+    name = "none"
+
+    def compress(self, ops: TensorOps, flat: Any) -> tuple[Any, Any]:
+        return flat, None
+
+    def decompress(self, ops: TensorOps, payload: Any, ctx: Any) -> Any:
+        return payload
+
+
+class _CastCompressor(Compressor):
+    target = "float16"
+    predivide = True
+
+    def compress(self, ops: TensorOps, flat: Any) -> tuple[Any, Any]:
+        dtype = ops.dtype_name(flat)
+        if not dtype.startswith("float") or dtype == self.target:
+            return flat, None  # integers and already-narrow tensors travel unchanged
+        return ops.cast(flat, self.target), dtype
+
+    def decompress(self, ops: TensorOps, payload: Any, ctx: Any) -> Any:
+        return payload if ctx is None else ops.cast(payload, ctx)
+
+
+class FP16Compressor(_CastCompressor):
+    """Casts floating buckets to float16 for the wire and back afterwards."""
+
+    name = "fp16"
+    target = "float16"
+
+
+class BF16Compressor(_CastCompressor):
+    """Casts floating buckets to bfloat16 for the wire and back afterwards."""
+
+    name = "bf16"
+    target = "bfloat16"

@@ -1,0 +1,197 @@
+"""``DistributedOptimizer``: Horovod's contract on top of the core engine.
+
+The wrapper only attaches hooks and translates tensors: a post-accumulate-grad hook per
+parameter hands the gradient to :class:`hvd_commopt.engine.CommEngine`; ``step()`` calls
+``synchronize()``, copies the reduced gradients into ``p.grad`` and runs the wrapped step.
+
+Differences from Horovod, on purpose:
+* The optimizer passed in is converted *in place* (its class becomes a dynamic subclass) and
+  returned, instead of a new optimizer being built from its param_groups: its defaults and state
+  survive, and an LR scheduler created before wrapping keeps driving the same object.
+* Hooks are registered at size 1 too, so a single-process run exercises the same code path.
+* A parameter with no gradient on this rank takes part with zeros and receives the reduced
+  gradient, so ranks stay identical even when they use different parameters (DDP's
+  ``find_unused_parameters`` outcome, with no extra pass).
+"""
+from __future__ import annotations
+
+import warnings
+import weakref
+from contextlib import contextmanager
+
+import torch
+
+from hvd_commopt import runtime
+from hvd_commopt.engine import CommEngine, TensorSpec
+from hvd_commopt.errors import ConfigError, HvdCommoptError
+
+from .ops import TorchOps
+
+__all__ = ["DistributedOptimizer", "Average", "Sum"]
+
+Average = "average"
+Sum = "sum"
+
+
+class _DistributedOptimizerMixin:
+    """Methods grafted onto the wrapped optimizer's class."""
+
+    def _hco_setup(self, named_parameters, engine: CommEngine) -> None:
+        self._hco_engine = engine
+        self._hco_names = {id(p): n for n, p in named_parameters}
+        self._hco_params = {n: p for n, p in named_parameters}
+        self._hco_synchronized = False
+        self._hco_should_sync = True
+        self._hco_hooks = [p.register_post_accumulate_grad_hook(self._hco_make_hook(n))
+                           for n, p in named_parameters]
+
+    def _hco_make_hook(self, name: str):
+        engine = self._hco_engine
+
+        def hook(p: torch.Tensor) -> None:
+            engine.grad_ready(name, p.grad)
+        return hook
+
+    @property
+    def comm_engine(self) -> CommEngine:
+        return self._hco_engine
+
+    @property
+    def comm_stats(self) -> dict:
+        """Traffic and wait time of the last step (bytes sent/received, seconds, per bucket)."""
+        return self._hco_engine.last_stats.as_dict()
+
+    def synchronize(self) -> None:
+        """Finish reducing this step's gradients and write them into ``p.grad``."""
+        params = self._hco_params
+        out = self._hco_engine.synchronize(fetch=lambda n: params[n].grad)
+        with torch.no_grad():
+            for name, g in out.items():
+                p = params[name]
+                if p.grad is None:
+                    p.grad = g.detach().clone()
+                else:
+                    p.grad.copy_(g)
+        self._hco_synchronized = True
+
+    @contextmanager
+    def skip_synchronize(self):
+        """Make ``step()`` skip synchronisation (after an explicit ``synchronize()``, e.g. to clip)."""
+        self._hco_should_sync = False
+        try:
+            yield
+        finally:
+            self._hco_should_sync = True
+
+    def step(self, closure=None):
+        if self._hco_should_sync:
+            if self._hco_synchronized:
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() after "
+                              "optimizer.synchronize(): the gradients are reduced twice. Wrap step() "
+                              "in `with optimizer.skip_synchronize():`.")
+            self.synchronize()
+        self._hco_synchronized = False
+        return self._hco_base.step(self, closure)
+
+    def zero_grad(self, set_to_none: bool = True):
+        if self._hco_engine.in_flight:
+            raise HvdCommoptError(
+                "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
+                "optimizer.synchronize(); this would race with the gradients being communicated. "
+                "Call zero_grad() before backward() or after step().")
+        return self._hco_base.zero_grad(self, set_to_none=set_to_none)
+
+    def state_dict(self):
+        sd = self._hco_base.state_dict(self)
+        sd["hvd_commopt"] = self._hco_engine.state_dict()
+        return sd
+
+    def load_state_dict(self, state_dict):
+        state_dict = dict(state_dict)
+        engine_state = state_dict.pop("hvd_commopt", None)
+        self._hco_engine.abandon()  # like Horovod: pending handles are dropped on load
+        self._hco_synchronized = False
+        if engine_state is not None:
+            self._hco_engine.load_state_dict(engine_state)
+        return self._hco_base.load_state_dict(self, state_dict)
+
+
+def _named(optimizer: torch.optim.Optimizer, named_parameters) -> list[tuple[str, torch.Tensor]]:
+    in_opt = [p for g in optimizer.param_groups for p in g["params"]]
+    if named_parameters is None:
+        named = [(f"allreduce.noname.{i}", p) for i, p in enumerate(in_opt)]
+    else:
+        named = list(named_parameters)
+        if any(not (isinstance(x, tuple) and len(x) == 2) for x in named):
+            raise ConfigError("named_parameters should be a sequence of (name, parameter) tuples, "
+                              "usually model.named_parameters()")
+        names = [n for n, _ in named]
+        dups = sorted({n for n in names if names.count(n) > 1})
+        if dups:
+            raise ConfigError(f"parameter names in named_parameters must be unique; duplicates: {dups}")
+        named_ids = {id(p) for _, p in named}
+        unnamed = [p for p in in_opt if id(p) not in named_ids]
+        if unnamed:
+            raise ConfigError(f"{len(unnamed)} optimizer parameter(s) missing from named_parameters "
+                              f"(shapes {[tuple(p.shape) for p in unnamed][:5]}); pass "
+                              f"model.named_parameters() for the model the optimizer was built on")
+        opt_ids = {id(p) for p in in_opt}
+        named = [(n, p) for n, p in named if id(p) in opt_ids]  # Horovod ignores the rest too
+    return [(n, p) for n, p in named if p.requires_grad]
+
+
+def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None, compression=None,
+                         backward_passes_per_step: int = 1, op: str = Average,
+                         gradient_predivide_factor: float = 1.0, fusion_threshold: int | None = None,
+                         communicator=None) -> torch.optim.Optimizer:
+    """Wrap ``optimizer`` so that ``step()`` uses gradients averaged over all ranks.
+
+    Args:
+        optimizer: any ``torch.optim`` optimizer (converted in place and returned).
+        named_parameters: ``model.named_parameters()``; names must match across ranks.
+        compression: ``Compression.none`` (default), ``Compression.fp16``, ``Compression.bf16``.
+        backward_passes_per_step: local accumulation passes before one reduction (summed).
+        op: ``Average`` (default) or ``Sum``.
+        gradient_predivide_factor: with Average, divide by f before the sum, by size/f after.
+        fusion_threshold: fusion buffer size in bytes (0 = no fusion); default from
+            ``HVD_COMMOPT_FUSION_THRESHOLD`` / ``HOROVOD_FUSION_THRESHOLD``, else 128 MiB.
+        communicator: a core Communicator; default: the one ``init()`` made.
+
+    Raises:
+        RankMismatchError: the model differs across ranks (checked here, collectively).
+        ConfigError: a bad argument, with the fix.
+    """
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ConfigError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    if isinstance(optimizer, _DistributedOptimizerMixin):
+        raise ConfigError("this optimizer is already a DistributedOptimizer; wrap it once")
+    comm = communicator if communicator is not None else runtime.communicator()
+    named = _named(optimizer, named_parameters)
+    engine = CommEngine(comm, TorchOps(), compression=compression, fusion_threshold=fusion_threshold,
+                        op=op, gradient_predivide_factor=gradient_predivide_factor,
+                        backward_passes_per_step=backward_passes_per_step)
+    specs = [TensorSpec(n, tuple(p.shape), TorchOps().dtype_name(p)) for n, p in named]
+    engine.register(specs)
+    base = type(optimizer)
+    cls = type(base.__name__, (_DistributedOptimizerMixin, base), {"_hco_base": base})
+    optimizer.__class__ = cls
+    optimizer._hco_setup(named, engine)
+    _repoint_lr_scheduler_wrapper(optimizer, cls)
+    return optimizer
+
+
+def _repoint_lr_scheduler_wrapper(optimizer: torch.optim.Optimizer, cls: type) -> None:
+    """An LR scheduler built before wrapping left an instance-level ``step`` that calls the base
+    class's step directly; re-point it at ours so gradients are still reduced."""
+    inst_step = optimizer.__dict__.get("step")
+    if inst_step is None or not getattr(inst_step, "_wrapped_by_lr_sched", False):
+        return
+    ref = weakref.ref(optimizer)
+
+    def step(*args, **kwargs):
+        opt = ref()
+        opt._opt_called = True
+        return cls.step(opt, *args, **kwargs)
+
+    step._wrapped_by_lr_sched = True
+    optimizer.step = step
