@@ -29,6 +29,7 @@ class Backend(abc.ABC):
 
     name: str = "abstract"
     buffer_kind: str = "numpy"  # or "native"
+    enforces_deadline: bool = True  # False: blocking calls; the waiter times out and diagnoses
 
     @property
     @abc.abstractmethod

@@ -24,7 +24,7 @@ from ..errors import CollectiveTimeoutError, ConfigError, HvdCommoptError
 from .base import REDUCE_OPS, Backend
 from .handle import Handle
 
-__all__ = ["Communicator", "TrafficCounter"]
+__all__ = ["Communicator", "TrafficCounter", "CountingLink"]
 
 
 class TrafficCounter:
@@ -67,6 +67,61 @@ def _nbytes(buf: Any) -> int:
 
 
 _STOP = object()
+
+
+class CountingLink:
+    """The backend as seen by a function run with :meth:`Communicator.run_async`.
+
+    Same blocking methods as :class:`Backend` (``sendrecv``, ``allgather``, ``allreduce_``,
+    ``broadcast_``; ``name`` and ``deadline`` optional) and its ``rank``/``size``/``buffer_kind``.
+    Every call adds its bytes to ``sent``/``received`` with the formulas the communicator's own
+    collectives use (see :class:`TrafficCounter`), so a multi-round algorithm's handle reports
+    its traffic without the algorithm counting by hand.
+    """
+
+    def __init__(self, backend: Backend, name: str, deadline: float):
+        self.backend = backend
+        self.name = name
+        self.deadline = deadline
+        self.sent = 0
+        self.received = 0
+        self.calls = 0
+
+    @property
+    def rank(self) -> int: return self.backend.rank
+    @property
+    def size(self) -> int: return self.backend.size
+    @property
+    def buffer_kind(self) -> str: return self.backend.buffer_kind
+
+    def _count(self, sent: float, received: float) -> None:
+        self.sent += int(sent)
+        self.received += int(received)
+        self.calls += 1
+
+    def sendrecv(self, send: Any, dest: int, source: int, name: str | None = None,
+                 deadline: float | None = None) -> Any:
+        r = self.backend.sendrecv(send, dest, source, name or self.name, deadline or self.deadline)
+        self._count(_nbytes(send) if dest >= 0 else 0, 0 if r is None else _nbytes(r))
+        return r
+
+    def allgather(self, buf: Any, name: str | None = None, deadline: float | None = None) -> tuple[Any, list[int]]:
+        out = self.backend.allgather(buf, name or self.name, deadline or self.deadline)
+        n = _nbytes(buf)
+        self._count((self.size - 1) * n, _nbytes(out[0]) - n)
+        return out
+
+    def allreduce_(self, buf: Any, op: str = "sum", name: str | None = None, deadline: float | None = None) -> Any:
+        out = self.backend.allreduce_(buf, op, name or self.name, deadline or self.deadline)
+        p, n = self.size, _nbytes(buf)
+        self._count(2 * (p - 1) / p * n, 2 * (p - 1) / p * n)
+        return out
+
+    def broadcast_(self, buf: Any, root: int = 0, name: str | None = None, deadline: float | None = None) -> Any:
+        out = self.backend.broadcast_(buf, root, name or self.name, deadline or self.deadline)
+        p, n = self.size, _nbytes(buf)
+        self._count((p - 1) * n if self.rank == root else 0, 0 if self.rank == root else n)
+        return out
 
 
 class Communicator:
@@ -133,15 +188,18 @@ class Communicator:
 
     def wait(self, handle: Handle) -> Any:
         """Wait for ``handle`` at most the communicator's timeout; then fail naming the missing ranks."""
+        # A backend that enforces the deadline itself names the missing ranks exactly; give it a
+        # moment to do so before this thread diagnoses on its own.
+        limit = self.timeout_s + (2.0 if self.backend.enforces_deadline else 0.0)
         try:
-            return handle.wait(self.timeout_s)
+            return handle.wait(limit)
         except CollectiveTimeoutError as e:
             if handle.poll():  # the backend itself timed out and already named the ranks
                 raise
             missing, detail = self.backend.diagnose()
             err = CollectiveTimeoutError(
                 f"rank {self.rank}: {handle.op} '{handle.name}' did not complete within "
-                f"{self.timeout_s:.0f} s; {detail}. Ranks must run the same collectives in the same "
+                f"{self.timeout_s:g} s; {detail}. Ranks must run the same collectives in the same "
                 f"order: a rank skipped a step, raised an error, or its model or data differ. Raise "
                 f"HVD_COMMOPT_TIMEOUT (or timeout_s) if the job is only slow.",
                 op=handle.op, name=handle.name, missing_ranks=missing)
@@ -198,6 +256,34 @@ class Communicator:
 
     def sendrecv(self, send: Any, dest: int, source: int, name: str = "sendrecv") -> Any:
         return self.wait(self.sendrecv_async(send, dest, source, name))
+
+    # -- multi-round operations on the progress thread ------------------------------------------
+    def run_async(self, fn: Callable[[CountingLink, float], Any], name: str = "custom",
+                  op: str = "custom") -> Handle:
+        """Run ``fn(link, deadline)`` on the progress thread, in FIFO order with the collectives.
+
+        For multi-round algorithms (gTop-k's recursive doubling) whose rounds depend on each
+        other's results: run where the collectives run, they overlap the caller's computation
+        (backward) instead of blocking it round by round, and they are ordered identically on
+        every rank with everything else queued. ``link`` (a :class:`CountingLink`) offers the
+        backend's blocking calls and counts their bytes; the handle's ``bytes_sent`` /
+        ``bytes_received`` are the totals, and the result is fn's return value.
+
+        Every rank must make matching calls inside fn (as with any collective); buffers follow
+        ``buffer_kind`` (host NumPy arrays for "numpy" backends).
+        """
+        state: dict[str, CountingLink] = {}
+
+        def call(deadline: float) -> Any:
+            link = CountingLink(self.backend, name, deadline)
+            state["link"] = link
+            return fn(link, deadline)
+
+        def traffic(_r: Any) -> tuple[float, float]:
+            link = state.get("link")
+            return (link.sent, link.received) if link is not None else (0, 0)
+
+        return self._submit(op, name, call, (), traffic)
 
     # -- Python objects (set-up only: pickled, host memory) ------------------------------------
     def allgather_object(self, obj: Any, name: str = "allgather_object") -> list[Any]:

@@ -1,0 +1,131 @@
+"""Rank-side checks of the synchronous path; run by test_parallel_sync.py under ``mpirun -np P``.
+
+Every rank runs these tests; a failure on any rank fails the job. Skipped at size 1.
+"""
+import numpy as np
+import pytest
+import torch
+
+import torch_plugin as hco
+
+hco.init()
+torch.set_num_threads(1)
+P, R = hco.size(), hco.rank()
+pytestmark = pytest.mark.skipif(P == 1, reason="needs mpirun -np >= 2")
+
+
+def make_model(hidden=16):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(10, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, hidden),
+                               torch.nn.ReLU(), torch.nn.Linear(hidden, 4))
+
+
+def batch(rank, step, n=8):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(n, 10, generator=g), torch.randint(0, 4, (n,), generator=g)
+
+
+def same_on_all_ranks(tensors):
+    flat = torch.cat([t.detach().reshape(-1) for t in tensors]).reshape(1, -1)
+    everyone = hco.allgather(flat)
+    return all(torch.equal(everyone[0], everyone[r]) for r in range(P))
+
+
+@pytest.mark.parametrize("threshold", [0, 256, None])
+@pytest.mark.parametrize("opt_name", ["sgd", "adam"])
+def test_weights_identical_and_equal_to_single_process(threshold, opt_name):
+    make_opt = {"sgd": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
+                "adam": lambda ps: torch.optim.Adam(ps, lr=0.01)}[opt_name]
+    model = make_model()
+    if R != 0:  # broadcast_parameters must repair a different start
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)
+    opt = hco.DistributedOptimizer(make_opt(model.parameters()), named_parameters=model.named_parameters(),
+                                   fusion_threshold=threshold)
+    hco.broadcast_parameters(model.state_dict(), root_rank=0)
+    hco.broadcast_optimizer_state(opt, root_rank=0)
+    ref = make_model()
+    ref_opt = make_opt(ref.parameters())
+    for step in range(6):
+        x, y = batch(R, step)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        xs, ys = zip(*[batch(r, step) for r in range(P)])
+        ref_opt.zero_grad()
+        torch.nn.functional.cross_entropy(ref(torch.cat(xs)), torch.cat(ys)).backward()
+        ref_opt.step()
+        assert same_on_all_ranks(list(model.parameters()))
+    for a, b in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(a.detach(), b.detach(), rtol=1e-4, atol=1e-5)
+    stats = opt.comm_stats
+    nbytes = sum(p.numel() * 4 for p in model.parameters())
+    assert stats["bytes_sent"] == sum(int(2 * (P - 1) / P * b["bytes_sent"] / (2 * (P - 1) / P)) for b in stats["per_bucket"].values())
+    assert abs(stats["bytes_sent"] - 2 * (P - 1) / P * nbytes) <= len(stats["per_bucket"])
+
+
+def test_backward_passes_per_step_closed_form():
+    w = torch.nn.Parameter(torch.zeros(5))
+    opt = hco.DistributedOptimizer(torch.optim.SGD([w], lr=1.0), named_parameters=[("w", w)], backward_passes_per_step=3)
+    c = torch.arange(1.0, 6.0)
+    for _ in range(3):
+        opt.zero_grad()
+        for n in range(3):
+            (w * c * (R + 1) * (n + 1)).sum().backward()
+        opt.step()
+    # each step: w -= (1/P) sum_r sum_n c (r+1)(n+1) = c * 6 * P(P+1)/2 / P
+    expect = -3 * c * 6 * (P + 1) / 2
+    assert torch.equal(w.detach(), expect)
+
+
+def test_clipping_between_synchronize_and_step():
+    model = make_model()
+    opt = hco.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.5), named_parameters=model.named_parameters())
+    x, y = batch(R, 0)
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    opt.synchronize()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=0.05)
+    total = torch.sqrt(sum((p.grad ** 2).sum() for p in model.parameters()))
+    assert total <= 0.05 + 1e-6
+    with opt.skip_synchronize():
+        opt.step()
+    assert same_on_all_ranks(list(model.parameters()))
+
+
+def test_unused_parameters_still_take_part():
+    model = make_model()
+    extra = torch.nn.Linear(10, 4)
+    params = list(model.named_parameters()) + [("extra." + n, p) for n, p in extra.named_parameters()]
+    hco.broadcast_parameters(dict(params), root_rank=0)
+    opt = hco.DistributedOptimizer(torch.optim.SGD([p for _, p in params], lr=0.1), named_parameters=params)
+    for step in range(3):
+        x, y = batch(R, step)
+        out = model(x) + (extra(x) if R == 0 else 0)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(out, y).backward()
+        opt.step()
+    assert same_on_all_ranks([p for _, p in params])
+
+
+def test_fp16_compression_trains_identically_on_all_ranks():
+    model = make_model()
+    opt = hco.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(),
+                                   compression=hco.Compression.fp16)
+    for step in range(3):
+        x, y = batch(R, step)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    assert same_on_all_ranks(list(model.parameters()))
+    assert opt.comm_stats["bytes_sent"] == pytest.approx(2 * (P - 1) / P * sum(p.numel() * 2 for p in model.parameters()), abs=8)
+
+
+def test_tensor_collectives():
+    t = torch.full((3,), float(R + 1))
+    assert torch.equal(hco.allreduce(t), torch.full((3,), (P + 1) / 2))
+    assert torch.equal(hco.allreduce(t, op=hco.Sum), torch.full((3,), P * (P + 1) / 2))
+    g = hco.allgather(torch.full((R + 1, 2), float(R)))
+    assert g.shape == (P * (P + 1) // 2, 2)
+    assert torch.equal(hco.broadcast(t, root_rank=P - 1), torch.full((3,), float(P)))
+    assert hco.broadcast_object({"rank": R, "t": torch.ones(2) * R}, root_rank=1)["rank"] == 1

@@ -1,0 +1,54 @@
+"""Synchronous path under a real ``mpirun`` (2 and 4 ranks, oversubscribed), and its errors."""
+import sys
+import time
+
+import pytest
+
+from tests.parallel.launch import ROOT, run_mpi, run_pytest_mpi
+
+pytest.importorskip("torch")
+pytest.importorskip("mpi4py")
+
+
+@pytest.mark.parametrize("np", [2, 4])
+def test_sync_training_under_mpirun(np):
+    run_pytest_mpi(np, "tests/parallel/mpi_sync.py", timeout=400)
+
+
+def test_sync_training_over_gloo_under_mpirun():
+    run_pytest_mpi(2, "tests/parallel/mpi_sync.py", timeout=300, env={"HVD_COMMOPT_BACKEND": "gloo"},
+                   extra=["-k", "threshold or closed_form"])
+
+
+def test_model_differing_across_ranks_is_refused_on_every_rank():
+    proc = run_mpi(3, [sys.executable, str(ROOT / "tests/parallel/mpi_errors.py"), "mismatch"], timeout=120)
+    lines = [ln for ln in proc.stdout.splitlines() if "RankMismatchError" in ln]
+    assert len(lines) == 3, proc.stdout
+    assert all("tensor #0 is '0.weight' shape (8, 4) float32 on rank 0 but '0.weight' shape (9, 4) float32 on rank 2" in ln for ln in lines)
+
+
+def test_rank_skipping_a_step_times_out_naming_it_and_the_job_ends():
+    t0 = time.monotonic()
+    proc = run_mpi(3, [sys.executable, str(ROOT / "tests/parallel/mpi_errors.py"), "skip_step"], timeout=120,
+                   env={"HVD_COMMOPT_TIMEOUT": "5"}, check=False)
+    elapsed = time.monotonic() - t0
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert elapsed < 50, f"the job took {elapsed:.0f}s to end: it hung past the timeout"
+    assert "CollectiveTimeoutError" in out, out
+    assert "missing=[1]" in out, out
+    assert "rank 1 is idle" in out, out
+
+
+def test_launcher_runs_a_job():
+    proc = run_mpi(1, [sys.executable, "-c", "print('unused')"], timeout=60)  # mpirun itself works
+    assert "unused" in proc.stdout
+    import os
+    import subprocess
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    code = "import torch_plugin as h; h.init(); print('rank', h.rank(), 'of', h.size())"
+    out = subprocess.run([sys.executable, "-m", "hvd_commopt.run", "-np", "2", "--verbose", sys.executable, "-c", code],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "rank 0 of 2" in out.stdout and "rank 1 of 2" in out.stdout
+    assert out.stdout.splitlines()[0].split()[1:3] == ["-np", "2"]

@@ -1,0 +1,58 @@
+import pytest
+
+from hvd_commopt import env
+from hvd_commopt.errors import ConfigError, LaunchEnvironmentError
+
+
+def test_no_launcher_is_size_one():
+    assert env.detect_launch({}) == env.LaunchInfo(0, 1, 0, 1, "none")
+
+
+def test_openmpi_variables():
+    info = env.detect_launch({"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "4",
+                              "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"})
+    assert info == env.LaunchInfo(2, 4, 0, 2, "openmpi")
+
+
+def test_mpich_and_torchrun_variables():
+    assert env.detect_launch({"PMI_RANK": "1", "PMI_SIZE": "3"}).launcher == "mpich"
+    info = env.detect_launch({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"})
+    assert (info.rank, info.size, info.local_rank, info.launcher) == (1, 2, 1, "torchrun")
+
+
+def test_agreeing_launchers_are_fine():
+    info = env.detect_launch({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "RANK": "1", "WORLD_SIZE": "2"})
+    assert info.launcher == "openmpi"
+
+
+def test_disagreeing_launchers_name_both():
+    with pytest.raises(LaunchEnvironmentError, match="openmpi says rank 1 of 2, torchrun says rank 0 of 4"):
+        env.detect_launch({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "RANK": "0", "WORLD_SIZE": "4"})
+
+
+def test_bad_rank_values():
+    with pytest.raises(LaunchEnvironmentError, match="rank must be in"):
+        env.detect_launch({"PMI_RANK": "3", "PMI_SIZE": "3"})
+    with pytest.raises(LaunchEnvironmentError, match="not integers"):
+        env.detect_launch({"PMI_RANK": "x", "PMI_SIZE": "3"})
+
+
+def test_fusion_threshold_precedence(monkeypatch):
+    monkeypatch.delenv("HVD_COMMOPT_FUSION_THRESHOLD", raising=False)
+    monkeypatch.delenv("HOROVOD_FUSION_THRESHOLD", raising=False)
+    assert env.fusion_threshold_bytes() == env.DEFAULT_FUSION_THRESHOLD
+    monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", "1024")
+    assert env.fusion_threshold_bytes() == 1024
+    monkeypatch.setenv("HVD_COMMOPT_FUSION_THRESHOLD", "0")
+    assert env.fusion_threshold_bytes() == 0
+    assert env.fusion_threshold_bytes(77) == 77  # an argument wins
+    monkeypatch.setenv("HVD_COMMOPT_FUSION_THRESHOLD", "big")
+    with pytest.raises(ConfigError, match="not a number"):
+        env.fusion_threshold_bytes()
+
+
+def test_timeout_must_be_positive(monkeypatch):
+    monkeypatch.setenv("HVD_COMMOPT_TIMEOUT", "0")
+    with pytest.raises(ConfigError, match="> 0"):
+        env.collective_timeout_s()
+    assert env.collective_timeout_s(5) == 5.0
