@@ -28,7 +28,6 @@ import re
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,8 +37,8 @@ from typing import Mapping, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "netemu"))
 from netemu_support import (  # noqa: E402  (helper module lives in benchmarks/netemu/)
-    BWCHECK, RSH_SCRIPT, MpiInstall, NetemuError, NetemuUnavailable, RunResult, burst_bytes,
-    delta, find_mpi, kill_pids, parse_rate, run_cmd, run_procs,
+    BWCHECK, MpiInstall, NetemuError, NetemuUnavailable, RunResult, burst_bytes, delta, find_mpi,
+    format_check, format_links, kill_pids, last_json, mpi_argv, parse_rate, run_cmd, run_procs,
 )
 
 __all__ = ["EmulatedCluster", "RunResult", "NetemuError", "NetemuUnavailable", "parse_rate",
@@ -154,6 +153,7 @@ class EmulatedCluster:
             return self
         self._workdir = tempfile.mkdtemp(prefix="hvd-netemu-")
         self._up = True
+        self.fallback_reason = None
         reason = self._preflight()
         if reason is None:
             try:
@@ -279,44 +279,19 @@ class EmulatedCluster:
 
     def run_mpi(self, cmd: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float = 300.0,
                 mpi: str | None = None, mpirun_args: Sequence[str] = ()) -> RunResult:
-        """Run ``cmd`` as ``n`` MPI ranks, rank i on host i; output is mpirun's combined output."""
+        """Run ``cmd`` as ``n`` MPI ranks, rank i on host i; output is mpirun's combined output.
+
+        ``mpi`` overrides the cluster's choice for this run; ``mpirun_args`` go to the launcher
+        before the program (e.g. Open MPI's ring allreduce: ``["--mca",
+        "coll_tuned_use_dynamic_rules", "1", "--mca", "coll_tuned_allreduce_algorithm", "4"]``).
+        """
         work = self._require_up()
         inst: MpiInstall = find_mpi(mpi or self.mpi, self.mpich_prefix)
-        full_env = {**os.environ, **MALLOC_ENV, **inst.env, **(env or {})}
+        argv, notes, launch_env = mpi_argv(inst, self.n, self.hosts if self.netns else None, self.subnet, work,
+                                           list(MALLOC_ENV) + list(env or {}))
+        full_env = {**os.environ, **MALLOC_ENV, **inst.env, **launch_env, **(env or {})}
         full_env["PATH"] = f"{inst.bin_dir}{os.pathsep}{full_env.get('PATH', '')}"
-        notes: list[str] = []
-        user_x = [a for k in (env or {}) for a in ("-x", k)]
-        if inst.kind == "openmpi":
-            argv = [inst.launcher, "--allow-run-as-root", "-n", str(self.n), "--bind-to", "none"]
-            if self.netns:
-                hostfile = Path(work) / "hostfile"
-                hostfile.write_text("".join(f"{h} slots=1\n" for h in self.hosts))
-                rsh = Path(work) / "netns-rsh"
-                shutil.copyfile(RSH_SCRIPT, rsh)
-                rsh.chmod(0o755)
-                net = f"{self.subnet}.0/24"
-                argv += ["--hostfile", str(hostfile), "--map-by", "node", "--prtemca", "plm_ssh_agent", str(rsh),
-                         "--prtemca", "oob_tcp_if_include", net, "--mca", "btl", "tcp,self",
-                         "--mca", "btl_tcp_if_include", net, "--mca", "mpi_yield_when_idle", "1"]
-            else:
-                argv += ["--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "lo"]
-                if self.n > (os.cpu_count() or 1):
-                    argv += ["--oversubscribe", "--mca", "mpi_yield_when_idle", "1"]
-                notes.append("Open MPI on loopback: TCP BTL over lo (no shared memory)")
-            argv += [a for k in MALLOC_ENV for a in ("-x", k)] + user_x
-        else:  # mpich (hydra)
-            argv = [inst.launcher, "-genvall", "-n", str(self.n)]
-            if self.netns:
-                rsh = Path(work) / "netns-rsh"
-                shutil.copyfile(RSH_SCRIPT, rsh)
-                rsh.chmod(0o755)
-                argv += ["-hosts", ",".join(self.hosts), "-launcher", "ssh", "-launcher-exec", str(rsh),
-                         "-iface", "veth0"]
-                full_env.setdefault("UCX_TLS", "tcp,self")  # else UCX uses shared memory across namespaces
-                full_env.setdefault("UCX_NET_DEVICES", "veth0")
-            else:
-                notes.append("MPICH on loopback uses shared memory (UCX TCP over lo does not work)")
-        argv += list(cmd)
+        argv += list(mpirun_args) + list(cmd)
         if self.netns:
             full_env["HVD_NETEMU_PREFIX"] = self.prefix
             argv = self.host_argv(0, argv)  # mpirun/mpiexec itself runs on host 0
@@ -352,7 +327,8 @@ class EmulatedCluster:
     def check(self, seconds: float = 1.5, with_mpi: bool = True, timeout: float = 60.0) -> dict:
         """Quick bandwidth probe: one TCP stream host0 -> host1, then an MPI allreduce if possible."""
         work = self._require_up()
-        out: dict = {"network": self.network, "hosts": self.n, "rate": self.rate, "burst_bytes": self.burst,
+        out: dict = {"network": self.network, "hosts": self.n, "rate": self.rate if self.netns else None,
+                     "burst_bytes": self.burst if self.netns else None,
                      "fallback_reason": self.fallback_reason}
         if self.n >= 2:
             port = 5201 if self.netns else _free_port()
@@ -363,7 +339,7 @@ class EmulatedCluster:
                                      "--seconds", str(seconds)])
             before = self.counters()
             rcs, outs, errs, to = run_procs([srv, cli], dict(os.environ), timeout, work)
-            stream = _last_json(outs[0])
+            stream = last_json(outs[0])
             if stream is None or to or any(rcs):
                 raise NetemuError(f"socket check failed (rc={rcs}, timed_out={to}): {errs}")
             stream["link_bytes"] = delta(before, self.counters())
@@ -371,11 +347,13 @@ class EmulatedCluster:
         if with_mpi:
             try:
                 nbytes = 4 << 20
-                per_rep = nbytes * 2 * (self.n - 1) / max(self.n, 1)  # bytes each rank sends per allreduce
-                reps = 20 if not self.rate_bps else max(3, min(50, int(self.rate_bps / 8 * seconds / per_rep)))
+                per_rep = nbytes * 2 * (self.n - 1) / self.n  # bytes each rank sends per allreduce
+                reps = 20
+                if self.rate_bps and self.netns and per_rep > 0:  # about `seconds` of line-rate traffic
+                    reps = max(3, min(50, int(self.rate_bps / 8 * seconds / per_rep)))
                 res = self.run_mpi([sys.executable, str(BWCHECK), "mpi-allreduce", "--bytes", str(nbytes),
                                     "--reps", str(reps)], timeout=timeout)
-                mpi = _last_json(res.stdout)
+                mpi = last_json(res.stdout)
                 if res.returncode != 0 or mpi is None:
                     raise NetemuError(f"rc={res.returncode}: {res.stderr.strip()[-2000:]}")
                 mpi.update(launcher=res.launcher, launcher_version=res.launcher_version, link_bytes=res.link_bytes)
@@ -383,21 +361,6 @@ class EmulatedCluster:
             except NetemuError as e:
                 out["mpi_error"] = str(e)
         return out
-
-
-def _last_json(text: str) -> dict | None:
-    for line in reversed(text.strip().splitlines()):
-        if line.startswith("{"):
-            try:
-                return json.loads(line)
-            except ValueError:
-                continue
-    return None
-
-
-def _fmt_links(link_bytes: dict[str, dict[str, int]]) -> str:
-    key = "shaped_tx_bytes" if any(v.get("shaped_tx_bytes") for v in link_bytes.values()) else "tx_bytes"
-    return ", ".join(f"{h} {key}={v.get(key, 0) / 1e6:.1f} MB" for h, v in link_bytes.items())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -410,6 +373,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--torch", action="store_true", help="launch with torch.distributed env (Gloo) instead of MPI")
     ap.add_argument("--mpi", default="auto", choices=["auto", "openmpi", "mpich"])
     ap.add_argument("--mpich-prefix", default=None, help="MPICH install prefix (or env HVD_NETEMU_MPICH)")
+    ap.add_argument("--mpi-arg", action="append", default=[], metavar="ARG",
+                    help="extra launcher argument before the program (repeat for each word)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds before the ranks are killed")
     ap.add_argument("--no-fallback", action="store_true", help="fail instead of falling back to loopback")
     ap.add_argument("--loopback", action="store_true", help="run on loopback even if namespaces work")
@@ -433,25 +398,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"netemu: falling back to loopback: {cl.fallback_reason}", file=sys.stderr)
             if a.check:
                 r = cl.check(timeout=min(a.timeout, 120.0))
-                if a.json:
-                    print(json.dumps(r, indent=1))
-                    return 0
-                print(f"network {r['network']}: {a.ranks} hosts, rate {r['rate']}, tbf burst {r['burst_bytes']} B")
-                if "socket" in r:
-                    s = r["socket"]
-                    print(f"  TCP stream h0->h1: {s['gbit']:.3f} Gbit/s ({s['bytes'] / 1e6:.0f} MB in "
-                          f"{s['seconds']:.2f} s; {_fmt_links(s['link_bytes'])})")
-                if "mpi" in r:
-                    m = r["mpi"]
-                    print(f"  MPI allreduce {m['bytes'] >> 20} MiB x {m['reps']} ({m['launcher_version']}): "
-                          f"busbw {m['busbw_gbit']:.3f} Gbit/s ({_fmt_links(m['link_bytes'])})")
-                elif "mpi_error" in r:
-                    print(f"  MPI check skipped: {r['mpi_error']}")
-                return 0
-            res = cl.run_torch(cmd, timeout=a.timeout) if a.torch else cl.run_mpi(cmd, timeout=a.timeout)
+                print(json.dumps(r, indent=1) if a.json else format_check(r))
+                return 1 if "mpi_error" in r else 0
+            if a.torch:
+                res = cl.run_torch(cmd, timeout=a.timeout)
+            else:
+                res = cl.run_mpi(cmd, timeout=a.timeout, mpirun_args=a.mpi_arg)
     except NetemuError as e:
         print(f"netemu: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("netemu: interrupted; cluster torn down", file=sys.stderr)
+        return 130
     if a.json:
         print(json.dumps(res.to_dict(), indent=1))
     else:
@@ -459,7 +417,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(res.stderr)
         print(f"netemu: network={res.network} launcher={res.launcher_version} rc={res.returncode} "
               f"elapsed={res.elapsed_s:.1f}s{' TIMED OUT' if res.timed_out else ''}; "
-              f"{_fmt_links(res.link_bytes)}", file=sys.stderr)
+              f"{format_links(res.link_bytes)}", file=sys.stderr)
     return res.returncode
 
 

@@ -46,7 +46,7 @@ def mpi_allreduce(nbytes: int, reps: int, warmup: int) -> None:
         print(json.dumps({
             "mode": "mpi-allreduce", "ranks": n, "bytes": size, "reps": reps,
             "warmup": warmup, "seconds": tmax, "busbw_gbit": busbw, "correct": ok,
-            "mpi": MPI.Get_library_version().splitlines()[0].strip(),
+            "mpi": MPI.Get_library_version().splitlines()[0].strip().rstrip("\x00"),
         }), flush=True)
 
 
