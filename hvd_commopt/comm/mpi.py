@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import atexit
+import os
 import pickle
 import sys
 import threading
@@ -35,6 +36,11 @@ _GRACE_S = 3.0
 
 
 def import_mpi():
+    # Our progress thread waits inside blocking MPI calls while backward computes on the other
+    # threads; Open MPI's default busy-poll would take a core from backward for the whole wait.
+    # Yielding must be chosen before MPI_Init (it is read once), i.e. before mpi4py's import.
+    # An explicit setting (mpirun --mca or the environment) wins.
+    os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
     try:
         from mpi4py import MPI  # noqa: PLC0415 - lazy on purpose
     except ImportError as e:

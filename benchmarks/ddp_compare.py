@@ -1,0 +1,110 @@
+"""Our synchronous path against PyTorch DDP (Gloo), same model, same data, same ranks, one run.
+
+    python benchmarks/ddp_compare.py            # re-launches itself on 2 local ranks
+    python benchmarks/ddp_compare.py --quick    # fewer steps
+
+Variants, interleaved block by block so machine noise hits all of them alike:
+  compute    no communication at all (the lower bound)
+  ddp        torch DistributedDataParallel over Gloo (bucket_cap_mb=25)
+  ours       DistributedOptimizer over MPI, default fusion (25 MiB buckets)
+  ours-nofuse  fusion threshold 0 (one message per tensor)
+  ours-gloo  our engine over the same Gloo process group as DDP
+Prints median step time and the ratio to DDP (goal: ours <= 1.05x DDP) per model; writes JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import machine_info, relaunch_under_mpirun, table, time_steps, write_json  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--blocks", type=int, default=3, help="interleaved repetitions")
+    p.add_argument("--steps", type=int, default=3, help="timed steps per block")
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--models", default="resnet18,deep_mlp")
+    args = p.parse_args()
+    if args.quick:
+        args.blocks, args.steps = 2, 2
+    relaunch_under_mpirun(args.ranks, sys.argv)
+
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import torch_plugin as hco
+    from benchmarks.models import deep_mlp, resnet18
+    from hvd_commopt import runtime
+    from hvd_commopt.comm import Communicator
+    from torch_plugin.comm import TorchDistBackend
+
+    hco.init()  # MPI
+    torch.set_num_threads(1)
+    gloo = Communicator(TorchDistBackend("gloo"), timeout_s=300)  # also creates the default process group
+    rank, size = hco.rank(), hco.size()
+    builders = {"resnet18": (resnet18, lambda: torch.randn(8, 3, 32, 32), 10),
+                "deep_mlp": (deep_mlp, lambda: torch.randn(32, 64), 10)}
+    results = {}
+    for model_name in args.models.split(","):
+        build, make_x, classes = builders[model_name]
+        torch.manual_seed(0)
+        base = build()
+        x, y = make_x(), torch.randint(0, classes, (make_x().shape[0],))
+        variants = {}
+
+        def plain(model):
+            opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+            return model, opt
+
+        variants["compute"] = plain(copy.deepcopy(base))
+        ddp_model = DDP(copy.deepcopy(base), bucket_cap_mb=25)
+        variants["ddp"] = (ddp_model, torch.optim.SGD(ddp_model.parameters(), lr=0.01, momentum=0.9))
+        for name, kwargs in [("ours", {}), ("ours-nofuse", {"fusion_threshold": 0}), ("ours-gloo", {"communicator": gloo})]:
+            m = copy.deepcopy(base)
+            opt = hco.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9),
+                                           named_parameters=m.named_parameters(), **kwargs)
+            variants[name] = (m, opt)
+
+        def stepper(model, opt):
+            def step():
+                opt.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+                opt.step()
+            return step
+
+        steps = {k: stepper(*v) for k, v in variants.items()}
+        for s in steps.values():  # warm-up (allocations, first-touch)
+            s()
+        samples: dict[str, list[float]] = {k: [] for k in steps}
+        for _ in range(args.blocks):
+            for k, s in steps.items():
+                samples[k].append(time_steps(s, args.steps, barrier=runtime.communicator().barrier))
+        med = {k: sorted(v)[len(v) // 2] for k, v in samples.items()}
+        # every rank's median differs slightly: report the slowest rank (the job's pace)
+        med = {k: max(runtime.communicator().allgather_object(v)) for k, v in med.items()}
+        nparams = sum(p.numel() for p in base.parameters())
+        results[model_name] = {"params": nparams, "median_step_s": med,
+                               "ratio_vs_ddp": {k: v / med["ddp"] for k, v in med.items()},
+                               "comm_to_compute_ddp": med["ddp"] / med["compute"]}
+        if rank == 0:
+            print(f"\n{model_name}: {nparams / 1e6:.2f}M params, {size} ranks, median of {args.blocks} blocks x {args.steps} steps")
+            print(table(["variant", "step (ms)", "vs DDP", "vs compute-only"],
+                        [[k, med[k] * 1e3, med[k] / med["ddp"], med[k] / med["compute"]] for k in med]), flush=True)
+    if rank == 0:
+        path = write_json("ddp_compare", {"ranks": size, "blocks": args.blocks, "steps": args.steps,
+                                          "network": "loopback (shared memory)", "machine": machine_info(),
+                                          "results": results})
+        print(f"\nwrote {path}")
+    dist.barrier()
+
+
+if __name__ == "__main__":
+    main()
