@@ -281,10 +281,13 @@ class CostModel:
         """gTop-k recursive doubling (with the §8.5 fold/unfold) priced with the ``p2p`` fit."""
         k = sparse_k(nbytes, density, elem_bytes)
         msgs = _gtopk_messages(self.ranks, k, value_bytes, index_bytes, "recursive_doubling")
-        if msgs and self.p2p is None:
+        if not msgs:
+            return 0.0
+        if self.p2p is None:
             raise ValueError("gTop-k cost needs a point-to-point fit: calibrate with p2p enabled, or "
                              "build the model with CostModel.from_link(link, ranks)")
-        return sum(self.p2p.time(m) for m in msgs) if msgs else 0.0  # type: ignore[union-attr]
+        p2p = self.p2p
+        return float(sum(p2p.time(m) for m in msgs))
 
     def comm_time_fn(self, compression: str = "none", density: float = 1.0, elem_bytes: int = 4,
                      value_bytes: int = 4, index_bytes: int = 4) -> CommTimeFn:
