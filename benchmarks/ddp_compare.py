@@ -90,14 +90,25 @@ def main() -> None:
         med = {k: sorted(v)[len(v) // 2] for k, v in samples.items()}
         # every rank's median differs slightly: report the slowest rank (the job's pace)
         med = {k: max(runtime.communicator().allgather_object(v)) for k, v in med.items()}
+        # Overlap: seconds the progress thread spent in collectives vs seconds synchronize() blocked.
+        overlap = {}
+        for k in ("ours", "ours-gloo"):
+            st = variants[k][1].comm_stats
+            overlap[k] = {"comm_s": st["comm_seconds"], "wait_s": st["wait_seconds"],
+                          "hidden_fraction": max(0.0, 1 - st["wait_seconds"] / st["comm_seconds"]) if st["comm_seconds"] else 0.0,
+                          "buckets": len(st["per_bucket"]), "bytes_sent": st["bytes_sent"]}
         nparams = sum(p.numel() for p in base.parameters())
-        results[model_name] = {"params": nparams, "median_step_s": med,
+        results[model_name] = {"params": nparams, "median_step_s": med, "overlap_last_step": overlap,
                                "ratio_vs_ddp": {k: v / med["ddp"] for k, v in med.items()},
                                "comm_to_compute_ddp": med["ddp"] / med["compute"]}
         if rank == 0:
             print(f"\n{model_name}: {nparams / 1e6:.2f}M params, {size} ranks, median of {args.blocks} blocks x {args.steps} steps")
             print(table(["variant", "step (ms)", "vs DDP", "vs compute-only"],
                         [[k, med[k] * 1e3, med[k] / med["ddp"], med[k] / med["compute"]] for k in med]), flush=True)
+            for k, o in overlap.items():
+                print(f"{k}: last step {o['buckets']} buckets, {o['bytes_sent'] / 1e6:.1f} MB sent, collectives "
+                      f"{o['comm_s'] * 1e3:.1f} ms, synchronize waited {o['wait_s'] * 1e3:.1f} ms "
+                      f"({o['hidden_fraction']:.0%} of communication hidden behind backward)", flush=True)
     if rank == 0:
         path = write_json("ddp_compare", {"ranks": size, "blocks": args.blocks, "steps": args.steps,
                                           "network": "loopback (shared memory)", "machine": machine_info(),
