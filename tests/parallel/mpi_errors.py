@@ -30,8 +30,8 @@ if scenario == "skip_step":
     opt = hco.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters())
     for step in range(3):
         if R == 1 and step == 2:
-            print(f"rank {R}: skipping step {step}", flush=True)
-            time.sleep(60)  # long enough for the others' timeout to fire and abort the job
+            print(f"rank {R}: skipping step {step} at t={time.time():.3f}", flush=True)
+            time.sleep(150)  # far longer than the others' timeout: only their abort can end the job
             break
         opt.zero_grad()
         model(torch.ones(3, 4)).sum().backward()
