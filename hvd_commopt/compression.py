@@ -1,11 +1,30 @@
 """``Compression``: the user-facing namespace of compression choices (Horovod's names kept).
 
 ``Compression.none`` and ``Compression.fp16`` are values, as in Horovod, so
-``compression=hvd.Compression.fp16`` keeps working after changing the import.
+``compression=hvd.Compression.fp16`` keeps working after changing the import. The sparse
+methods are factories: each call returns a new *stateful* reducer (error-feedback residuals,
+step counters), to be given to one optimizer::
+
+    opt = hco.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                   compression=hco.Compression.gtopk(density=0.001))
+
+Whole-model versus layer-wise selection is decided by the fusion buckets: one bucket
+(the default 128 MiB threshold for most models) selects the top-k of the whole gradient; one
+bucket per layer (``fusion_threshold=0``) is LAGS-SGD, each layer sparsified and sent from the
+backward hooks while backward continues. ``density`` may be a dict or callable for per-layer
+densities (see :class:`hvd_commopt.compress.topk.DensitySpec`).
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 from .compress.cast import BF16Compressor, FP16Compressor, NoneCompressor
+from .compress.dgc import DGCCompressor, DGCMemory
+from .compress.error_feedback import ErrorFeedback
+from .compress.randomk import RandomKCompressor
+from .compress.topk import Density, TopKCompressor
+from .reduce.gtopk import GTopK
+from .reduce.sparse_allgather import SparseAllgather
 
 __all__ = ["Compression"]
 
@@ -16,3 +35,49 @@ class Compression:
     none = NoneCompressor()
     fp16 = FP16Compressor()
     bf16 = BF16Compressor()
+
+    @staticmethod
+    def topk(density: Density = 0.001, error_feedback: bool = True,
+             index_dtype: str | None = None) -> SparseAllgather:
+        """Top-k S-SGD (spec §2.1): exact top-k per bucket, allgather of (values, indices).
+
+        Args:
+            density: fraction in (0, 1] of each bucket sent; a dict {layer: density} or a
+                callable (bucket_name, numel) -> density for per-layer (LAGS) densities.
+            error_feedback: keep what was not sent in a residual added to the next gradient.
+            index_dtype: "int32" / "int64" / None (int32 when possible).
+        """
+        return SparseAllgather(TopKCompressor(density), ErrorFeedback(error_feedback), index_dtype)
+
+    @staticmethod
+    def randomk(density: Density = 0.001, seed: int = 0, error_feedback: bool = True) -> SparseAllgather:
+        """Random-k with a seed shared by all ranks: the same k indices everywhere, so the k
+        values are allreduced (no indices sent). ``seed`` must be equal on every rank."""
+        return SparseAllgather(RandomKCompressor(density, seed), ErrorFeedback(error_feedback))
+
+    @staticmethod
+    def dgc(density: Density = 0.001, momentum: float = 0.9, nesterov: bool = False,
+            momentum_masking: bool = True, clip_norm: float | None = None, sample_ratio: float = 0.01,
+            warmup_epochs: int = 0, warmup_coeff: float | Sequence[float] | None = None,
+            steps_per_epoch: int | None = None, seed: int = 0,
+            index_dtype: str | None = None) -> SparseAllgather:
+        """Deep Gradient Compression (spec §2.2): sampled threshold, momentum correction and
+        factor masking, optional local clipping, sparsity warm-up.
+
+        DGC applies the momentum itself: wrap an optimizer with ``momentum=0``. For the warm-up
+        give ``steps_per_epoch`` or call ``set_epoch(e)`` on the returned reducer each epoch;
+        ``warmup_coeff=None`` is the reference code's schedule (not the README's, see
+        :mod:`hvd_commopt.compress.dgc`).
+        """
+        comp = DGCCompressor(density, sample_ratio=sample_ratio, warmup_epochs=warmup_epochs,
+                             warmup_coeff=warmup_coeff, steps_per_epoch=steps_per_epoch, seed=seed)
+        mem = DGCMemory(momentum=momentum, nesterov=nesterov, momentum_masking=momentum_masking,
+                        clip_norm=clip_norm)
+        return SparseAllgather(comp, mem, index_dtype)
+
+    @staticmethod
+    def gtopk(density: Density = 0.001, error_feedback: bool = True, index_dtype: str | None = None,
+              algorithm: str = "recursive_doubling") -> GTopK:
+        """gTop-k S-SGD (spec §8): global top-k by recursive doubling, O(k log P) traffic, for
+        any number of ranks; dropped local values return to the residual."""
+        return GTopK(density, error_feedback=error_feedback, index_dtype=index_dtype, algorithm=algorithm)

@@ -79,5 +79,19 @@ class NumpyOps:
 
     def arange(self, n, like=None): return np.arange(n, dtype=np.int64)
 
+    def unique_sum(self, idx, vals):
+        u, inv = np.unique(np.asarray(idx, dtype=np.int64), return_inverse=True)
+        out = np.zeros(u.size, dtype=vals.dtype)
+        np.add.at(out, inv.reshape(-1), vals)  # unbuffered: duplicates summed in input order
+        return u, out
+
+    def isin(self, elements, test, invert=False): return np.isin(elements, test, invert=invert)
+    def nonzero(self, mask): return np.flatnonzero(mask).astype(np.int64, copy=False)
+    def abs_ge(self, t, threshold): return np.abs(t) >= threshold
+
+    def norm(self, t):
+        acc = np.float64 if t.dtype == np.float64 else np.float32
+        return float(np.sqrt(np.sum(np.square(t, dtype=acc), dtype=acc)))
+
     def to_numpy(self, t): return t
     def from_numpy(self, a, like=None): return a

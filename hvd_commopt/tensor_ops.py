@@ -64,6 +64,26 @@ class TensorOps(Protocol):
     def index_fill(self, t: Tensor, idx: Tensor, value: float) -> Tensor: ...
     def arange(self, n: int, like: Tensor) -> Tensor: ...  # int64
 
+    # -- sparse merging and selection (added for issue 3: top-k, gTop-k, DGC) ------------------
+    def unique_sum(self, idx: Tensor, vals: Tensor) -> tuple[Tensor, Tensor]:
+        """(sorted unique int64 indices, the sum of the values at each index). Values at equal
+        indices are summed in their order of appearance (for two operands a + b, which IEEE
+        addition makes order-free). gTop-k's merge operator (spec §8.1, robust form)."""
+        ...
+    def isin(self, elements: Tensor, test: Tensor, invert: bool = False) -> Tensor:
+        """bool tensor, True where ``elements[i]`` occurs in ``test`` (False with ``invert``);
+        gTop-k's survival masks."""
+        ...
+    def nonzero(self, mask: Tensor) -> Tensor:
+        """int64 positions where the bool ``mask`` is True, ascending."""
+        ...
+    def abs_ge(self, t: Tensor, threshold: float) -> Tensor:
+        """bool tensor ``|t| >= threshold`` (DGC's sampled-threshold selection)."""
+        ...
+    def norm(self, t: Tensor) -> float:
+        """L2 norm of t as a Python float, accumulated in at least float32 (DGC's clipping)."""
+        ...
+
     # -- host exchange (communicators that need host buffers) ---------------------------------
     def to_numpy(self, t: Tensor):
         """A NumPy array with t's contents; a zero-copy view for contiguous CPU tensors."""

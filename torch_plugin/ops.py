@@ -69,10 +69,16 @@ class TorchOps:
         if k == n:
             idx = torch.arange(n, device=t.device)
             return t[idx], idx
-        thr = torch.topk(a, k, sorted=False).values.min()
-        above = torch.nonzero(a > thr).reshape(-1)
-        ties = torch.nonzero(a == thr).reshape(-1)[: k - above.numel()]
-        idx = torch.sort(torch.cat([above, ties])).values
+        vals, idx = torch.topk(a, k, sorted=False)
+        thr = vals.min()
+        # Usually every element equal to the boundary value is already selected (one counting
+        # pass proves it); only then is torch's choice among equal values irrelevant. Otherwise
+        # resolve the boundary ties explicitly towards the lower index.
+        if int((a == thr).sum()) != int((vals == thr).sum()):
+            above = idx[vals > thr]
+            ties = torch.nonzero(a == thr).reshape(-1)[: k - above.numel()]
+            idx = torch.cat([above, ties])
+        idx = torch.sort(idx).values
         return t[idx], idx
 
     def gather(self, t, idx): return t[idx]
@@ -85,6 +91,19 @@ class TorchOps:
 
     def arange(self, n, like=None):
         return torch.arange(int(n), dtype=torch.int64, device=self._device(like))
+
+    def unique_sum(self, idx, vals):
+        u, inv = torch.unique(idx.to(torch.int64), sorted=True, return_inverse=True)
+        out = torch.zeros(u.numel(), dtype=vals.dtype, device=vals.device)
+        return u, out.index_add_(0, inv.reshape(-1), vals)
+
+    def isin(self, elements, test, invert=False): return torch.isin(elements, test, invert=invert)
+    def nonzero(self, mask): return torch.nonzero(mask).reshape(-1)
+    def abs_ge(self, t, threshold): return t.abs() >= threshold
+
+    def norm(self, t):
+        acc = torch.float64 if t.dtype == torch.float64 else torch.float32
+        return float(torch.linalg.vector_norm(t, dtype=acc))
 
     def to_numpy(self, t):
         t = t.detach()

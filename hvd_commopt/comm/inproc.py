@@ -105,10 +105,14 @@ class InProcBackend(Backend):
 
     def allreduce_(self, buf, op, name, deadline):
         parts = self._meet("allreduce", name, np.array(buf, copy=True), deadline)
+        if buf.dtype == np.uint16:  # bfloat16 bit patterns: reduce as float32, round back (as mpi.py)
+            from ..numpy_ops import NumpyOps
+            ops = NumpyOps()
+            parts = [ops.cast(p, "float32") for p in parts]
         acc = parts[0].copy()
         for p in parts[1:]:
             _REDUCE[op](acc, p, out=acc)
-        buf[...] = acc
+        buf[...] = acc if buf.dtype != np.uint16 else ops.cast(acc, "bfloat16")
         return buf
 
     def allgather(self, buf, name, deadline):

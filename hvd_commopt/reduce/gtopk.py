@@ -1,0 +1,295 @@
+"""gTop-k S-SGD: global top-k by recursive doubling, O(k log P) traffic, any number of ranks.
+
+Paper: Shi, Wang, Chu, Li, "A Distributed Synchronous SGD Algorithm with Global Top-k
+Sparsification for Low Bandwidth Networks", ICDCS 2019 (arXiv:1901.04359); convergence: IJCAI
+2019. Reference code: shyhuai/gtopkssgd ``allreducer.py: gtopk_sparse_recursive_allreduce``
+(recursive doubling, "gtopkr"). Spec §8 (all of it).
+
+Algorithm (per bucket and step)::
+
+    acc = prescale·flat + residual;  (I, V) = TopK_k(acc);  residual = acc zeroed at I
+    fold (§8.5, P not a power of two, m = 2^floor(log2 P), r = P - m):
+        rank m+j sends (I, V) to rank j < r, which merges M(own, received), own first
+    recursive doubling among ranks 0..m-1, round d = 1, 2, 4, ... < m:
+        exchange (I, V) with rank XOR d; (I, V) = M(lower rank's, higher rank's)
+    unfold: rank j sends the final (I, V) and rank m+j's k-byte survival mask to m+j
+    result = scatter(I, V)·postscale on every rank (identical (I, V) everywhere, T-GT-1)
+    residual[I_local not surviving] += V_local   (the survival mask, §8.2, §8.9 T-GT-5)
+
+Merge operator M: the spec's robust form (§8.1 [INF]): union of the two index sets with values
+summed at common indices (``TensorOps.unique_sum``), then the top-k by magnitude with ties to
+the smaller index (``topk_abs`` on the index-sorted union). Every input list has exactly k
+distinct indices, so the union has at least k and no padding is ever needed; indices stay
+unique (T-GT-2), unlike the reference's concatenation, which can select a zeroed duplicate.
+Both partners compute M with the same operand order, so their results are bit-identical.
+
+Survival: each rank tracks which of its own k contributions are still in the merged set after
+every merge; once dropped, always dropped (an index that re-enters from another subtree carries
+only that subtree's values). Rank j < r also tracks rank m+j's contributions and sends their
+mask back in the unfold. The dropped local values return to the residual, so
+``Σ_i acc_i == R + Σ_i residual_i'`` (conservation; exact in exact arithmetic). The reference
+tree variant's "index membership" rule (§8.3) would lose mass; we do not use it.
+
+Choices:
+
+* The rounds run on the communicator's progress thread (:meth:`Communicator.run_async`): a
+  bucket's log P dependent exchanges do not block the backward pass that launched it.
+* On host (NumPy) backends a round is one message: indices (int32 below 2^31 elements), values
+  and, for the unfold, the mask, packed into one byte buffer. Traffic per round is
+  k·(index + value bytes) = 2k words for fp32/int32, as in the paper; a rank does
+  ceil(log2 P) rounds (m's log2 rounds plus the fold, for ranks j < r) and the unfold adds
+  k·(index + value) + k bytes. Native (torch.distributed) backends send the parts separately.
+* The local selection and the residual update run in ``start`` (the caller's thread); only the
+  restore of dropped values waits for ``finish``. Density 1 (k == n) is a dense allreduce,
+  with one rank nothing is sent.
+* ``algorithm="allgather"`` is the spec's oracle/fallback (§8.8): allgather all P leaf lists
+  (O(kP)) and simulate the same merge tree locally, bit-identical to recursive doubling.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..comm.communicator import CountingLink
+from ..compress.error_feedback import ErrorFeedback
+from ..compress.topk import Density, TopKCompressor, bucket_key
+from ..errors import ConfigError
+from ..tensor_ops import TensorOps
+from .base import Pending, ReduceContext, Reducer
+from .sparse_allgather import dense_finish, dense_start, index_dtype_for
+
+__all__ = ["GTopK", "merge", "gtopk_exchange", "gtopk_simulate"]
+
+ALGORITHMS = ("recursive_doubling", "allgather")
+
+
+def merge(ops: TensorOps, first: tuple[Any, Any], second: tuple[Any, Any], k: int) -> tuple[Any, Any]:
+    """M(first, second): union with summed values, then top-k (ties to the smaller index)."""
+    u, s = ops.unique_sum(ops.cat([first[0], second[0]]), ops.cat([first[1], second[1]]))
+    if ops.numel(u) <= k:
+        return u, s
+    _, pos = ops.topk_abs(s, k)  # u is ascending, so lower position = smaller index
+    return ops.gather(u, pos), ops.gather(s, pos)
+
+
+def _survive(ops: TensorOps, tracked: list[list[Any]], merged_idx: Any) -> None:
+    """Keep, for each tracked (orig indices, alive positions), the positions still in the set."""
+    for t in tracked:
+        orig, alive = t
+        if ops.numel(alive):
+            t[1] = ops.gather(alive, ops.nonzero(ops.isin(ops.gather(orig, alive), merged_idx)))
+
+
+def _layout(size: int) -> tuple[int, int]:
+    m = 1 << (size.bit_length() - 1)  # largest power of two <= size
+    return m, size - m
+
+
+class _Wire:
+    """(indices, values[, mask]) messages between two ranks over a :class:`CountingLink`."""
+
+    def __init__(self, link: CountingLink, ops: TensorOps, idx: Any, vals: Any, k: int, index_dtype: str):
+        self.link, self.ops, self.k, self.idt = link, ops, k, index_dtype
+        self.like_i, self.like_v = idx, vals
+        self.host = link.buffer_kind == "numpy"
+        if self.host:
+            self.np_idt = np.dtype(index_dtype)
+            self.np_vdt = np.asarray(ops.to_numpy(vals)).dtype  # bf16 travels as uint16 bits
+
+    def _pack(self, parts: Sequence[Any]) -> Any:
+        ops = self.ops
+        arrays = [np.ascontiguousarray(ops.to_numpy(ops.cast(parts[0], self.idt))),
+                  np.ascontiguousarray(ops.to_numpy(parts[1]))]
+        if len(parts) > 2:
+            arrays.append(np.ascontiguousarray(ops.to_numpy(parts[2])))
+        return np.concatenate([a.reshape(-1).view(np.uint8) for a in arrays])
+
+    def _unpack(self, buf: np.ndarray, with_mask: bool) -> tuple[Any, ...]:
+        ops, k = self.ops, self.k
+        ib, vb = k * self.np_idt.itemsize, k * self.np_vdt.itemsize
+        idx = ops.cast(ops.from_numpy(buf[:ib].view(self.np_idt).copy(), like=self.like_i), "int64")
+        vals = ops.from_numpy(buf[ib:ib + vb].view(self.np_vdt).copy(), like=self.like_v)
+        if not with_mask:
+            return idx, vals
+        return idx, vals, ops.from_numpy(buf[ib + vb:ib + vb + k].copy(), like=self.like_i)
+
+    def exchange(self, send: Sequence[Any] | None, dest: int, source: int, with_mask: bool = False):
+        """Send ``send`` to dest and/or receive from source (-1 = none); the received parts."""
+        ops, link = self.ops, self.link
+        if self.host:
+            out = link.sendrecv(self._pack(send) if send is not None else np.empty(0, np.uint8), dest, source)
+            return None if source < 0 else self._unpack(out, with_mask)
+        likes = [ops.empty(0, self.idt, like=self.like_i), ops.empty(0, ops.dtype_name(self.like_v), like=self.like_v)]
+        parts = None if send is None else [ops.cast(send[0], self.idt), send[1]]
+        if with_mask:
+            likes.append(ops.empty(0, "uint8", like=self.like_i))
+            parts = None if send is None else parts + [send[2]]
+        got = [link.sendrecv(parts[i] if parts is not None else likes[i], dest, source)
+               for i in range(len(likes))]
+        if source < 0:
+            return None
+        got[0] = ops.cast(got[0], "int64")
+        return tuple(got)
+
+
+def gtopk_exchange(link: CountingLink, ops: TensorOps, idx: Any, vals: Any, k: int,
+                   index_dtype: str = "int32") -> tuple[Any, Any, Any]:
+    """Recursive-doubling gTop-k with fold/unfold. Returns (I, V, alive positions of my k)."""
+    size, rank = link.size, link.rank
+    m, rem = _layout(size)
+    wire = _Wire(link, ops, idx, vals, k, index_dtype)
+    all_k = ops.arange(k, like=idx)
+    if rank >= m:  # folded away: hand my list to rank - m, get the result and my mask back
+        wire.exchange((idx, vals), rank - m, -1)
+        I, V, mask = wire.exchange(None, -1, rank - m, with_mask=True)
+        return I, V, ops.nonzero(ops.cast(mask, "bool"))
+    tracked = [[idx, all_k]]
+    I, V = idx, vals
+    if rank < rem:
+        pi, pv = wire.exchange(None, -1, rank + m)
+        tracked.append([pi, all_k])
+        I, V = merge(ops, (I, V), (pi, pv), k)
+        _survive(ops, tracked, I)
+    d = 1
+    while d < m:
+        peer = rank ^ d
+        pi, pv = wire.exchange((I, V), peer, peer)
+        I, V = merge(ops, (I, V), (pi, pv), k) if rank < peer else merge(ops, (pi, pv), (I, V), k)
+        _survive(ops, tracked, I)
+        d <<= 1
+    if rank < rem:
+        mask = ops.index_fill(ops.zeros(k, "uint8", like=idx), tracked[1][1], 1)
+        wire.exchange((I, V, mask), rank + m, -1, with_mask=True)
+    return I, V, tracked[0][1]
+
+
+def gtopk_simulate(ops: TensorOps, leaves: Sequence[tuple[Any, Any]], k: int) -> tuple[Any, Any, list[Any]]:
+    """The allgather-and-simulate oracle (§8.8): the same merge tree over all P leaf lists.
+
+    Returns (I, V, [alive positions of each rank's k entries]).
+    """
+    size = len(leaves)
+    m, rem = _layout(size)
+    all_k = [ops.arange(ops.numel(leaf[0]), like=leaf[0]) for leaf in leaves]
+    tracked = [[leaf[0], a] for leaf, a in zip(leaves, all_k)]
+    # node j holds (I, V, the ranks whose contributions it carries)
+    nodes = []
+    for j in range(m):
+        if j < rem:
+            I, V = merge(ops, leaves[j], leaves[m + j], k)
+            members = [j, m + j]
+            _survive(ops, [tracked[r] for r in members], I)
+        else:
+            (I, V), members = leaves[j], [j]
+        nodes.append((I, V, members))
+    while len(nodes) > 1:
+        nxt = []
+        for a, b in zip(nodes[0::2], nodes[1::2]):
+            I, V = merge(ops, a[:2], b[:2], k)
+            members = a[2] + b[2]
+            _survive(ops, [tracked[r] for r in members], I)
+            nxt.append((I, V, members))
+        nodes = nxt
+    I, V, _ = nodes[0]
+    return I, V, [t[1] for t in tracked]
+
+
+class GTopK(Reducer):
+    """gTop-k reducer (see the module docstring).
+
+    Args:
+        density: fraction of each bucket sent (float, per-layer dict or callable); k per bucket
+            is ``max(int(n·density), 1)``.
+        error_feedback: keep unsent and dropped values in a residual (default True).
+        index_dtype: "int32", "int64" or None (int32 when it can hold every index).
+        algorithm: "recursive_doubling" (default) or "allgather" (oracle/fallback, O(kP)).
+        dense_when_full: density 1 buckets use a dense allreduce.
+
+    Example::
+
+        opt = DistributedOptimizer(opt, model.named_parameters(),
+                                   compression=Compression.gtopk(density=0.001))
+    """
+
+    name = "gtopk"
+
+    def __init__(self, density: Density = 0.001, error_feedback: bool = True, index_dtype: str | None = None,
+                 algorithm: str = "recursive_doubling", dense_when_full: bool = True):
+        if algorithm not in ALGORITHMS:
+            raise ConfigError(f"gTop-k algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+        index_dtype_for(0, index_dtype)
+        self.compressor = TopKCompressor(density)
+        self.memory = ErrorFeedback(error_feedback)
+        self.index_dtype = index_dtype
+        self.algorithm = algorithm
+        self.dense_when_full = bool(dense_when_full)
+        self._steps: dict[str, int] = {}
+
+    def start(self, name: str, flat: Any, ctx: ReduceContext) -> Pending:
+        ops, comm = ctx.ops, ctx.comm
+        key = bucket_key(name)  # state per bucket, whatever round tag the wire name carries
+        step = self._steps.get(key, 0)
+        self._steps[key] = step + 1
+        n = ops.numel(flat)
+        if ctx.prescale != 1.0:
+            flat = ops.scale(flat, ctx.prescale)
+        k = self.compressor.k_for(key, n, step)
+        if self.dense_when_full and k >= n:
+            return dense_start(self.memory, key, name, flat, ctx)
+        acc = self.memory.compensate(ops, key, flat)
+        vals, idx = ops.topk_abs(acc, k)
+        self.memory.update(ops, key, acc, idx)  # all k sent for now; finish() restores the dropped
+        if comm.size == 1:
+            return Pending(name, ("local", idx, vals, n, None, key))
+        idt = index_dtype_for(n, self.index_dtype)
+        if self.algorithm == "allgather":
+            fn = self._allgather_fn(ops, idx, vals, k, idt)
+        else:
+            def fn(link: CountingLink, deadline: float) -> tuple[Any, Any, Any]:
+                return gtopk_exchange(link, ops, idx, vals, k, idt)
+        handle = comm.run_async(fn, name=f"{name}.gtopk", op="gtopk")
+        return Pending(name, ("gtopk", idx, vals, n, k, key), (handle,))
+
+    @staticmethod
+    def _allgather_fn(ops: TensorOps, idx: Any, vals: Any, k: int, idt: str):
+        def fn(link: CountingLink, deadline: float) -> tuple[Any, Any, Any]:
+            host = link.buffer_kind == "numpy"
+            wi, wv = ops.cast(idx, idt), vals
+            ai, _ = link.allgather(ops.to_numpy(wi) if host else wi)
+            av, _ = link.allgather(ops.to_numpy(wv) if host else wv)
+            if host:
+                ai, av = ops.from_numpy(ai, like=idx), ops.from_numpy(av, like=vals)
+            ai = ops.cast(ai, "int64")
+            leaves = [(ops.slice(ai, r * k, (r + 1) * k), ops.slice(av, r * k, (r + 1) * k)) for r in range(link.size)]
+            I, V, alive = gtopk_simulate(ops, leaves, k)
+            return I, V, alive[link.rank]
+        return fn
+
+    def finish(self, pending: Pending, ctx: ReduceContext) -> Any:
+        kind = pending.state[0]
+        if kind == "dense":
+            return dense_finish(self.memory, pending, ctx)
+        ops = ctx.ops
+        _, idx, vals, n, k, key = pending.state
+        if kind == "local":
+            I, V = idx, vals
+        else:
+            I, V, alive = ctx.comm.wait(pending.handles[0])
+            dropped = ops.nonzero(ops.isin(ops.arange(k, like=idx), alive, invert=True))
+            self.memory.restore(ops, key, ops.gather(idx, dropped), ops.gather(vals, dropped))
+        out = ops.scatter_add(ops.zeros(n, ops.dtype_name(vals), like=vals), I, V)
+        return ops.scale(out, ctx.postscale) if ctx.postscale != 1.0 else out
+
+    def residual(self, ops: Any, name: str, like: Any) -> Any | None:
+        return self.memory.residual(ops, bucket_key(name), like)
+
+    def state_dict(self) -> dict:
+        return {"steps": dict(self._steps), "memory": self.memory.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._steps = {str(k): int(v) for k, v in dict(state.get("steps", {})).items()}
+        self.memory.load_state_dict(dict(state.get("memory", {})))
+
+    def __repr__(self) -> str:
+        return f"GTopK(density={self.compressor.density!r}, algorithm={self.algorithm!r}, {self.memory!r})"
