@@ -12,8 +12,11 @@
   error says the backend cannot tell.)
 * After a timeout the stream of collectives is dead (MPI cannot cancel a collective), so the
   process aborts the MPI job at exit instead of hanging in ``MPI_Finalize``.
-* float16 and bfloat16 (carried as uint16 bit patterns) reduce through user-defined MPI ops that
-  accumulate in float32, since MPI has no half-precision sum.
+* float16 and bfloat16 (carried as uint16 bit patterns) have no MPI sum. They are reduced by a
+  ring allreduce written here (reduce-scatter then allgather over ``Sendrecv``, half precision
+  on the wire, float32 accumulation): the same traffic as MPI's ring, 2(P-1) vectorised steps.
+  A user-defined ``MPI.Op`` did the same sum through a Python callback per segment and made
+  fp16 0.61x the speed of fp32 on 2 ranks.
 """
 from __future__ import annotations
 
@@ -51,24 +54,18 @@ def import_mpi():
     return MPI
 
 
-def _half_op(MPI, dtype_name: str):
-    def to32(a):
-        return (a.astype(np.uint32) << 16).view(np.float32) if dtype_name == "bfloat16" else a.astype(np.float32)
+def _to32(a: np.ndarray) -> np.ndarray:
+    """float16, or bfloat16 carried as uint16 bit patterns, to float32."""
+    if a.dtype == np.uint16:
+        return (a.astype(np.uint32) << 16).view(np.float32)
+    return a.astype(np.float32)
 
-    def from32(x, out):
-        if dtype_name == "bfloat16":
-            u = x.view(np.uint32)
-            out[...] = ((u + (((u >> 16) & 1) + np.uint32(0x7FFF))) >> 16).astype(np.uint16)
-        else:
-            out[...] = x.astype(np.float16)
 
-    def fn(inbuf, inoutbuf, datatype):
-        dt = np.uint16 if dtype_name == "bfloat16" else np.float16
-        a = np.frombuffer(inbuf, dtype=dt)
-        b = np.frombuffer(inoutbuf, dtype=dt)
-        from32(to32(a) + to32(b), b)
-
-    return MPI.Op.Create(fn, commute=True)
+def _from32(x: np.ndarray, dtype) -> np.ndarray:
+    if dtype == np.uint16:  # round to nearest even on the top 16 bits
+        u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+        return ((u + (((u >> 16) & 1) + np.uint32(0x7FFF))) >> 16).astype(np.uint16)
+    return x.astype(np.float16)
 
 
 class MPIBackend(Backend):
@@ -87,7 +84,6 @@ class MPIBackend(Backend):
         self._local_rank, self._local_size = local.Get_rank(), local.Get_size()
         local.Free()
         self._ops = {"sum": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "prod": MPI.PROD}
-        self._half_ops: dict[str, object] = {}
         self._seq = 0
         self._where: tuple[int, str, str] | None = None  # (seq, op, name) while inside one
         self._last: tuple[int, str, str] | None = None
@@ -180,23 +176,42 @@ class MPIBackend(Backend):
             self.MPI.COMM_WORLD.Abort(1)
 
     # -- collectives --------------------------------------------------------------------------
-    def _op_for(self, buf, op):
-        if buf.dtype == np.float16 or buf.dtype == np.uint16:  # uint16 = bfloat16 bit patterns
-            if op != "sum":
-                raise ValueError(f"reduce op {op!r} is not supported for half-precision buffers; use 'sum'")
-            key = "float16" if buf.dtype == np.float16 else "bfloat16"
-            if key not in self._half_ops:
-                self._half_ops[key] = _half_op(self.MPI, key)
-            return self._half_ops[key], self.MPI.UINT16_T if key == "bfloat16" else self.MPI.SHORT
-        return self._ops[op], None
-
     def allreduce_(self, buf, op, name, deadline):
         self._begin("allreduce", name)
-        mop, dt = self._op_for(buf, op)
-        target = buf if dt is None else [buf, dt]
-        self._comm.Allreduce(self.MPI.IN_PLACE, target, mop)
+        if buf.dtype in (np.float16, np.uint16):  # uint16 = bfloat16 bit patterns
+            if op != "sum":
+                raise ValueError(f"reduce op {op!r} is not supported for half-precision buffers; use 'sum'")
+            self._ring_allreduce_half(buf)
+        else:
+            self._comm.Allreduce(self.MPI.IN_PLACE, buf, self._ops[op])
         self._end()
         return buf
+
+    def _ring_allreduce_half(self, buf: np.ndarray) -> None:
+        """Ring allreduce of a half-precision buffer: each chunk is summed in ring order, each
+        addition done in float32 and rounded to half (as an MPI reduction op would), then the
+        owner's chunk is passed round, so every rank ends with the same bits."""
+        p, r = self._size, self._rank
+        if p == 1:
+            return
+        flat = buf.reshape(-1)
+        bounds = np.linspace(0, flat.size, p + 1).astype(np.int64)
+        chunk = [slice(int(bounds[i]), int(bounds[i + 1])) for i in range(p)]
+        right, left = (r + 1) % p, (r - 1) % p
+        recv = np.empty(int(np.diff(bounds).max()), dtype=flat.dtype)
+        for step in range(p - 1):  # reduce-scatter: afterwards rank r owns chunk (r + 1) % p
+            send_i, recv_i = (r - step) % p, (r - step - 1) % p
+            n = chunk[recv_i].stop - chunk[recv_i].start
+            self._comm.Sendrecv(np.ascontiguousarray(flat[chunk[send_i]]), dest=right, recvbuf=recv[:n], source=left)
+            # only the chunk being added is widened: converting the whole buffer up front cost more
+            # than MPI's own reduction
+            flat[chunk[recv_i]] = _from32(_to32(flat[chunk[recv_i]]) + _to32(recv[:n]), flat.dtype)
+        own = (r + 1) % p
+        for step in range(p - 1):  # allgather of the reduced chunks
+            send_i, recv_i = (own - step) % p, (own - step - 1) % p
+            n = chunk[recv_i].stop - chunk[recv_i].start
+            self._comm.Sendrecv(np.ascontiguousarray(flat[chunk[send_i]]), dest=right, recvbuf=recv[:n], source=left)
+            flat[chunk[recv_i]] = recv[:n]
 
     def allgather(self, buf, name, deadline):
         self._begin("allgather", name)

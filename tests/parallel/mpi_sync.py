@@ -129,3 +129,18 @@ def test_tensor_collectives():
     assert g.shape == (P * (P + 1) // 2, 2)
     assert torch.equal(hco.broadcast(t, root_rank=P - 1), torch.full((3,), float(P)))
     assert hco.broadcast_object({"rank": R, "t": torch.ones(2) * R}, root_rank=1)["rank"] == 1
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("n", [1, 7, 100_003])
+def test_half_precision_allreduce_is_close_and_bit_identical(dtype, n):
+    from hvd_commopt import NumpyOps, runtime
+    ops, comm = NumpyOps(), runtime.communicator()
+    x = np.random.default_rng(R).standard_normal(n).astype(np.float32)
+    h = ops.cast(x.copy(), dtype)
+    comm.allreduce_(h)
+    exact = np.sum(comm.allgather_object(x), axis=0)
+    got = ops.cast(h, "float32")
+    tol = 3e-2 if dtype == "bfloat16" else 3e-3
+    np.testing.assert_allclose(got, exact, rtol=tol, atol=tol * P)
+    assert len(set(comm.allgather_object(h.tobytes()))) == 1
