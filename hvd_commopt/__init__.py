@@ -11,6 +11,7 @@ from .engine import CommEngine, TensorSpec
 from .errors import (CollectiveTimeoutError, ConfigError, HvdCommoptError, LaunchEnvironmentError,
                      RankMismatchError)
 from .numpy_ops import NumpyOps
+from .schedule import Schedule
 from .runtime import communicator, init, is_initialized, local_rank, local_size, rank, shutdown, size
 
 __version__ = "0.1.0"
@@ -19,5 +20,5 @@ __all__ = [
     "__version__", "init", "shutdown", "is_initialized", "communicator", "rank", "size", "local_rank",
     "local_size", "Communicator", "Handle", "InProcWorld", "run_ranks", "Compression", "CommEngine",
     "TensorSpec", "NumpyOps", "HvdCommoptError", "CollectiveTimeoutError", "RankMismatchError",
-    "LaunchEnvironmentError", "ConfigError",
+    "LaunchEnvironmentError", "ConfigError", "Schedule",
 ]

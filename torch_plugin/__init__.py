@@ -8,7 +8,7 @@
 """
 from __future__ import annotations
 
-from hvd_commopt import Compression, runtime
+from hvd_commopt import Compression, Schedule, runtime
 from hvd_commopt.errors import CollectiveTimeoutError, ConfigError, HvdCommoptError, RankMismatchError
 
 from .comm import TorchDistBackend, register as _register_backends
@@ -20,7 +20,7 @@ from .optimizer import Average, DistributedOptimizer, Sum
 _register_backends()
 
 __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "local_size", "DistributedOptimizer",
-           "Compression", "Average", "Sum", "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
+           "Compression", "Schedule", "Average", "Sum", "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
            "allreduce", "allreduce_", "allgather", "broadcast", "broadcast_", "TorchOps", "TorchDistBackend",
            "HvdCommoptError", "CollectiveTimeoutError", "RankMismatchError", "ConfigError"]
 

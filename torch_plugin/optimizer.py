@@ -12,6 +12,16 @@ Differences from Horovod, on purpose:
 * A parameter with no gradient on this rank takes part with zeros and receives the reduced
   gradient, so ranks stay identical even when they use different parameters (DDP's
   ``find_unused_parameters`` outcome, with no extra pass).
+
+Schedules (``schedule=Schedule.od()/.ssd()/.cd()/.cocod()/.local_sgd()``, issue 4): the algorithm
+lives in the core scheduler; this adapter only supplies a
+:class:`~torch_plugin.schedule.TorchScheduleHost` ("run the wrapped optimizer on these weights
+with these gradients", read/write weights) and routes ``step()`` to the engine. Under a delayed
+schedule (OD/SSD/CD) the **model holds the local weights** w_loc during training; the global
+replica w_g lives in the scheduler and is stepped by the wrapped optimizer, whose state *is* the
+replica's optimizer state. ``use_global_weights()`` swaps the replica in (e.g. to evaluate) and
+``finalize()`` drains the rounds in flight and leaves the model at w_g. Under CoCoD-SGD / local
+SGD the model holds this worker's local model and ``finalize()`` averages the models.
 """
 from __future__ import annotations
 
@@ -26,6 +36,7 @@ from hvd_commopt.engine import CommEngine, TensorSpec
 from hvd_commopt.errors import ConfigError, HvdCommoptError
 
 from .ops import TorchOps
+from .schedule import TorchScheduleHost, TorchUpdateOps
 
 __all__ = ["DistributedOptimizer", "Average", "Sum"]
 
@@ -44,6 +55,7 @@ class _DistributedOptimizerMixin:
         self._hco_should_sync = True
         self._hco_hooks = [p.register_post_accumulate_grad_hook(self._hco_make_hook(n))
                            for n, p in named_parameters]
+        engine.attach_host(TorchScheduleHost(self, list(named_parameters)))
 
     def _hco_make_hook(self, name: str):
         engine = self._hco_engine
@@ -62,7 +74,17 @@ class _DistributedOptimizerMixin:
         return self._hco_engine.last_stats.as_dict()
 
     def synchronize(self) -> None:
-        """Finish reducing this step's gradients and write them into ``p.grad``."""
+        """Finish reducing this step's gradients and write them into ``p.grad``.
+
+        Only with the synchronous schedule: delayed and model-averaging schedules reduce (or
+        not) inside ``step()``, where the averaged gradient of this step does not exist yet.
+        """
+        if not self._hco_engine.scheduler.synchronous:
+            raise HvdCommoptError(
+                f"optimizer.synchronize() is for the synchronous schedule; with schedule "
+                f"'{self._hco_engine.scheduler.name}' gradients are sent from the hooks and applied "
+                f"inside step(). To clip, clip p.grad before step(): it holds the local gradient, "
+                f"which drives the local update.")
         params = self._hco_params
         out = self._hco_engine.synchronize(fetch=lambda n: params[n].grad)
         with torch.no_grad():
@@ -84,6 +106,14 @@ class _DistributedOptimizerMixin:
             self._hco_should_sync = True
 
     def step(self, closure=None):
+        engine = self._hco_engine
+        if not engine.scheduler.synchronous:
+            if closure is not None:
+                raise ConfigError(f"step(closure) is not supported with schedule '{engine.scheduler.name}': "
+                                  f"compute the loss and call backward() before step()")
+            self._hco_synchronized = False
+            engine.run_step()
+            return None
         if self._hco_should_sync:
             if self._hco_synchronized:
                 warnings.warn("optimizer.step() called without optimizer.skip_synchronize() after "
@@ -101,7 +131,41 @@ class _DistributedOptimizerMixin:
                 "Call zero_grad() before backward() or after step().")
         return self._hco_base.zero_grad(self, set_to_none=set_to_none)
 
+    def finalize(self) -> None:
+        """End of training: wait for the rounds still in flight, apply them, and leave the model
+        at the global model (the replica w_g for OD/SSD/CD; the average of the workers' models
+        for CoCoD/local SGD; nothing to do for sync). Call it on every rank after the last step."""
+        self._hco_engine.finalize()
+
+    def drain(self) -> None:
+        """Wait for and apply every round in flight (value-neutral; the model is unchanged)."""
+        self._hco_engine.drain()
+
+    @contextmanager
+    def use_global_weights(self):
+        """Within the block, the model holds the global replica w_g (drained first), e.g. to
+        evaluate the global model. Under schedules without a replica the model is unchanged."""
+        self._hco_engine.drain()
+        replica = self._hco_engine.scheduler.global_weights()
+        if replica is None:
+            yield
+            return
+        params = self._hco_params
+        saved = {}
+        with torch.no_grad():
+            for n, p in params.items():
+                saved[n] = p.data
+                p.data = replica[n]
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for n, d in saved.items():
+                    params[n].data = d
+
     def state_dict(self):
+        """The wrapped optimizer's state plus ``"hvd_commopt"``: step, reducer and schedule state
+        (a delayed schedule drains first; see CommEngine.state_dict). Call it after step()."""
         sd = self._hco_base.state_dict(self)
         sd["hvd_commopt"] = self._hco_engine.state_dict()
         return sd
@@ -143,7 +207,7 @@ def _named(optimizer: torch.optim.Optimizer, named_parameters) -> list[tuple[str
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None, compression=None,
                          backward_passes_per_step: int = 1, op: str = Average,
                          gradient_predivide_factor: float = 1.0, fusion_threshold: int | None = None,
-                         communicator=None) -> torch.optim.Optimizer:
+                         communicator=None, schedule=None) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that ``step()`` uses gradients averaged over all ranks.
 
     Args:
@@ -156,6 +220,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         fusion_threshold: fusion buffer size in bytes (0 = no fusion); default from
             ``HVD_COMMOPT_FUSION_THRESHOLD`` / ``HOROVOD_FUSION_THRESHOLD``, else 128 MiB.
         communicator: a core Communicator; default: the one ``init()`` made.
+        schedule: ``Schedule.sync()`` (default), ``.od()``, ``.ssd()``, ``.cd()``, ``.cocod(period)``,
+            ``.local_sgd(period)`` (see hvd_commopt.schedule). Non-sync schedules need ``step()``
+            without a closure and do not offer ``synchronize()``.
 
     Raises:
         RankMismatchError: the model differs across ranks (checked here, collectively).
@@ -167,9 +234,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         raise ConfigError("this optimizer is already a DistributedOptimizer; wrap it once")
     comm = communicator if communicator is not None else runtime.communicator()
     named = _named(optimizer, named_parameters)
-    engine = CommEngine(comm, TorchOps(), compression=compression, fusion_threshold=fusion_threshold,
+    engine = CommEngine(comm, TorchUpdateOps(), compression=compression, fusion_threshold=fusion_threshold,
                         op=op, gradient_predivide_factor=gradient_predivide_factor,
-                        backward_passes_per_step=backward_passes_per_step)
+                        backward_passes_per_step=backward_passes_per_step, schedule=schedule)
     specs = [TensorSpec(n, tuple(p.shape), TorchOps().dtype_name(p)) for n, p in named]
     engine.register(specs)
     base = type(optimizer)

@@ -1,8 +1,8 @@
 """Buckets: groups of tensors packed into one flat fusion buffer and reduced together."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Sequence
 
 from ..errors import ConfigError
 from .specs import TensorSpec
@@ -12,7 +12,7 @@ __all__ = ["Bucket", "build_buckets"]
 
 @dataclass
 class Bucket:
-    """One fusion buffer.
+    """One fusion buffer's layout (the buffers themselves belong to rounds, engine/rounds.py).
 
     Attributes:
         index: position in the launch order (identical on every rank).
@@ -26,17 +26,11 @@ class Bucket:
     offsets: list[int]
     numel: int
     dtype: str
-    flat: Any = None          # the fusion buffer (a framework tensor), allocated on first use
-    arrived: set = field(default_factory=set)
 
     @property
     def name(self) -> str:
         first = self.names[0]
         return f"bucket{self.index}:{first}" + (f"+{len(self.names) - 1}" if len(self.names) > 1 else "")
-
-    @property
-    def complete(self) -> bool:
-        return len(self.arrived) == len(self.names)
 
 
 def build_buckets(specs_backward: Sequence[TensorSpec], plan: Sequence[Sequence[int]]) -> list[Bucket]:

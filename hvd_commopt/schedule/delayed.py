@@ -1,0 +1,262 @@
+"""OD-SGD and SSD-SGD without a parameter server: one scheduler, one code path (spec §3, §4).
+
+Papers: OD-SGD, Xu, Dong, Xu, Liao, arXiv:2005.06728 (reference CynthiaProtector/OD-SGD);
+SSD-SGD, arXiv:2012.05396 (reference main-520/SSD-SGD). Spec §3.3 and §4.3 give the
+collective equivalent implemented here: every rank keeps a replica of the global model w_g and
+runs the (user's) global optimizer on it redundantly, with rank-identical allreduce results.
+
+Closed form after warm-up (§4.1), with k = ``delay`` and W = ``warmup_steps``:
+
+    w_g(t+1)   = U_g(w_g(t), gbar(t))                        every step (round t)
+    b(t)       = w_g(t)  if (t - W) % k == 0  else  w_loc(t)  (base switch)
+    w_loc(t+1) = U_loc(b(t), s_loc * g_i(t))
+
+OD-SGD is k = 1 (the same code, so T-SSD-1 holds by construction). Per step t the scheduler:
+
+1. closes round t (its buckets were launched from the hooks during backward; the gradients were
+   copied out of the framework's buffers then, so the next backward may overwrite them) and
+   snapshots the optimizer hyper-parameters with it;
+2. on a base-switch step, waits for and applies every round < t to the replica, in order, each
+   with the hyper-parameters of *its* step (so an LR schedule acts as on a parameter server,
+   and w_g does not depend on k, T-SSD-2); other steps apply nothing, so up to k+1 rounds are
+   in flight, each with its own buffers and ``@r<step>`` collective names;
+3. runs the local update from the base (GLU adds the global direction, below);
+4. advances the step counter.
+
+``delay=0`` disables the delay: round t is applied at step t and the model is set to the
+replica, which is S-SGD bit-for-bit (T-OD-3).
+
+Warm-up: W synchronous steps on the model. The switch (at the start of step W) copies the
+model's weights into the replica; the optimizer's state (momentum, Adam moments, step counts)
+becomes the replica's state as it is, because the wrapped optimizer keeps stepping with its own
+state, now on the replica (the spec's pitfall "the warm-up must copy the optimizer state").
+
+Which weights the model holds: w (the local weights w_loc) during training; the replica lives in
+the scheduler (``global_weights()``); :meth:`finalize` drains and sets the model to w_g.
+Buffers that are not parameters (BatchNorm running statistics) are not registered, so they stay
+per-worker and are neither replicated nor averaged, as in the MXNet references (§3.3 point 6).
+
+Conventions: the global update is the user's (PyTorch-form) optimizer and the local SGD is in
+PyTorch form too; the references' MXNet form (lr inside the momentum, §0, §11.5) is not offered.
+The two agree for a constant learning rate.
+
+GLU (SSD-SGD's "global gradient for local update"): the paper's equation could not be read and
+the released kernel cannot be taken literally (§4.1 caution), so this implements the spec's
+**recommended faithful-in-spirit form**:
+
+    w_loc(t+1) = b(t) - lr_loc * (s_loc * g_i(t) + c * g_glob),
+    g_glob     = (w_g(t_s - k) - w_g(t_s)) / (n * lr)
+
+t_s is the last base switch, n the number of rounds applied between the two snapshots (k in
+steady state) and lr the global optimizer's current lr for the tensor: the mean global step
+direction of the last period, in gradient units. g_glob is 0 until two switches have happened.
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from ..engine.rounds import Round
+from ..errors import RankMismatchError
+from .base import RoundPlan, Scheduler
+from .config import DelayConfig
+from .local_opt import LocalOptimizer
+from .ops import digest, require_update_ops
+
+__all__ = ["DelayedScheduler"]
+
+Tensor = Any
+
+
+class DelayedScheduler(Scheduler):
+    """OD-SGD (delay 1), SSD-SGD (delay k) and the delay-disabled replica path (delay 0)."""
+
+    def __init__(self, config: DelayConfig, engine: Any):
+        super().__init__(config, engine)
+        self.name = config.kind
+        self.ops = require_update_ops(engine.ops, f"Schedule.{config.kind}()")
+        self.k = config.delay
+        self.warmup = config.warmup_steps
+        scale = config.local_scale if config.local_scale is not None else 1.0 / engine.comm.size
+        self.local = LocalOptimizer(self.ops, config.local_optimizer, config.local_momentum, scale, config.dc_lambda)
+        self.fifo: deque[Round] = deque()
+        self.replica: dict[str, Tensor] | None = None
+        self.applied = 0  # rounds applied to the replica since the switch
+        self._glu_prev: dict[str, Tensor] | None = None  # w_g at the previous base switch
+        self._glu_dir: dict[str, Tensor] | None = None   # g_glob
+        self._glu_mark = 0                               # self.applied at that switch
+
+    # -- decisions ----------------------------------------------------------------------------
+    def in_warmup(self, step: int | None = None) -> bool:
+        return (self.step if step is None else step) < self.warmup
+
+    def is_base_switch(self, step: int) -> bool:
+        """b(step) = w_g(step)? (always with k <= 1)."""
+        return self.k <= 1 or (step - self.warmup) % self.k == 0
+
+    def round_plan(self) -> RoundPlan:
+        if self.in_warmup():
+            return RoundPlan(self.engine.reducer, None)  # the synchronous path, names unchanged
+        return RoundPlan(self.reducer_for(self.step), f"r{self.step}")
+
+    def reducer_for(self, step: int) -> Any:
+        """The reducer of round ``step`` (CD-SGD alternates ternary and full precision)."""
+        return self.engine.reducer
+
+    @property
+    def names(self) -> list[str]:
+        return self.engine.registered_names
+
+    # -- the step -----------------------------------------------------------------------------
+    def on_step(self) -> None:
+        t = self.step
+        if self.in_warmup(t):
+            self._warmup_step()
+            return
+        if self.replica is None:
+            self._switch()
+        host = self.host
+        grads = host.grads()
+        rnd = self.engine.close_round(fetch=grads.get)
+        rnd.meta = host.hyper()
+        self.fifo.append(rnd)
+        if self.k == 0:
+            self._apply_through(t)
+            w = host.weights()
+            for n in self.names:
+                host.assign(n, self.ops.copy_(w[n], self.replica[n]))
+        else:
+            base = None
+            if self.is_base_switch(t):
+                self._apply_through(t - 1)  # the replica is now w_g(t) (T-SSD-3)
+                base = self.replica
+                if self.config.glu:
+                    self._glu_refresh()
+            self._local_update(base, grads)
+        self.step += 1
+        self._maybe_check_replica()
+
+    def _switch(self) -> None:
+        w = self.host.weights()
+        self.replica = {n: self.ops.clone(w[n]) for n in self.names}
+        self.applied = 0
+        self._glu_prev = self._glu_dir = None
+        self._glu_mark = 0
+
+    def _apply_through(self, last_step: float) -> None:
+        """Wait for and apply, in order, every round whose step is <= last_step."""
+        while self.fifo and self.fifo[0].step <= last_step:
+            rnd = self.fifo.popleft()
+            grads = self.engine.finish_round(rnd)
+            self.host.apply_optimizer(grads, weights=self.replica, hyper=rnd.meta)
+            self.engine.release_round(rnd)
+            self.applied += 1
+
+    def _local_update(self, base: dict[str, Tensor] | None, grads: dict[str, Tensor | None]) -> None:
+        host, ops, cfg = self.host, self.ops, self.config
+        w = host.weights()
+        for n in self.names:
+            g = grads.get(n)
+            if g is None:  # unused parameter: zero gradient, as in the reduction
+                g = ops.zeros(ops.numel(w[n]), ops.dtype_name(w[n]), like=w[n])
+                g = ops.reshape(g, ops.shape(w[n]))
+            lr = cfg.local_lr if cfg.local_lr is not None else host.param_hyper(n, "lr")
+            wd = cfg.local_weight_decay if cfg.local_weight_decay is not None else \
+                (host.param_hyper(n, "weight_decay", 0.0) or 0.0)
+            glu = self._glu_dir.get(n) if self._glu_dir is not None else None
+            new = self.local.update(n, w[n], None if base is None else base[n], g, lr=float(lr),
+                                    weight_decay=float(wd), glu_dir=glu, glu_coef=cfg.glu)
+            host.assign(n, new)
+
+    def _glu_refresh(self) -> None:
+        """At a base switch (replica = w_g(t_s)): g_glob = (w_g(prev switch) - w_g(t_s)) / (n*lr)."""
+        ops, rep = self.ops, self.replica
+        if self._glu_prev is None:
+            self._glu_prev = {n: ops.clone(rep[n]) for n in self.names}
+            self._glu_mark = self.applied
+            return
+        n_rounds = self.applied - self._glu_mark
+        if n_rounds == 0:
+            return
+        new_dir = {}
+        for n in self.names:
+            lr = float(self.host.param_hyper(n, "lr") or 0.0)
+            d = self._glu_dir[n] if self._glu_dir is not None else ops.clone(rep[n])
+            d = ops.sub(ops.copy_(d, self._glu_prev[n]), rep[n])
+            new_dir[n] = ops.scale(d, 1.0 / (n_rounds * lr)) if lr > 0 else ops.scale(d, 0.0)
+            self._glu_prev[n] = ops.copy_(self._glu_prev[n], rep[n])
+        self._glu_dir = new_dir
+        self._glu_mark = self.applied
+
+    # -- replica checks -----------------------------------------------------------------------
+    def replica_digest(self) -> str | None:
+        """sha256 of the replica in registration order (None before the switch)."""
+        if self.replica is None:
+            return None
+        return digest(self.ops, [self.replica[n] for n in self.names])
+
+    def _maybe_check_replica(self) -> None:
+        every = self.config.check_replica_every
+        if not every or self.step % every:
+            return
+        everyone = self.engine.comm.allgather_object(self.replica_digest(), name=f"replica.check@{self.step}")
+        if len(set(everyone)) > 1:
+            bad = [r for r, d in enumerate(everyone) if d != everyone[0]]
+            raise RankMismatchError(
+                f"the global replica differs across ranks after step {self.step} (ranks {bad} differ from "
+                f"rank 0). The allreduce results or the optimizer's arithmetic are not rank-identical "
+                f"(a nondeterministic optimizer kernel, or different hyper-parameters per rank).")
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    @property
+    def outstanding(self) -> int:
+        return len(self.fifo)
+
+    def drain(self) -> None:
+        if self.fifo:
+            self._apply_through(float("inf"))
+
+    def finalize(self) -> None:
+        """Drain, then set the model to the global replica w_g (the local update is dropped)."""
+        self.drain()
+        if self.replica is not None:
+            w = self.host.weights()
+            for n in self.names:
+                self.host.assign(n, self.ops.copy_(w[n], self.replica[n]))
+
+    def abandon(self) -> None:
+        while self.fifo:
+            rnd = self.fifo.popleft()
+            for p in rnd.pending.values():
+                rnd.reducer.finish(p, self.engine.ctx)
+            rnd.pending.clear()
+            self.engine.release_round(rnd)
+
+    def global_weights(self) -> dict[str, Tensor] | None:
+        self.drain()
+        return self.replica
+
+    def state_dict(self) -> dict:
+        """Replica, local optimizer and GLU state (after a drain: no round is pending).
+
+        Tensors are live references (as in torch's ``Optimizer.state_dict``): save or copy them.
+        """
+        self.drain()
+        return {"kind": self.name, "replica": self.replica, "applied": self.applied,
+                "local": self.local.state_dict(), "glu_prev": self._glu_prev, "glu_dir": self._glu_dir,
+                "glu_mark": self._glu_mark}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._check_kind(state)
+        self.abandon()
+        w = self.host.weights()
+        ops = self.ops
+
+        def restore(d):
+            return None if d is None else {n: ops.copy_(ops.clone(w[n]), d[n]) for n in self.names}
+        self.replica = restore(state.get("replica"))
+        self.applied = int(state.get("applied", 0))
+        self.local.load_state_dict(state.get("local") or {}, like=w)
+        self._glu_prev = restore(state.get("glu_prev"))
+        self._glu_dir = restore(state.get("glu_dir"))
+        self._glu_mark = int(state.get("glu_mark", 0))

@@ -1,0 +1,101 @@
+"""The local optimizer U_loc of OD-SGD / SSD-SGD / CD-SGD (spec §3.1, §4.1, §5.1).
+
+    w_loc(t+1) = U_loc(b(t), s_loc * g_i(t))
+
+b(t) is the base chosen by the scheduler (the global replica w_g(t) on base-switch steps, the
+current local weights otherwise); g_i(t) is this worker's own gradient, evaluated at the current
+local weights w_c = w_loc(t).
+
+**SGD** (``local_optimizer="sgd"``), in PyTorch's form (spec §0), with its own momentum buffer
+that is never reset when the base jumps to the replica (the reference's behaviour, §3.5):
+
+    d = s*g [+ c*g_glob (GLU, §4.1)] + wd*b;   m = mu*m + d (m = d at the first step);   w = b - lr*m
+
+The operations and their order are exactly ``torch.optim.SGD``'s single-tensor kernel
+(``grad.add(param, alpha=wd)``, ``buf.mul_(mu).add_(d)``, ``param.add_(d, alpha=-lr)``), so with
+equal hyper-parameters and s = 1 the local and the global update are bit-identical (T-OD-1).
+
+**DC-ASGD** (``local_optimizer="dcasgd"``), re-derived from its definition (Zheng et al., "Asynchronous
+SGD with Delay Compensation", ICML 2017) rather than from the fork's kernel, whose ``lr/wd/lam``
+arguments are swapped (spec §3.1 caution). A gradient evaluated at w_c and applied at b is
+compensated by the diagonal Hessian approximation lambda*g⊙g:
+
+    g~ = g + lambda * g ⊙ g ⊙ (b - w_c)      (g = s*g_i)
+
+Choice: w_c is the weights the gradient was *computed at* (the model's weights during
+backward), as the definition says. The MXNet optimizer instead uses "the weights at its previous
+call", i.e. the previous replica; that is the definition's w_c only when the local step is
+undone by the next pull, which is not the case here. On SSD steps that do not switch the base,
+b = w_c and the compensation is zero (there is no staleness to compensate).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["LocalOptimizer"]
+
+Tensor = Any
+
+
+class LocalOptimizer:
+    """U_loc with its own state (momentum buffers keyed by tensor name).
+
+    Args:
+        ops: TensorOps + UpdateOps of the adapter.
+        kind: "sgd" or "dcasgd".
+        momentum: mu (0 = no buffer).
+        scale: s_loc, the factor on the worker's own gradient (1/P in the reference).
+        dc_lambda: DC-ASGD's lambda.
+    """
+
+    def __init__(self, ops: Any, kind: str, momentum: float, scale: float, dc_lambda: float = 0.04):
+        self.ops, self.kind = ops, kind
+        self.momentum, self.scale, self.dc_lambda = float(momentum), float(scale), float(dc_lambda)
+        self.buf: dict[str, Tensor] = {}
+
+    def update(self, name: str, w: Tensor, base: Tensor | None, grad: Tensor, *, lr: float,
+               weight_decay: float = 0.0, glu_dir: Tensor | None = None, glu_coef: float = 0.0) -> Tensor:
+        """Return the new local weights (computed into ``w`` where the framework allows).
+
+        Args:
+            w: the current local weights (where ``grad`` was computed).
+            base: b(t); None means "the current local weights" (no copy, no DC term).
+            grad: the worker's own gradient g_i(t).
+            lr, weight_decay: the local step size and weight decay for this tensor.
+            glu_dir, glu_coef: SSD-SGD's global direction and its coefficient c.
+        """
+        ops = self.ops
+        d = ops.clone(grad)
+        if self.scale != 1.0:
+            d = ops.scale(d, self.scale)
+        if self.kind == "dcasgd" and self.dc_lambda and base is not None:
+            # lambda * g ⊙ g ⊙ (b - w_c): computed before w is overwritten by the base.
+            comp = ops.mul(ops.mul(d, d), ops.sub(ops.clone(base), w))
+            d = ops.axpy_(d, self.dc_lambda, comp)
+        if glu_dir is not None and glu_coef:
+            d = ops.axpy_(d, glu_coef, glu_dir)
+        b = w if base is None else base
+        if weight_decay:
+            d = ops.axpy_(d, weight_decay, b)
+        if self.momentum:
+            m = self.buf.get(name)
+            if m is None:
+                m = ops.clone(d)  # torch: buf = clone(d_p) at the first step
+            else:
+                m = ops.axpy_(ops.scale(m, self.momentum), 1.0, d)
+            self.buf[name] = m
+            d = m
+        if base is not None:
+            w = ops.copy_(w, base)
+        return ops.axpy_(w, -lr, d)
+
+    # -- checkpoint ---------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """The momentum buffers (live references, like torch's optimizer state_dict)."""
+        return {"momentum": dict(self.buf)}
+
+    def load_state_dict(self, state: dict, like: dict[str, Tensor]) -> None:
+        """Restore buffers, copying into tensors shaped/placed like ``like[name]`` (the model)."""
+        self.buf = {}
+        for name, t in (state.get("momentum") or {}).items():
+            self.buf[name] = self.ops.copy_(self.ops.clone(like[name]), t)

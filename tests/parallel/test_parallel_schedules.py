@@ -1,0 +1,27 @@
+"""Schedules (OD/SSD/CD/CoCoD/local SGD) under a real ``mpirun`` with 2 and 4 ranks, and the
+digits convergence check (2 ranks)."""
+import json
+
+import pytest
+
+from tests.parallel.launch import ROOT, run_mpi, run_pytest_mpi
+
+pytest.importorskip("torch")
+pytest.importorskip("mpi4py")
+
+
+@pytest.mark.parametrize("np", [2, 4])
+def test_schedule_invariants_under_mpirun(np):
+    run_pytest_mpi(np, "tests/parallel/mpi_schedules.py", timeout=500)
+
+
+def test_schedules_converge_like_ssgd_on_digits():
+    pytest.importorskip("sklearn")
+    import sys
+    proc = run_mpi(2, [sys.executable, str(ROOT / "tests/parallel/mpi_digits.py")], timeout=300)
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("DIGITS "))
+    acc = json.loads(line[len("DIGITS "):])
+    ssgd = acc.pop("ssgd")
+    assert ssgd > 90.0, acc
+    for name, a in acc.items():
+        assert a >= ssgd - 1.0, f"{name}: {a:.2f}% vs SSGD {ssgd:.2f}% (all: {acc})"
