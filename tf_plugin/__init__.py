@@ -1,1 +1,58 @@
-"""TensorFlow 2 / Keras 3 adapter of hvd_commopt (in progress: see the TF issue)."""
+"""TensorFlow 2 / Keras 3 adapter of hvd_commopt, with Horovod's names: change one import.
+
+    import tf_plugin as hco
+    hco.init()
+    # custom loop
+    tape = hco.DistributedGradientTape(tape, compression=hco.Compression.fp16)
+    grads = tape.gradient(loss, model.trainable_variables)
+    # Keras 3
+    opt = hco.DistributedOptimizer(keras.optimizers.SGD(0.01 * hco.size()))
+    model.compile(optimizer=opt, loss=..., jit_compile=False)
+    model.fit(x, y, callbacks=[hco.callbacks.BroadcastGlobalVariablesCallback(0),
+                               hco.callbacks.MetricAverageCallback()])
+
+The adapter only supplies tensor ops (:class:`TFOps`) and glue; the engine, compressors, fusion
+planners and schedules are the core's (:mod:`hvd_commopt`), shared with ``torch_plugin``.
+Collectives run eagerly, or as one ``tf.py_function`` per call site inside ``tf.function``
+(:mod:`tf_plugin.bridge` explains the strategy and its cost).
+"""
+from __future__ import annotations
+
+from hvd_commopt import Compression, runtime
+from hvd_commopt.errors import CollectiveTimeoutError, ConfigError, HvdCommoptError, RankMismatchError
+
+from . import callbacks
+from .functions import allgather, allreduce, broadcast, broadcast_object, broadcast_variables
+from .keras import DistributedOptimizer
+from .ops import TFOps
+from .reducer import Average, Sum, clear_engines as _clear_engines
+from .tape import DistributedGradientTape
+
+try:  # the core's delayed schedules, once they have landed (hvd_commopt.schedule)
+    from hvd_commopt import Schedule  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - depends on the core's version
+    Schedule = None
+
+__all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "local_size",
+           "DistributedGradientTape", "DistributedOptimizer", "Compression", "Schedule", "Average", "Sum",
+           "allreduce", "allgather", "broadcast", "broadcast_variables", "broadcast_object", "callbacks",
+           "TFOps", "HvdCommoptError", "CollectiveTimeoutError", "RankMismatchError", "ConfigError"]
+
+
+def init(backend: str | None = None, timeout_s: float | None = None):
+    """Start the runtime: backend from the argument, HVD_COMMOPT_BACKEND, or the launcher
+    (mpirun -> mpi, none -> size 1). Idempotent."""
+    return runtime.init(backend, timeout_s)
+
+
+def shutdown() -> None:
+    """Stop the runtime and forget the cached engines (``init()`` may be called again)."""
+    _clear_engines()
+    runtime.shutdown()
+
+
+is_initialized = runtime.is_initialized
+size = runtime.size
+rank = runtime.rank
+local_rank = runtime.local_rank
+local_size = runtime.local_size

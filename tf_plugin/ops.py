@@ -1,0 +1,242 @@
+"""TensorOps with native TensorFlow ops (see :mod:`hvd_commopt.tensor_ops` for the contract).
+
+TF tensors are immutable, so every method returns a new tensor, which is what the functional
+TensorOps protocol asks for. One addition, for speed: :meth:`TFOps.empty` returns a
+:class:`PackBuffer`, a lazy fusion buffer. The engine packs each gradient into its bucket with
+:meth:`copy_into`; on an immutable tensor each packing would rebuild the whole buffer (O(bucket)
+per tensor), and eager in-place writes into a ``tf.Variable`` were measured at ~1 GB/s plus
+~0.3 ms of dispatch per tensor on this machine (and reading a variable slice by slice copies it
+each time). A PackBuffer only records ``(offset, tensor)`` parts; the first other TFOps method
+that receives it materialises it with **one** ``tf.concat`` per bucket. Every TFOps method
+accepts a PackBuffer wherever it accepts a tensor; nothing outside TFOps sees one.
+
+Index operands are passed to eager ops as NumPy arrays, 2-4x cheaper to convert than Python lists.
+
+All methods run eagerly: the adapter calls the core from eager code, or from inside the one
+``tf.py_function`` per step that :mod:`tf_plugin.bridge` inserts into a ``tf.function``, where
+the tensors are eager again.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import tensorflow as tf
+
+__all__ = ["TFOps", "PackBuffer", "TF_DTYPES"]
+
+TF_DTYPES = {
+    "float64": tf.float64, "float32": tf.float32, "float16": tf.float16, "bfloat16": tf.bfloat16,
+    "int64": tf.int64, "int32": tf.int32, "int16": tf.int16, "int8": tf.int8, "uint8": tf.uint8,
+    "bool": tf.bool,
+}
+
+
+def _idx(*values: int) -> np.ndarray:
+    """Index operands as NumPy arrays: eager TF converts them 2-4x faster than Python lists
+    (measured: a strided slice with list operands 520 us, with int64 arrays 160 us)."""
+    return np.array(values, dtype=np.int64)
+
+
+_ONE = _idx(1)
+_FLAT = _idx(-1)
+
+
+def _device_of(like) -> str | None:
+    dev = getattr(like, "device", None)
+    return dev or None
+
+
+class PackBuffer:
+    """A 1-D fusion buffer of ``n`` elements assembled lazily from ``(offset, tensor)`` parts."""
+
+    __slots__ = ("n", "dtype", "device", "parts", "base", "_value")
+
+    def __init__(self, n: int, dtype: tf.DType, device: str | None, parts=(), base=None):
+        self.n, self.dtype, self.device = int(n), dtype, device
+        self.parts = list(parts)
+        self.base = base          # a materialised earlier value (positions not overwritten keep it)
+        self._value = None
+
+    @property
+    def shape(self) -> tf.TensorShape:
+        return tf.TensorShape([self.n])
+
+    def value(self) -> tf.Tensor:
+        if self._value is None:
+            self._value = self._materialise()
+        return self._value
+
+    def _materialise(self) -> tf.Tensor:
+        parts = sorted(self.parts, key=lambda p: p[0])
+        covered, pos = True, 0
+        for off, t in parts:
+            if off != pos:
+                covered = False
+                break
+            pos += int(t.shape[0])
+        with tf.device(self.device):
+            if covered and pos == self.n:  # the engine's case: every member packed once
+                return parts[0][1] if len(parts) == 1 else tf.concat([t for _, t in parts], axis=0)
+            out = self.base if self.base is not None else tf.zeros([self.n], dtype=self.dtype)
+            for off, t in self.parts:  # in write order: later writes win
+                m = int(t.shape[0])
+                out = tf.concat([out[:off], t, out[off + m:]], axis=0)
+            return out
+
+
+def _t(x):
+    return x.value() if isinstance(x, PackBuffer) else x
+
+
+class TFOps:
+    """TensorOps over 1-D TF tensors (fusion buffers: :class:`PackBuffer`)."""
+
+    name = "tensorflow"
+
+    # -- description -------------------------------------------------------------------------
+    def numel(self, t):
+        if isinstance(t, PackBuffer):
+            return t.n
+        return int(np.prod(t.shape.as_list(), dtype=np.int64)) if t.shape.rank else 1
+
+    def dtype_name(self, t): return tf.as_dtype(t.dtype).name
+    def shape(self, t): return tuple(int(d) for d in t.shape)
+
+    def device_name(self, t):
+        dev = _device_of(t) or "/device:CPU:0"
+        spec = tf.DeviceSpec.from_string(dev)
+        kind = (spec.device_type or "CPU").lower()
+        return "cpu" if kind == "cpu" else f"{kind}:{spec.device_index or 0}"
+
+    # -- creation and layout -----------------------------------------------------------------
+    def empty(self, n, dtype, like=None):
+        """A lazy fusion buffer (:class:`PackBuffer`): see the module docstring."""
+        return PackBuffer(int(n), TF_DTYPES[dtype], _device_of(like))
+
+    def zeros(self, n, dtype, like=None):
+        with tf.device(_device_of(like)):
+            return tf.zeros([int(n)], dtype=TF_DTYPES[dtype])
+
+    def flatten(self, t): return tf.reshape(_t(t), _FLAT)
+    def reshape(self, t, shape: Sequence[int]): return tf.reshape(_t(t), np.array([int(d) for d in shape], dtype=np.int64))
+
+    def slice(self, t, start, stop):
+        t = _t(t)
+        if isinstance(t, tf.Variable):
+            t = t.read_value()
+        return tf.raw_ops.StridedSlice(input=t, begin=_idx(int(start)), end=_idx(int(stop)), strides=_ONE)
+
+    def cat(self, ts): return tf.concat([tf.reshape(_t(x), _FLAT) for x in ts], axis=0)
+
+    def copy_into(self, dst, offset, src):
+        src = tf.reshape(_t(src), _FLAT)
+        n = int(src.shape[0])
+        offset = int(offset)
+        if isinstance(dst, PackBuffer):  # record only; one concat when the bucket is used
+            if src.dtype != dst.dtype:
+                src = tf.cast(src, dst.dtype)
+            if dst._value is not None:  # a used buffer (e.g. from the engine's pool): new parts
+                return PackBuffer(dst.n, dst.dtype, dst.device, [(offset, src)], base=dst._value)
+            dst.parts.append((offset, src))
+            return dst
+        if isinstance(dst, tf.Variable):
+            tf.raw_ops.ResourceStridedSliceAssign(ref=dst.handle, begin=_idx(offset), end=_idx(offset + n),
+                                                  strides=_ONE, value=tf.cast(src, dst.dtype))
+            return dst
+        return tf.concat([dst[:offset], tf.cast(src, dst.dtype), dst[offset + n:]], axis=0)
+
+    def clone(self, t): return tf.identity(tf.convert_to_tensor(_t(t)))
+    def cast(self, t, dtype): return tf.cast(_t(t), TF_DTYPES[dtype])
+
+    # -- arithmetic --------------------------------------------------------------------------
+    def scale(self, t, factor):
+        t = tf.convert_to_tensor(_t(t))
+        return t * tf.constant(factor, dtype=t.dtype)
+
+    def add(self, a, b): return tf.convert_to_tensor(_t(a)) + _t(b)
+    def sub(self, a, b): return tf.convert_to_tensor(_t(a)) - _t(b)
+
+    # -- sparse ------------------------------------------------------------------------------
+    def topk_abs(self, t, k):
+        """k largest |t|, ties towards the lower index, indices ascending (canonical form).
+
+        ``tf.math.top_k`` documents that of two equal values the lower-index one comes first, so
+        with ``sorted=True`` its first k entries already break ties towards the lower index,
+        exactly as NumpyOps and TorchOps do; sorting the indices gives the canonical order.
+        """
+        t = tf.convert_to_tensor(_t(t))
+        n = self.numel(t)
+        k = min(int(k), n)
+        if k == n:
+            idx = tf.range(n, dtype=tf.int64)
+            return t, idx
+        _, idx = tf.math.top_k(tf.abs(t), k=k, sorted=True)
+        idx = tf.sort(tf.cast(idx, tf.int64))
+        return tf.gather(t, idx), idx
+
+    def gather(self, t, idx): return tf.gather(_t(t), _t(idx))
+
+    def scatter_add(self, dst, idx, vals):
+        return tf.tensor_scatter_nd_add(tf.convert_to_tensor(_t(dst)), tf.reshape(tf.cast(_t(idx), tf.int64), [-1, 1]),
+                                        _t(vals))
+
+    def index_fill(self, t, idx, value):
+        t = tf.convert_to_tensor(_t(t))
+        idx = tf.reshape(tf.cast(idx, tf.int64), [-1, 1])
+        return tf.tensor_scatter_nd_update(t, idx, tf.fill([tf.shape(idx)[0]], tf.constant(value, t.dtype)))
+
+    def arange(self, n, like=None):
+        with tf.device(_device_of(like)):
+            return tf.range(int(n), dtype=tf.int64)
+
+    # -- sparse merging and selection (gTop-k, DGC) --------------------------------------------
+    def unique_sum(self, idx, vals):
+        """(sorted unique int64 indices, per-index sums). ``tf.unique`` keeps first-appearance
+        order, so the unique indices are sorted and the segment ids remapped to that order."""
+        idx, vals = tf.reshape(tf.cast(_t(idx), tf.int64), [-1]), _t(vals)
+        u, inv = tf.unique(idx, out_idx=tf.int64)
+        order = tf.argsort(u, stable=True)  # unique values: a permutation
+        seg = tf.gather(tf.math.invert_permutation(order), inv)
+        sums = tf.math.unsorted_segment_sum(vals, seg, num_segments=tf.size(u, out_type=tf.int64))
+        return tf.gather(u, order), sums
+
+    def isin(self, elements, test, invert=False):
+        elements = tf.reshape(tf.cast(_t(elements), tf.int64), [-1])
+        test = tf.sort(tf.reshape(tf.cast(_t(test), tf.int64), [-1]))
+        if int(test.shape[0]) == 0:
+            found = tf.zeros(tf.shape(elements), dtype=tf.bool)
+        else:
+            pos = tf.searchsorted(test, elements, side="left")
+            pos = tf.minimum(pos, tf.cast(tf.size(test) - 1, pos.dtype))
+            found = tf.equal(tf.gather(test, pos), elements)
+        return tf.logical_not(found) if invert else found
+
+    def nonzero(self, mask):
+        return tf.reshape(tf.where(tf.reshape(_t(mask), [-1])), [-1])  # int64, ascending
+
+    def abs_ge(self, t, threshold):
+        t = tf.convert_to_tensor(_t(t))
+        return tf.abs(t) >= tf.constant(threshold, dtype=t.dtype)
+
+    def norm(self, t):
+        t = tf.convert_to_tensor(_t(t))
+        acc = tf.float64 if t.dtype == tf.float64 else tf.float32
+        x = tf.cast(t, acc)
+        return float(tf.sqrt(tf.reduce_sum(tf.square(x))))
+
+    # -- host exchange -----------------------------------------------------------------------
+    def to_numpy(self, t):
+        """A writable host copy (TF's ``.numpy()`` of an eager tensor owns its data). bfloat16
+        travels as uint16 bit patterns, the host convention of the core (NumPy has no bf16)."""
+        t = tf.convert_to_tensor(_t(t))
+        if t.dtype == tf.bfloat16:
+            return tf.bitcast(t, tf.uint16).numpy()
+        return t.numpy()
+
+    def from_numpy(self, a, like=None):
+        a = np.asarray(a)
+        with tf.device(_device_of(like)):
+            if a.dtype == np.uint16 and like is not None and like.dtype == tf.bfloat16:
+                return tf.bitcast(tf.convert_to_tensor(a), tf.bfloat16)
+            return tf.convert_to_tensor(a)
