@@ -9,7 +9,8 @@ step counters), to be given to one optimizer::
                                    compression=hco.Compression.gtopk(density=0.001))
 
 Whole-model versus layer-wise selection is decided by the fusion buckets: one bucket
-(the default 128 MiB threshold for most models) selects the top-k of the whole gradient; one
+(``fusion_threshold`` at least the model's gradient size) selects the top-k of the whole
+gradient (the default 25 MiB cap gives one bucket for models up to ~6.5M fp32 parameters); one
 bucket per layer (``fusion_threshold=0``) is LAGS-SGD, each layer sparsified and sent from the
 backward hooks while backward continues. ``density`` may be a dict or callable for per-layer
 densities (see :class:`hvd_commopt.compress.topk.DensitySpec`).

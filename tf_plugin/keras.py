@@ -131,7 +131,7 @@ def DistributedOptimizer(optimizer, name: str | None = None, device_dense: str =
         backward_passes_per_step: only 1. For local accumulation use Keras' own
             ``gradient_accumulation_steps=`` on the optimizer (gradients are then reduced every
             micro-step: correct, but without the traffic saving).
-        fusion_threshold: fusion buffer size in bytes (0 = no fusion); default 128 MiB or the
+        fusion_threshold: fusion buffer size in bytes (0 = no fusion); default 25 MiB or the
             environment's HVD_COMMOPT_FUSION_THRESHOLD / HOROVOD_FUSION_THRESHOLD.
         schedule: ``hco.Schedule.sync()`` (default), ``.od()``, ``.ssd()``, ``.cd()``,
             ``.cocod(period)``, ``.local_sgd(period)`` (the core's schedulers). Non-sync schedules

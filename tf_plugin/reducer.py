@@ -127,7 +127,7 @@ class GradientReducer:
             ``Compression.*`` (whatever the core's engine accepts).
         op: ``Average`` or ``Sum``.
         gradient_predivide_factor: Horovod's meaning (with ``Average``).
-        fusion_threshold: bytes per fusion buffer; default from the environment (128 MiB).
+        fusion_threshold: bytes per fusion buffer; default from the environment (25 MiB).
         schedule: a core ``Schedule.*`` value, passed to the engine when the core has them.
         communicator: default: the one ``init()`` made.
         name: prefix of the ``py_function`` op in graphs.

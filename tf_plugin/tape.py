@@ -54,7 +54,7 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
         op: ``hco.Average`` (default) or ``hco.Sum``.
         gradient_predivide_factor: with Average, divide by f before the sum, by size/f after.
         fusion_threshold: fusion buffer size in bytes (0 = no fusion); default from
-            ``HVD_COMMOPT_FUSION_THRESHOLD`` / ``HOROVOD_FUSION_THRESHOLD``, else 128 MiB.
+            ``HVD_COMMOPT_FUSION_THRESHOLD`` / ``HOROVOD_FUSION_THRESHOLD``, else 25 MiB.
         schedule: a core ``Schedule.*`` (delayed updates), when the core has them.
         communicator: a core Communicator; default: the one ``init()`` made.
         **engine_kwargs: further options of :class:`hvd_commopt.engine.CommEngine`.

@@ -6,8 +6,9 @@ these five primitives; each adapter implements them with native ops (``torch_plu
 TorchUpdateOps``), and :class:`NumpyUpdateOps` implements them for host arrays (unit tests).
 
 Why a separate protocol rather than more methods on ``TensorOps``: only the schedulers need them,
-so an adapter that does not offer delayed schedules (TensorFlow, for now) still satisfies
-``TensorOps`` unchanged; :func:`require_update_ops` turns the gap into a clear ConfigError.
+so an adapter that does not offer delayed schedules still satisfies ``TensorOps`` unchanged
+(``tf_plugin.schedule.TFUpdateOps`` implements them for TensorFlow); :func:`require_update_ops`
+turns a missing one into a clear ConfigError.
 
 Functional convention (as in ``TensorOps``): every method returns its result and callers use the
 returned value; in-place implementations return their (modified) first argument.
