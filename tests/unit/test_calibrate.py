@@ -136,6 +136,8 @@ def test_native_backend_needs_make_buffer():
 def test_main_writes_json(tmp_path, capsys, monkeypatch):
     for var in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "HOROVOD_RANK", "RANK", "HVD_COMMOPT_BACKEND"):
         monkeypatch.delenv(var, raising=False)
+    from hvd_commopt import runtime
+    runtime.shutdown()  # an earlier test in this process may have initialised the runtime
     out = tmp_path / "cm.json"
     assert cal.main(["--sizes", "4096,8192,16384", "--repeats", "2", "--warmup", "0",
                      "--backend", "local", "--out", str(out)]) == 0
@@ -143,7 +145,6 @@ def test_main_writes_json(tmp_path, capsys, monkeypatch):
     assert model.ranks == 1
     text = capsys.readouterr().out
     assert "allreduce" in text and "alpha" in text and str(out) in text
-    from hvd_commopt import runtime
     assert not runtime.is_initialized()  # main shut down the runtime it started
 
 
