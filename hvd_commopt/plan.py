@@ -14,7 +14,8 @@ Cost model, one of:
   byte); the allreduce model is the ring formula ``2A(P-1) + 2(P-1)/P·n·B`` (spec §1.1);
 * ``--cost-model file.json``: the output of ``hvd_commopt.calibrate --out``.
 
-``profile.json`` format: a JSON list, in **backward order** (first entry = the first gradient to
+``profile.json`` format (what ``DistributedOptimizer(fusion="auto").comm_engine.tuner.profile.to_json()``
+writes on rank 0): a JSON list, in **backward order** (first entry = the first gradient to
 become ready, normally the last layer), of ``{"name": str, "bytes": int, "backward_s": float}``,
 where ``backward_s`` is the time from the previous gradient-ready event (or the start of
 backward) to this tensor's (spec §7.1 ``tb``). Alternatively an object
@@ -31,7 +32,8 @@ import json
 import sys
 from typing import Any, Sequence
 
-from .env import DEFAULT_FUSION_THRESHOLD
+from . import env
+from .errors import ConfigError
 from .fusion.auto import candidate_plans, choose_plan
 from .fusion.cost_model import AlphaBeta, CostModel
 
@@ -75,8 +77,10 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--ranks", type=int, default=None,
                     help="treat --alpha/--beta as a link model and apply the ring formula for P ranks")
     ap.add_argument("--cost-model", default=None, help="JSON from python -m hvd_commopt.calibrate --out")
-    ap.add_argument("--threshold-bytes", type=int, default=DEFAULT_FUSION_THRESHOLD,
-                    help=f"fusion threshold of the 'threshold' strategy (default {DEFAULT_FUSION_THRESHOLD})")
+    ap.add_argument("--threshold-bytes", type=int, default=None,
+                    help="fusion threshold of the 'threshold' strategy (default: what the engine uses, "
+                         "HVD_COMMOPT_FUSION_THRESHOLD / HOROVOD_FUSION_THRESHOLD, else "
+                         f"{env.DEFAULT_FUSION_THRESHOLD} bytes)")
     ap.add_argument("--names", action="store_true", help="list the tensor names in each bucket")
     ap.add_argument("--json", action="store_true", help="machine-readable output")
     return ap.parse_args(argv)
@@ -102,9 +106,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         names, sizes, times, fwd, upd = load_profile(args.model_profile)
         cost, how = _allreduce_model(args)
-        strategies = candidate_plans(sizes, times, cost, threshold_bytes=args.threshold_bytes)
+        threshold = env.fusion_threshold_bytes(args.threshold_bytes)
+        strategies = candidate_plans(sizes, times, cost, threshold_bytes=threshold)
         choice = choose_plan(strategies, sizes, times, cost, forward_time=fwd, update_time=upd)
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, ConfigError) as e:
         print(f"hvd_commopt.plan: error: {e}", file=sys.stderr)
         return 2
     if args.json:

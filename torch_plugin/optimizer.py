@@ -32,8 +32,10 @@ from contextlib import contextmanager
 import torch
 
 from hvd_commopt import runtime
+from hvd_commopt import timeline as _timeline
 from hvd_commopt.engine import CommEngine, TensorSpec
 from hvd_commopt.errors import ConfigError, HvdCommoptError
+from hvd_commopt.fusion.tuner import FusionOptions
 
 from .ops import TorchOps
 from .schedule import TorchScheduleHost, TorchUpdateOps
@@ -67,6 +69,13 @@ class _DistributedOptimizerMixin:
     @property
     def comm_engine(self) -> CommEngine:
         return self._hco_engine
+
+    @property
+    def fusion_report(self) -> dict | None:
+        """The fusion plan in use: bucket count and sizes, ``phase``, and with ``fusion="mgwfbp"|
+        "optimal"|"auto"`` (once the profiled steps are over) the predicted and measured
+        iteration time. See :mod:`hvd_commopt.fusion.tuner`."""
+        return self._hco_engine.fusion_report
 
     @property
     def comm_stats(self) -> dict:
@@ -121,7 +130,8 @@ class _DistributedOptimizerMixin:
                               "in `with optimizer.skip_synchronize():`.")
             self.synchronize()
         self._hco_synchronized = False
-        return self._hco_base.step(self, closure)
+        with _timeline.span("update", "update"):  # no-op unless a timeline is recording
+            return self._hco_base.step(self, closure)
 
     def zero_grad(self, set_to_none: bool = True):
         if self._hco_engine.in_flight:
@@ -207,7 +217,8 @@ def _named(optimizer: torch.optim.Optimizer, named_parameters) -> list[tuple[str
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None, compression=None,
                          backward_passes_per_step: int = 1, op: str = Average,
                          gradient_predivide_factor: float = 1.0, fusion_threshold: int | None = None,
-                         communicator=None, schedule=None) -> torch.optim.Optimizer:
+                         communicator=None, schedule=None, fusion: str = "threshold",
+                         fusion_options=None, verbose: bool | None = None) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that ``step()`` uses gradients averaged over all ranks.
 
     Args:
@@ -218,11 +229,21 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         op: ``Average`` (default) or ``Sum``.
         gradient_predivide_factor: with Average, divide by f before the sum, by size/f after.
         fusion_threshold: fusion buffer size in bytes (0 = no fusion); default from
-            ``HVD_COMMOPT_FUSION_THRESHOLD`` / ``HOROVOD_FUSION_THRESHOLD``, else 128 MiB.
+            ``HVD_COMMOPT_FUSION_THRESHOLD`` / ``HOROVOD_FUSION_THRESHOLD``, else 25 MiB
+            (``env.DEFAULT_FUSION_THRESHOLD``).
         communicator: a core Communicator; default: the one ``init()`` made.
         schedule: ``Schedule.sync()`` (default), ``.od()``, ``.ssd()``, ``.cd()``, ``.cocod(period)``,
             ``.local_sgd(period)`` (see hvd_commopt.schedule). Non-sync schedules need ``step()``
             without a closure and do not offer ``synchronize()``.
+        fusion: ``"threshold"`` (default: buckets of ``fusion_threshold`` bytes), ``"none"`` (one
+            tensor per bucket), or ``"mgwfbp"`` / ``"optimal"`` / ``"auto"``: the first steps run
+            with the threshold plan while per-tensor gradient-ready times are recorded, the
+            network is calibrated, rank 0 plans (MG-WFBP's greedy, the exact DP, or the plan the
+            simulator predicts fastest) and broadcasts the plan. OMGS for sparse compression.
+        fusion_options: dict of :class:`hvd_commopt.fusion.tuner.FusionOptions` fields, e.g.
+            ``{"warmup_steps": 2, "profile_steps": 10, "cost_model": "cost_model.json"}``.
+        verbose: print the chosen plan and its predicted vs measured iteration time once on
+            rank 0; default ``HVD_COMMOPT_VERBOSE``.
 
     Raises:
         RankMismatchError: the model differs across ranks (checked here, collectively).
@@ -234,9 +255,12 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         raise ConfigError("this optimizer is already a DistributedOptimizer; wrap it once")
     comm = communicator if communicator is not None else runtime.communicator()
     named = _named(optimizer, named_parameters)
+    if verbose is not None:
+        fusion_options = FusionOptions.coerce(fusion_options, verbose=verbose)
     engine = CommEngine(comm, TorchUpdateOps(), compression=compression, fusion_threshold=fusion_threshold,
                         op=op, gradient_predivide_factor=gradient_predivide_factor,
-                        backward_passes_per_step=backward_passes_per_step, schedule=schedule)
+                        backward_passes_per_step=backward_passes_per_step, schedule=schedule,
+                        fusion=fusion, fusion_options=fusion_options)
     specs = [TensorSpec(n, tuple(p.shape), TorchOps().dtype_name(p)) for n, p in named]
     engine.register(specs)
     base = type(optimizer)

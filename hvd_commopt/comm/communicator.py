@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .. import timeline as _timeline
 from ..errors import CollectiveTimeoutError, ConfigError, HvdCommoptError
 from .base import REDUCE_OPS, Backend
 from .handle import Handle
@@ -141,6 +142,7 @@ class Communicator:
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=f"hvd_commopt-progress-{backend.rank}", daemon=True)
         self._thread.start()
+        _timeline.start_from_env(backend.rank)  # HVD_COMMOPT_TIMELINE: one trace per rank
 
     # -- identity -----------------------------------------------------------------------------
     @property
@@ -178,6 +180,7 @@ class Communicator:
             handle.bytes_sent, handle.bytes_received = int(sent), int(received)
             handle._set(result=result)
             self.traffic.add(sent, received, handle.comm_seconds)
+            _timeline.record_handle(handle)  # no-op unless a timeline is recording
 
     def _submit(self, op: str, name: str, fn: Callable, args: tuple, traffic: Callable[[Any], tuple[float, float]]) -> Handle:
         if self._closed:

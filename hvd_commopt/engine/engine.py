@@ -25,10 +25,12 @@ import time
 from typing import Any, Callable, Sequence
 
 from .. import env
+from .. import timeline as _timeline
 from ..comm.communicator import Communicator
 from ..compress.base import Compressor
 from ..errors import ConfigError, HvdCommoptError
 from ..fusion.threshold import plan_threshold, validate_plan
+from ..fusion.tuner import PLANNED, FusionTuner
 from ..reduce.base import ReduceContext, Reducer
 from ..reduce.dense import DenseAllreduce
 from ..tensor_ops import TensorOps
@@ -64,7 +66,7 @@ class CommEngine:
         ops: the adapter's tensor ops.
         compression: a compressor (Compression.none/fp16/bf16) or a reducer.
         fusion_threshold: bytes per fusion buffer (Horovod's meaning; 0 = one tensor per
-            message; None = HVD_COMMOPT_FUSION_THRESHOLD / HOROVOD_FUSION_THRESHOLD / 128 MiB).
+            message; None = HVD_COMMOPT_FUSION_THRESHOLD / HOROVOD_FUSION_THRESHOLD / 25 MiB).
         op: "average" (default) or "sum".
         gradient_predivide_factor: with op="average", divide by this before the sum and by
             size/factor after it (Horovod's meaning).
@@ -72,12 +74,17 @@ class CommEngine:
             locally (summed, as Horovod does) before one reduction.
         schedule: a ``Schedule.*`` config (default ``Schedule.sync()``); see
             :mod:`hvd_commopt.schedule`. Combinations the papers do not support are refused here.
+        fusion: bucketing strategy: "threshold" (default, ``fusion_threshold``), "none" (one
+            tensor per bucket), or planned from a profile of the first steps: "mgwfbp",
+            "optimal", "auto" (see :mod:`hvd_commopt.fusion.tuner`; synchronous schedule only).
+        fusion_options: :class:`~hvd_commopt.fusion.tuner.FusionOptions` or a dict of its fields
+            (warm-up/profiled steps, a cost model to skip calibration, verbose).
     """
 
     def __init__(self, comm: Communicator, ops: TensorOps, *, compression: Compressor | Reducer | None = None,
                  fusion_threshold: int | None = None, op: str = "average",
                  gradient_predivide_factor: float = 1.0, backward_passes_per_step: int = 1,
-                 schedule: Any = None):
+                 schedule: Any = None, fusion: str = "threshold", fusion_options: Any = None):
         if op not in OPS:
             raise ConfigError(f"op must be one of {OPS} (hco.Average / hco.Sum), got {op!r}")
         if backward_passes_per_step < 1:
@@ -108,6 +115,11 @@ class CommEngine:
         self._countdown: dict[str, int] = {}
         from ..schedule import build_scheduler  # late: the schedule package builds on the engine
         self.scheduler = build_scheduler(schedule, self)
+        if fusion in PLANNED and not self.scheduler.synchronous:
+            raise ConfigError(f"fusion={fusion!r} plans buckets from profiled synchronous steps; with schedule "
+                              f"'{self.scheduler.name}' use fusion='threshold' or 'none'")
+        self.tuner = FusionTuner(fusion, comm, threshold_bytes=self.fusion_threshold, reducer=self.reducer,
+                                 ops=ops, options=fusion_options)
 
     @property
     def step(self) -> int:
@@ -131,7 +143,8 @@ class CommEngine:
             specs: every tensor to reduce.
             backward_order: names in the order their gradients become ready; default: the
                 reverse of ``specs`` (the last layer's gradient is ready first).
-            plan: groups of positions in backward order; default: threshold fusion.
+            plan: groups of positions in backward order; default: the ``fusion`` strategy's
+                (threshold fusion while a planned strategy profiles).
 
         Raises:
             RankMismatchError: the tensors differ across ranks (checked collectively).
@@ -144,8 +157,7 @@ class CommEngine:
             raise ConfigError("backward_order must list every registered tensor exactly once")
         self._specs = by_name
         self._backward = [by_name[n] for n in order]
-        self.set_plan(plan if plan is not None else
-                      plan_threshold([s.nbytes for s in self._backward], self.fusion_threshold))
+        self.set_plan(self.tuner.initial_plan(order, [s.nbytes for s in self._backward], plan))
 
     def set_plan(self, plan: Sequence[Sequence[int]]) -> None:
         """Replace the bucketing (between steps only). The caller makes it identical on all ranks."""
@@ -204,6 +216,9 @@ class CommEngine:
 
     def grad_ready(self, name: str, tensor: Any) -> None:
         """A gradient is ready (called from backward hooks). Packs it; launches full buckets."""
+        _timeline.instant(f"grad {name}", "backward")  # no-op unless a timeline is recording
+        if self.tuner.recording:
+            self.tuner.grad_ready(name, tensor)
         with self._lock:
             bucket = self._bucket_of.get(name)
             if bucket is None:
@@ -235,7 +250,8 @@ class CommEngine:
             b = self._buckets[rnd.next_launch]
             if len(rnd.arrived[b.index]) != len(b.names):
                 break
-            rnd.pending[b.index] = rnd.reducer.start(rnd.wire_name(b.name), rnd.flats[b.index], self.ctx)
+            with _timeline.span(f"compress+launch {b.name}", "compress"):
+                rnd.pending[b.index] = rnd.reducer.start(rnd.wire_name(b.name), rnd.flats[b.index], self.ctx)
             rnd.next_launch += 1
 
     def missing(self) -> list[str]:
@@ -292,6 +308,7 @@ class CommEngine:
             stats.bytes_received += pending.bytes_received
             stats.comm_seconds += comm_s
         stats.wait_seconds = time.perf_counter() - t0
+        _timeline.complete(f"wait round {rnd.step}", "wait", t0, t0 + stats.wait_seconds)
         self.last_stats = stats
         return out
 
@@ -316,7 +333,15 @@ class CommEngine:
             out = self.finish_round(rnd)
             self.step += 1
             self.release_round(rnd)  # views stay readable until the next round packs into them
+            new_plan = self.tuner.step_end()  # same step on every rank; the plan comes from rank 0
+            if new_plan is not None:
+                self.set_plan(new_plan)
             return out
+
+    @property
+    def fusion_report(self) -> dict | None:
+        """The bucketing in use and, for planned strategies, predicted vs measured iteration time."""
+        return self.tuner.report
 
     def abandon(self) -> None:
         """Drop this step's packed gradients (e.g. load_state_dict mid-step). Waits for any
@@ -333,7 +358,7 @@ class CommEngine:
     # -- schedule entry points (the adapter's optimizer.step / finalize) ---------------------------
     def run_step(self) -> None:
         """Everything ``optimizer.step()`` does under a non-synchronous schedule."""
-        with self._lock:
+        with self._lock, _timeline.span(f"{self.scheduler.name} step", "update"):
             self.scheduler.on_step()
 
     def drain(self) -> None:

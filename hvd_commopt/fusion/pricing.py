@@ -1,0 +1,156 @@
+"""What one bucket costs under a given reducer: the cost functions the planners and simulator take.
+
+The planners are pure functions of sizes, times and a cost (bucket bytes -> seconds). At run time
+the cost follows the reducer the engine uses (spec §1.1, §9.2), read from the reducer by duck
+typing so that :mod:`hvd_commopt.fusion` does not import the reducers:
+
+=============================================  ==============================================
+reducer (``DistributedOptimizer(compression=)``) bucket cost
+=============================================  ==============================================
+dense allreduce, ``Compression.none``           ``CostModel.allreduce``: ``α + β·n``
+dense allreduce, ``fp16`` / ``bf16``            ``α + β·n/2`` (half the bytes on the wire)
+``Compression.topk`` / ``dgc`` (allgather)      two allgathers of k values and k indices,
+                                                ``CostModel.comm_time_fn("topk", ρ)``, plus
+                                                top-k selection on the compute stream (OMGS)
+``Compression.randomk`` (same indices)          allreduce of the k values: ``α + β·4k``
+``Compression.gtopk``                           ``CostModel.comm_time_fn("gtopk", ρ)`` (p2p fit)
+                                                plus selection on the compute stream
+anything else                                   dense allreduce (said so in the description)
+=============================================  ==============================================
+
+The selection cost is OMGS's model ``ts(x) = s·x·log2 x`` for x elements (spec §9.2). Its
+reference ``s`` was measured on a P102-100 GPU; :func:`fit_select_s` measures it with the
+engine's own tensor ops (least squares through the origin), since a CPU's top-k is far slower.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from ..errors import ConfigError
+from .cost_model import AlphaBeta, CostModel, sparse_k
+from .omgs import topk_select_time
+
+__all__ = ["Pricing", "price", "reducer_density", "is_sparse", "fit_select_s"]
+
+
+@dataclass(frozen=True)
+class Pricing:
+    """Cost functions for one reducer.
+
+    Attributes:
+        comm_time: bucket bytes -> seconds on the network (``simulate``'s ``comm_time``).
+        select_time: bucket bytes -> seconds of compression on the compute stream, or None for
+            dense communication (``simulate``'s ``compress_time``).
+        alpha_beta: a linear model of ``comm_time`` for MG-WFBP's greedy (which needs α);
+            exact for dense reducers, an approximation for random-k.
+        exact_linear: True when ``comm_time`` is ``alpha_beta`` itself.
+        description: one line for the report.
+    """
+
+    comm_time: Callable[[int], float]
+    select_time: Callable[[int], float] | None
+    alpha_beta: AlphaBeta | None
+    exact_linear: bool
+    description: str
+
+
+def _sparse_kind(reducer: Any) -> str | None:
+    """"topk" (allgather of values+indices), "randomk" (allreduce of values), "gtopk" or None."""
+    name = getattr(reducer, "name", "allreduce")
+    if name == "gtopk":
+        return "gtopk"
+    if name == "sparse_allgather":
+        comp = getattr(reducer, "compressor", None)
+        return "randomk" if getattr(comp, "collective", "sparse") == "allreduce" else "topk"
+    return None
+
+
+def is_sparse(reducer: Any) -> bool:
+    """True when the reducer's buckets are sparsified (planned with the OMGS timeline)."""
+    return _sparse_kind(reducer) is not None
+
+
+def reducer_density(reducer: Any) -> float | None:
+    """The sparse reducer's density (one number), None for dense reducers.
+
+    Raises:
+        ConfigError: per-layer densities (a dict or callable): a merged bucket has no single
+            density to price it with.
+    """
+    if not is_sparse(reducer):
+        return None
+    spec = getattr(getattr(reducer, "compressor", None), "density", None)
+    const = getattr(spec, "constant", spec if isinstance(spec, (int, float)) else None)
+    if const is None:
+        raise ConfigError("planned fusion (fusion='mgwfbp'/'optimal'/'auto') prices each bucket with one "
+                          "density; per-layer densities (a dict or callable) need fusion='threshold' or "
+                          "fusion='none' (one bucket per layer, LAGS-SGD)")
+    return float(const)
+
+
+def price(reducer: Any, cost: CostModel, select_s: float | None = None) -> Pricing:
+    """The cost functions of ``reducer`` under the fitted ``cost`` (module docstring table).
+
+    Args:
+        reducer: the engine's reducer (None = dense allreduce).
+        cost: the calibrated :class:`CostModel`.
+        select_s: OMGS's ``s`` for sparse reducers (None: the reference's P102-100 value).
+
+    Raises:
+        ConfigError: gTop-k without a point-to-point fit.
+    """
+    ar = cost.allreduce
+    kind = _sparse_kind(reducer)
+    if kind is None:
+        cname = getattr(getattr(reducer, "compressor", None), "name", "none")
+        rname = getattr(reducer, "name", "allreduce")
+        if rname == "allreduce" and cname in ("fp16", "bf16"):
+            ab = AlphaBeta(ar.alpha, ar.beta / 2)
+            return Pricing(ab, None, ab, True, f"allreduce of {cname} (half the bytes): alpha={ab.alpha:.3g} s, "
+                                                 f"beta={ab.beta:.3g} s/B")
+        note = "" if rname == "allreduce" else f" (reducer {rname!r} unknown to the planner: priced as one)"
+        return Pricing(ar, None, ar, True, f"dense allreduce: alpha={ar.alpha:.3g} s, beta={ar.beta:.3g} s/B{note}")
+    density = reducer_density(reducer)
+    ts = topk_select_time() if select_s is None else topk_select_time(select_s)
+    s_text = f"select s={select_s if select_s is not None else 'P102 reference'}"
+    if kind == "randomk":
+        ab = AlphaBeta(ar.alpha, ar.beta * density)
+        return Pricing(lambda nb: ar.time(4 * sparse_k(nb, density)), None, ab, False,
+                       f"random-k allreduce of k values, density {density}")
+    if kind == "gtopk" and cost.p2p is None and cost.ranks > 1:
+        raise ConfigError("gTop-k buckets are priced with the point-to-point fit: calibrate with p2p "
+                          "(the default) or give a cost model with a 'p2p' entry")
+    return Pricing(cost.comm_time_fn(kind, density=density), ts, None, False,
+                   f"{'gTop-k' if kind == 'gtopk' else 'top-k allgather'}, density {density}, {s_text}")
+
+
+def fit_select_s(ops: Any, like: Any, density: float, max_numel: int,
+                 clock: Callable[[], float] = time.perf_counter, repeats: int = 3) -> float:
+    """Fit OMGS's ``s`` in ``ts(x) = s·x·log2 x`` by timing ``ops.topk_abs`` on this rank.
+
+    Sizes 2^12, 2^15, 2^18, 2^20 elements, capped at the largest bucket (at least one size);
+    the fastest of ``repeats`` per size; the result is read back to the host so asynchronous
+    devices are timed to completion.
+    """
+    rng = np.random.default_rng(0)
+    cap = max(int(max_numel), 1 << 12)
+    sizes = [n for n in (1 << 12, 1 << 15, 1 << 18, 1 << 20) if n <= cap]
+    num = den = 0.0
+    for n in sizes:
+        buf = ops.from_numpy(rng.standard_normal(n).astype(np.float32), like)
+        k = max(int(n * density), 1)
+        best = math.inf
+        for _ in range(repeats):
+            t0 = clock()
+            vals, _ = ops.topk_abs(buf, k)
+            ops.to_numpy(vals)
+            best = min(best, clock() - t0)
+        f = n * math.log2(n)
+        num += f * best
+        den += f * f
+    return max(0.0, num / den) if den else 0.0
