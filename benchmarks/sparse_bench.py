@@ -49,39 +49,9 @@ VARIANTS = ["compute", "dense", "fp16", "topk", "gtopk", "dgc", "topk-lags", "gt
 
 
 def build_model():
-    import torch.nn as nn
-    import torch.nn.functional as F
-
-    class Block(nn.Module):
-        def __init__(self, cin, cout, stride):
-            super().__init__()
-            self.c1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-            self.b1 = nn.BatchNorm2d(cout)
-            self.c2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-            self.b2 = nn.BatchNorm2d(cout)
-            self.sc = None if stride == 1 and cin == cout else nn.Sequential(
-                nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-
-        def forward(self, x):
-            y = self.b2(self.c2(F.relu(self.b1(self.c1(x)))))
-            return F.relu(y + (x if self.sc is None else self.sc(x)))
-
-    class SmallResNet(nn.Module):
-        def __init__(self, widths=(32, 64, 128, 256), blocks=(2, 2, 2, 2), classes=10):
-            super().__init__()
-            self.stem = nn.Sequential(nn.Conv2d(3, widths[0], 3, 1, 1, bias=False), nn.BatchNorm2d(widths[0]), nn.ReLU())
-            layers, cin = [], widths[0]
-            for i, (w, b) in enumerate(zip(widths, blocks)):
-                for j in range(b):
-                    layers.append(Block(cin, w, 2 if (j == 0 and i > 0) else 1))
-                    cin = w
-            self.layers = nn.Sequential(*layers)
-            self.fc = nn.Linear(cin, classes)
-
-        def forward(self, x):
-            return self.fc(F.adaptive_avg_pool2d(self.layers(self.stem(x)), 1).flatten(1))
-
-    return SmallResNet()
+    """ResNet-18's layout at width 32 (2.8M parameters, 62 tensors): benchmarks/models.py's model."""
+    from benchmarks.models import resnet18
+    return resnet18(width=32)
 
 
 # -- top-k throughput (parent process) -------------------------------------------------------------
