@@ -87,9 +87,12 @@ def main() -> None:
         for _ in range(args.blocks):
             for k, s in steps.items():
                 samples[k].append(time_steps(s, args.steps, barrier=runtime.communicator().barrier))
-        med = {k: sorted(v)[len(v) // 2] for k, v in samples.items()}
-        # every rank's median differs slightly: report the slowest rank (the job's pace)
-        med = {k: max(runtime.communicator().allgather_object(v)) for k, v in med.items()}
+        # Per block: the median step. Across blocks: the median (typical) and the minimum (the
+        # least disturbed block: on a shared machine other jobs only ever add time). Each rank's
+        # figure differs slightly: report the slowest rank (the job's pace).
+        comm = runtime.communicator()
+        med = {k: max(comm.allgather_object(sorted(v)[len(v) // 2])) for k, v in samples.items()}
+        best = {k: max(comm.allgather_object(min(v))) for k, v in samples.items()}
         # Overlap: seconds the progress thread spent in collectives vs seconds synchronize() blocked.
         overlap = {}
         for k in ("ours", "ours-gloo"):
@@ -98,13 +101,16 @@ def main() -> None:
                           "hidden_fraction": max(0.0, 1 - st["wait_seconds"] / st["comm_seconds"]) if st["comm_seconds"] else 0.0,
                           "buckets": len(st["per_bucket"]), "bytes_sent": st["bytes_sent"]}
         nparams = sum(p.numel() for p in base.parameters())
-        results[model_name] = {"params": nparams, "median_step_s": med, "overlap_last_step": overlap,
+        results[model_name] = {"params": nparams, "median_step_s": med, "best_block_step_s": best,
+                               "overlap_last_step": overlap,
                                "ratio_vs_ddp": {k: v / med["ddp"] for k, v in med.items()},
+                               "best_block_ratio_vs_ddp": {k: v / best["ddp"] for k, v in best.items()},
                                "comm_to_compute_ddp": med["ddp"] / med["compute"]}
         if rank == 0:
             print(f"\n{model_name}: {nparams / 1e6:.2f}M params, {size} ranks, median of {args.blocks} blocks x {args.steps} steps")
-            print(table(["variant", "step (ms)", "vs DDP", "vs compute-only"],
-                        [[k, med[k] * 1e3, med[k] / med["ddp"], med[k] / med["compute"]] for k in med]), flush=True)
+            print(table(["variant", "median step (ms)", "vs DDP", "vs compute-only", "best block (ms)", "best vs DDP"],
+                        [[k, med[k] * 1e3, med[k] / med["ddp"], med[k] / med["compute"], best[k] * 1e3,
+                          best[k] / best["ddp"]] for k in med]), flush=True)
             for k, o in overlap.items():
                 print(f"{k}: last step {o['buckets']} buckets, {o['bytes_sent'] / 1e6:.1f} MB sent, collectives "
                       f"{o['comm_s'] * 1e3:.1f} ms, synchronize waited {o['wait_s'] * 1e3:.1f} ms "
