@@ -1,0 +1,311 @@
+"""The algorithms the suite compares, each a named variant built by one small function.
+
+Why a registry of builders: other engineers land features (sparse compression, schedules, fusion
+planners) while this suite exists. Each builder checks that its feature is in the tree (by
+``hasattr`` on :class:`Compression` / :class:`Schedule`, or by inspecting
+``DistributedOptimizer``'s signature) and raises :class:`Skip` with the reason when it is not, so
+the report says "skipped: <reason>" today and the variant runs, unchanged, once the feature lands.
+A builder that fails with the library's ``ConfigError`` (a combination the library refuses) is
+also reported as skipped, with the library's message.
+
+Every builder runs on every rank with the same arguments, so skips are identical on all ranks and
+the collective set-up calls (``DistributedOptimizer`` verifies the model across ranks) line up.
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.nn as nn
+
+__all__ = ["Skip", "Ctx", "Runner", "VARIANTS", "DEFAULT", "QUICK", "build", "describe", "ddp_bytes_per_step"]
+
+
+class Skip(Exception):
+    """The variant cannot run in this tree (feature missing or refused); the message says why."""
+
+
+@dataclass
+class Ctx:
+    """What builders need besides the model: mode, world, hyper-parameters, process groups.
+
+    ``mode`` is "throughput" (schedules without warm-up, so the steady state is timed) or "tta"
+    (time-to-accuracy: warm-ups as given). ``period`` is the model-averaging period of CoCoD/local
+    SGD (the throughput harness times blocks of whole periods).
+    """
+
+    mode: str
+    rank: int
+    size: int
+    lr: float = 0.01
+    momentum: float = 0.9
+    density: float = 0.001
+    period: int = 4
+    warmup_steps: int = 0
+    steps_per_epoch: int | None = None
+    powersgd_start: int = 2
+    profile_steps: int = 5
+    batch_size: int | None = None
+    cost_model: Any = None
+    ddp_group: Any = None
+    new_ddp_group: Callable[[], Any] | None = None
+    gloo_comm: Callable[[], Any] | None = None
+
+
+@dataclass
+class Runner:
+    """A built variant: call ``module`` forward, ``opt.step()``; the rest is reporting.
+
+    ``ours`` variants expose the library's per-step accounting (``comm_stats``); ``drain`` waits
+    for rounds a delayed schedule keeps in flight (so a block's time includes its communication,
+    and nothing of it spills into the next variant's block).
+    """
+
+    name: str
+    module: nn.Module
+    opt: torch.optim.Optimizer
+    params: nn.Module
+    ours: bool = False
+    analytic_bytes: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def bytes_sent_last_step(self) -> int | None:
+        if not self.ours:
+            return None
+        return int(self.opt.comm_stats.get("bytes_sent", 0))
+
+    def drain(self) -> None:
+        if self.ours and hasattr(self.opt, "drain") and not _synchronous(self.opt):
+            self.opt.drain()
+
+    def tuning(self) -> bool:
+        """True while a planned fusion strategy is still warming up, profiling or settling."""
+        rep = getattr(self.opt, "fusion_report", None) if self.ours else None
+        return bool(rep) and rep.get("phase") in ("warmup", "profile", "settle", "measure")
+
+    def finalize(self) -> None:
+        if self.ours and hasattr(self.opt, "finalize"):
+            self.opt.finalize()
+
+    @contextlib.contextmanager
+    def eval_weights(self) -> Iterator[None]:
+        """The weights to evaluate: the global replica under delayed schedules, else the model."""
+        if self.ours and hasattr(self.opt, "use_global_weights"):
+            with self.opt.use_global_weights():
+                yield
+        else:
+            yield
+
+
+def _synchronous(opt: Any) -> bool:
+    eng = getattr(opt, "comm_engine", None)
+    sched = getattr(eng, "scheduler", None)
+    return True if sched is None else bool(getattr(sched, "synchronous", True))
+
+
+# -- feature checks ----------------------------------------------------------------------------------
+def _hco():
+    import torch_plugin as hco
+    return hco
+
+
+def _dopt_params() -> set[str]:
+    return set(inspect.signature(_hco().DistributedOptimizer).parameters)
+
+
+def _need_compression(name: str) -> Callable:
+    c = _hco().Compression
+    if not hasattr(c, name):
+        raise Skip(f"Compression.{name} not in the tree yet (hvd_commopt/compression.py)")
+    return getattr(c, name)
+
+
+def _need_schedule(name: str) -> Callable:
+    hco = _hco()
+    if "schedule" not in _dopt_params():
+        raise Skip("DistributedOptimizer has no schedule= argument yet")
+    sched = getattr(hco, "Schedule", None)
+    if sched is None or not hasattr(sched, name):
+        raise Skip(f"Schedule.{name} not in the tree yet (hvd_commopt/schedule/)")
+    return getattr(sched, name)
+
+
+def _need_fusion() -> None:
+    if "fusion" not in _dopt_params():
+        raise Skip("DistributedOptimizer has no fusion= argument yet (the planners exist in "
+                   "hvd_commopt/fusion/, the optimizer option has not landed)")
+
+
+# -- builders ----------------------------------------------------------------------------------------
+def _sgd(model: nn.Module, ctx: Ctx, momentum: float | None = None) -> torch.optim.Optimizer:
+    return torch.optim.SGD(model.parameters(), lr=ctx.lr, momentum=ctx.momentum if momentum is None else momentum)
+
+
+def _ours(name: str, model: nn.Module, ctx: Ctx, momentum: float | None = None, **kw: Any) -> Runner:
+    from hvd_commopt.errors import ConfigError
+    hco = _hco()
+    try:
+        opt = hco.DistributedOptimizer(_sgd(model, ctx, momentum), named_parameters=model.named_parameters(), **kw)
+    except (ConfigError, TypeError) as e:
+        raise Skip(f"refused by the library: {e}") from None
+    return Runner(name, model, opt, model, ours=True)
+
+
+def b_compute(model: nn.Module, ctx: Ctx) -> Runner:
+    return Runner("compute", model, _sgd(model, ctx), model)
+
+
+def ddp_bytes_per_step(model: nn.Module, size: int, rank_r: int | None = None, min_rate: float = 2.0) -> int:
+    """Analytic bytes each rank sends per step: ring allreduce 2(P-1)/P of what DDP reduces.
+
+    Plain DDP reduces every gradient (fp32). PowerSGD (``rank_r``) reduces, per 2-D view
+    (n x m) of a >= 2-D gradient, P (n x r) and Q (m x r) when that compresses at least
+    ``min_rate``-fold (torch's ``min_compression_rate``), and the rest uncompressed.
+    """
+    elems = 0
+    for p in model.parameters():
+        if rank_r is None or p.dim() <= 1:
+            elems += p.numel()
+            continue
+        n, m = p.shape[0], p.numel() // p.shape[0]
+        r = min(rank_r, n, m)
+        elems += (n + m) * r if n * m >= min_rate * (n + m) * r else n * m
+    return int(2 * (size - 1) / size * 4 * elems)
+
+
+def b_ddp(model: nn.Module, ctx: Ctx, powersgd_rank: int | None = None) -> Runner:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    # one Gloo group per DDP instance: with three DDPs on one group, ResNet jobs intermittently
+    # died of a Gloo message-size mismatch inside backward (benchmarks/README.md, "Known issues")
+    group = ctx.new_ddp_group() if ctx.new_ddp_group is not None else ctx.ddp_group
+    ddp = DDP(model, bucket_cap_mb=25, process_group=group)
+    name = "ddp"
+    if powersgd_rank is not None:
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+        state = psgd.PowerSGDState(process_group=group, matrix_approximation_rank=powersgd_rank,
+                                   start_powerSGD_iter=max(2, ctx.powersgd_start))
+        ddp.register_comm_hook(state, psgd.powerSGD_hook)
+        name = f"ddp_powersgd{powersgd_rank}"
+    return Runner(name, ddp, _sgd(ddp, ctx), model, analytic_bytes=ddp_bytes_per_step(model, ctx.size, powersgd_rank))
+
+
+def b_ssgd_gloo(model: nn.Module, ctx: Ctx) -> Runner:
+    if ctx.gloo_comm is None:
+        raise Skip("no Gloo process group in this job")
+    return _ours("ssgd_gloo", model, ctx, communicator=ctx.gloo_comm())
+
+
+def _fusion_kw(ctx: Ctx, planner: str) -> dict[str, Any]:
+    """fusion= and short tuner phases: profile a few steps, plan, no measuring phase (the suite
+    measures; the harness warms up until the tuner is done). The network is calibrated once per
+    job and the cost model shared by every planned variant, instead of once per variant (each
+    calibration moves ~0.3 GB: half a minute at 100 Mbit/s)."""
+    opts: dict[str, Any] = {"warmup_steps": 1, "profile_steps": ctx.profile_steps, "measure_steps": 0}
+    if ctx.cost_model is None:
+        try:
+            from hvd_commopt import calibrate, runtime
+            ctx.cost_model = calibrate.calibrate(runtime.communicator(), repeats=5, warmup=2)
+        except Exception:  # noqa: BLE001 - e.g. a native-buffer backend: let the tuner calibrate
+            ctx.cost_model = False
+    if ctx.cost_model is not False:
+        opts["cost_model"] = ctx.cost_model
+    return {"fusion": planner, "fusion_options": opts}
+
+
+def b_fusion(kind: str) -> Callable[[nn.Module, Ctx], Runner]:
+    def build_(model: nn.Module, ctx: Ctx) -> Runner:
+        _need_fusion()
+        return _ours(kind, model, ctx, **_fusion_kw(ctx, kind))
+    return build_
+
+
+def b_sparse(kind: str, layerwise: bool = False, planner: str | None = None,
+             name: str | None = None) -> Callable[[nn.Module, Ctx], Runner]:
+    def build_(model: nn.Module, ctx: Ctx) -> Runner:
+        factory = _need_compression(kind)
+        kw: dict[str, Any] = {}
+        momentum = None
+        if kind == "dgc":  # DGC applies momentum itself: the wrapped optimizer runs without it
+            comp = factory(density=ctx.density, momentum=ctx.momentum, steps_per_epoch=ctx.steps_per_epoch)
+            momentum = 0.0
+        else:
+            comp = factory(density=ctx.density)
+        if layerwise:
+            kw["fusion_threshold"] = 0  # one bucket per layer: LAGS (layer-wise selection, sent from the hooks)
+        if planner is not None:
+            _need_fusion()
+            kw.update(_fusion_kw(ctx, planner))
+        label = name or {("topk", True): "lags", ("topk", False): "topk"}.get((kind, layerwise), kind)
+        return _ours(label, model, ctx, momentum=momentum, compression=comp, **kw)
+    return build_
+
+
+def b_schedule(kind: str) -> Callable[[nn.Module, Ctx], Runner]:
+    def build_(model: nn.Module, ctx: Ctx) -> Runner:
+        factory = _need_schedule(kind)
+        if kind in ("cocod", "local_sgd"):
+            sched = factory(period=ctx.period, warmup_steps=ctx.warmup_steps)
+        elif kind == "ssd" and ctx.mode == "tta":
+            # the schedule owners' digits setting (tests/parallel/mpi_digits.py): a local optimizer
+            # mirroring the global one; the reference's (lr 0.1, no momentum, g/P) diverged here
+            sched = factory(warmup_steps=ctx.warmup_steps, local_lr=None, local_momentum=ctx.momentum,
+                            local_scale=1.0)
+        elif kind == "cd" and ctx.batch_size:
+            sched = factory(warmup_steps=ctx.warmup_steps, batch_size=ctx.batch_size)
+        elif kind in ("od", "ssd", "cd"):
+            sched = factory(warmup_steps=ctx.warmup_steps)
+        else:
+            sched = factory()
+        return _ours(kind, model, ctx, schedule=sched)
+    return build_
+
+
+def b_fp16(model: nn.Module, ctx: Ctx) -> Runner:
+    return _ours("fp16", model, ctx, compression=_need_compression("fp16"))
+
+
+# name -> (builder, one-line description)
+VARIANTS: dict[str, tuple[Callable[[nn.Module, Ctx], Runner], str]] = {
+    "compute": (b_compute, "no communication: the compute-only lower bound"),
+    "ddp": (b_ddp, "PyTorch DDP over Gloo, 25 MB buckets"),
+    "ddp_powersgd1": (lambda m, c: b_ddp(m, c, 1), "DDP + PowerSGD comm hook, rank 1"),
+    "ddp_powersgd4": (lambda m, c: b_ddp(m, c, 4), "DDP + PowerSGD comm hook, rank 4"),
+    "ssgd": (lambda m, c: _ours("ssgd", m, c), "our S-SGD, threshold fusion (25 MiB), default backend"),
+    "ssgd_gloo": (b_ssgd_gloo, "our S-SGD over the same Gloo as DDP"),
+    "mgwfbp": (b_fusion("mgwfbp"), "S-SGD, MG-WFBP merged buckets"),
+    "optimal": (b_fusion("optimal"), "S-SGD, exact (DP) bucket planner"),
+    "auto": (b_fusion("auto"), "S-SGD, the planner the simulator predicts fastest"),
+    "fp16": (b_fp16, "S-SGD, fp16 compression"),
+    "topk": (b_sparse("topk"), "Top-k S-SGD (whole-bucket top-k, allgather, error feedback)"),
+    "gtopk": (b_sparse("gtopk"), "gTop-k S-SGD (recursive doubling)"),
+    "lags": (b_sparse("topk", layerwise=True), "LAGS-SGD: layer-wise top-k, one bucket per layer"),
+    "omgs": (b_sparse("topk", planner="mgwfbp", name="omgs"),
+             "OMGS-SGD: top-k, sparse buckets merged by the OMGS planner (fusion='mgwfbp' on a sparse reducer)"),
+    "dgc": (b_sparse("dgc"), "Deep Gradient Compression"),
+    "randomk": (b_sparse("randomk"), "Random-k (shared seed, allreduce of k values)"),
+    "od": (b_schedule("od"), "OD-SGD (one-step delayed global update)"),
+    "ssd": (b_schedule("ssd"), "SSD-SGD (k = 5 delay, GLU)"),
+    "cd": (b_schedule("cd"), "CD-SGD (delayed, ternary-compressed gradients)"),
+    "cocod": (b_schedule("cocod"), "CoCoD-SGD (decoupled model averaging)"),
+    "local_sgd": (b_schedule("local_sgd"), "local SGD (periodic model averaging)"),
+}
+
+# ssgd_gloo is opt-in: with DDP's Gloo group and our Gloo communicator in one process, a ResNet job
+# died 4 times out of 6 with a Gloo message-size mismatch ("op.preamble.length <= op.nbytes");
+# the runs without it never did. HVD_COMMOPT_BACKEND=gloo puts all our variants on Gloo instead.
+DEFAULT = [n for n in VARIANTS if n != "ssgd_gloo"]
+QUICK = ["compute", "ddp", "ddp_powersgd1", "ssgd", "mgwfbp", "fp16", "topk", "gtopk", "dgc", "od", "local_sgd"]
+
+
+def build(name: str, model: nn.Module, ctx: Ctx) -> Runner:
+    """Build variant ``name`` on ``model`` (raises :class:`Skip` with the reason, or KeyError)."""
+    if name not in VARIANTS:
+        raise KeyError(f"unknown variant {name!r}; known: {', '.join(VARIANTS)}")
+    return VARIANTS[name][0](model, ctx)
+
+
+def describe(name: str) -> str:
+    return VARIANTS[name][1] if name in VARIANTS else name

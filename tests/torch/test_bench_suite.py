@@ -1,0 +1,73 @@
+"""Unit tests of the benchmark suite's pieces (benchmarks/suite): feature-detected skips, the
+analytic DDP/PowerSGD traffic, and the markdown report, without launching ranks."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch_plugin as hco  # noqa: E402
+from benchmarks.suite import report  # noqa: E402
+from benchmarks.suite import variants as V  # noqa: E402
+
+
+def _ctx() -> V.Ctx:
+    return V.Ctx(mode="throughput", rank=0, size=2)
+
+
+def test_missing_features_are_skips_with_reasons(monkeypatch) -> None:
+    model = torch.nn.Linear(4, 3)
+
+    def old_signature(optimizer, named_parameters=None, compression=None, fusion_threshold=None):
+        raise AssertionError("must not be called")
+    monkeypatch.setattr(hco, "DistributedOptimizer", old_signature)
+    for name, words in (("mgwfbp", "fusion="), ("omgs", "fusion="), ("od", "schedule=")):
+        with pytest.raises(V.Skip, match=words):
+            V.build(name, model, _ctx())
+    monkeypatch.delattr(hco.Compression, "gtopk", raising=False)
+    with pytest.raises(V.Skip, match=r"Compression\.gtopk not in the tree"):
+        V.build("gtopk", model, _ctx())
+    with pytest.raises(KeyError, match="unknown variant"):
+        V.build("nope", model, _ctx())
+    assert set(V.QUICK) <= set(V.VARIANTS) and set(V.DEFAULT) == set(V.VARIANTS) - {"ssgd_gloo"}
+
+
+def test_analytic_ddp_and_powersgd_bytes() -> None:
+    m = torch.nn.Sequential(torch.nn.Linear(100, 50), torch.nn.Linear(50, 2))
+    n = sum(p.numel() for p in m.parameters())
+    assert V.ddp_bytes_per_step(m, 2) == 4 * n  # ring, 2 ranks: each rank sends the buffer once
+    assert V.ddp_bytes_per_step(m, 4) == int(1.5 * 4 * n)
+    # rank 1: 50x100 -> P 50 + Q 100; 2x50 does not compress 2-fold -> sent whole; biases whole
+    assert V.ddp_bytes_per_step(m, 2, rank_r=1) == 4 * (150 + 100 + 50 + 2)
+
+
+def _run() -> dict:
+    res = {k: {"step_s": s, "samples_per_s": 16 / s, "bytes_sent_per_step_accounted": a,
+               "bytes_per_step_analytic": an, "link_tx_bytes_per_step": [1.05 * (a or [an or 0])[0]] * 2}
+           for k, s, a, an in (("compute", 0.1, None, None), ("ddp", 0.3, None, 4000),
+                               ("ssgd", 0.28, [4000, 4000], None), ("topk", 0.15, [40, 40], None))}
+    tp = {"mode": "throughput", "model": "deep_mlp", "params": 1000, "batch_per_rank": 8, "blocks": 3,
+          "steps_per_block": 2, "results": res, "status": {"mgwfbp": "skipped: no fusion= yet", "ssgd": "ok"},
+          "backend": "mpi", "mpi_library": "MPICH 5.0.2"}
+    tta = {"mode": "tta", "params": 38000, "epochs": 2, "steps_per_epoch": 21, "batch_per_rank": 32, "lr": 0.1,
+           "target": 0.9, "density": 0.01, "period": 4, "schedule_warmup_steps": 20, "status": {},
+           "results": {"ddp": {"curve": [{"wall_s": 1.0, "test_acc": 0.95}], "final_acc": 0.95,
+                               "time_to_target_s": 1.0, "epochs_to_target": 1, "epoch_s": 1.0},
+                       "topk": {"curve": [{"wall_s": 1.0, "test_acc": 0.5}], "final_acc": 0.5,
+                                "time_to_target_s": None, "epochs_to_target": None, "epoch_s": 1.0}}}
+    return {"net": "1gbit", "ranks": 2, "quick": False, "started": "now", "machine": {"torch": "2"},
+            "cluster": {"network": "netns-1gbit", "rate": "1gbit", "burst_bytes": 250000, "fallback_reason": None,
+                        "launcher_version": "MPICH 5.0.2"}, "jobs": [tp, tta]}
+
+
+def test_markdown_report() -> None:
+    md = report.net_markdown(_run())
+    assert "DDP communication-to-computation ratio (DDP step / compute-only step): **3.00**" in md
+    assert "| topk | 106.7 | 150.0 | 2.00x | 67% | 40 B | 42 B | 1.05 |" in md
+    assert "4 kB (analytic)" in md and "MPICH 5.0.2" in md
+    assert "| topk | not reached |" in md and "`mgwfbp`: skipped: no fusion= yet" in md
+    summary = report.summary_markdown([_run()])
+    assert "| netns-1gbit | deep_mlp | 3.00 |" in summary
+    assert "| topk | 2.00x | ssgd | 1.07x | 1.07x |" in summary  # topk missed the TTA target
+    assert report.best_ours(_run()["jobs"][0]["results"]) == "topk"
+    assert report.fmt_bytes(3.87e9) == "3.87 GB"
