@@ -66,13 +66,17 @@ class TorchDistBackend(Backend):
                 torch.cuda.set_device(launch.local_rank % torch.cuda.device_count())
             dist.init_process_group(kind, init_method=_rendezvous(launch), rank=launch.rank,
                                     world_size=launch.size, timeout=self._timeout)
+        # Our own group: collectives from our progress thread must never interleave with the
+        # user's (or DDP's) on the default group, which could order them differently per rank
+        # (seen as a Gloo "received data size doesn't match" when DDP ran beside us).
+        self._pg = dist.new_group(backend=kind)
         self._device = torch.device("cuda", torch.cuda.current_device()) if kind == "nccl" else torch.device("cpu")
         self._local_rank, self._local_size = launch.local_rank, launch.local_size
 
     @property
-    def rank(self): return dist.get_rank()
+    def rank(self): return dist.get_rank(self._pg)
     @property
-    def size(self): return dist.get_world_size()
+    def size(self): return dist.get_world_size(self._pg)
     @property
     def local_rank(self): return self._local_rank
     @property
@@ -90,20 +94,20 @@ class TorchDistBackend(Backend):
             raise
 
     def allreduce_(self, buf, op, name, deadline):
-        self._wait(dist.all_reduce(buf, op=_OPS[op], async_op=True), "allreduce", name, deadline)
+        self._wait(dist.all_reduce(buf, op=_OPS[op], group=self._pg, async_op=True), "allreduce", name, deadline)
         return buf
 
     def allgather(self, buf, name, deadline):
         buf = buf.reshape(-1)
         n = torch.tensor([buf.numel()], dtype=torch.int64, device=buf.device)
         counts = [torch.zeros_like(n) for _ in range(self.size)]
-        self._wait(dist.all_gather(counts, n, async_op=True), "allgather", name, deadline)
+        self._wait(dist.all_gather(counts, n, group=self._pg, async_op=True), "allgather", name, deadline)
         counts = [int(c.item()) for c in counts]
         m = max(counts)
         padded = torch.zeros(m, dtype=buf.dtype, device=buf.device)
         padded[: buf.numel()] = buf
         parts = [torch.empty_like(padded) for _ in range(self.size)]
-        self._wait(dist.all_gather(parts, padded, async_op=True), "allgather", name, deadline)
+        self._wait(dist.all_gather(parts, padded, group=self._pg, async_op=True), "allgather", name, deadline)
         return torch.cat([p[:c] for p, c in zip(parts, counts)]), counts
 
     def allgather_host(self, data: np.ndarray, name, deadline):
@@ -111,27 +115,27 @@ class TorchDistBackend(Backend):
         return out.cpu().numpy(), counts
 
     def broadcast_(self, buf, root, name, deadline):
-        self._wait(dist.broadcast(buf, src=root, async_op=True), "broadcast", name, deadline)
+        self._wait(dist.broadcast(buf, src=root, group=self._pg, async_op=True), "broadcast", name, deadline)
         return buf
 
     def barrier(self, name, deadline):
-        self._wait(dist.barrier(async_op=True), "barrier", name, deadline)
+        self._wait(dist.barrier(group=self._pg, async_op=True), "barrier", name, deadline)
 
     def sendrecv(self, send, dest, source, name, deadline):
         ops, n_in = [], torch.zeros(1, dtype=torch.int64, device=send.device)
         if dest >= 0:
             send = send.reshape(-1).contiguous()
-            ops.append(dist.P2POp(dist.isend, torch.tensor([send.numel()], dtype=torch.int64, device=send.device), dest))
+            ops.append(dist.P2POp(dist.isend, torch.tensor([send.numel()], dtype=torch.int64, device=send.device), dest, group=self._pg))
         if source >= 0:
-            ops.append(dist.P2POp(dist.irecv, n_in, source))
+            ops.append(dist.P2POp(dist.irecv, n_in, source, group=self._pg))
         for w in dist.batch_isend_irecv(ops):
             self._wait(w, "sendrecv", name, deadline)
         ops, out = [], None
         if dest >= 0:
-            ops.append(dist.P2POp(dist.isend, send, dest))
+            ops.append(dist.P2POp(dist.isend, send, dest, group=self._pg))
         if source >= 0:
             out = torch.empty(int(n_in.item()), dtype=send.dtype, device=send.device)
-            ops.append(dist.P2POp(dist.irecv, out, source))
+            ops.append(dist.P2POp(dist.irecv, out, source, group=self._pg))
         for w in dist.batch_isend_irecv(ops):
             self._wait(w, "sendrecv", name, deadline)
         return out
