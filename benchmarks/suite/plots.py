@@ -120,10 +120,11 @@ def _timeline(ax: Any, events: list[dict], title: str) -> None:
     ax.set_title(title, fontsize=10)
 
 
-def plot_timeline_compare(job: dict, out: Path, net: str) -> Path | None:
-    """SSGD and our best variant, one traced step each, lanes one under the other."""
+def plot_timeline_compare(job: dict, out: Path, net: str, missed: tuple[str, ...] = ()) -> Path | None:
+    """SSGD and our best variant (that reached the accuracy target, when a TTA job says which
+    did not: ``missed``), one traced step each, lanes one under the other."""
     res = job["results"]
-    best = best_ours(res, exclude=("ssgd",))
+    best = best_ours(res, exclude=("ssgd",) + tuple(missed))
     picks = [k for k in ("ssgd", best) if k and k in res and res[k].get("timeline")]
     picks = list(dict.fromkeys(picks))
     if not picks:
@@ -158,8 +159,10 @@ def plot_run(run: dict, out: Path) -> list[Path]:
             paths.append(out / f"{kind}.png")
             fig.savefig(paths[-1], dpi=110)
             plt.close(fig)
+        tta = next((j for j in run["jobs"] if j.get("mode") == "tta" and j.get("results")), {})
+        missed = tuple(k for k, v in tta.get("results", {}).items() if v["time_to_target_s"] is None)
         for job in tp:
-            p = plot_timeline_compare(job, out, net)
+            p = plot_timeline_compare(job, out, net, missed)
             if p:
                 paths.append(p)
     for job in run["jobs"]:
@@ -179,8 +182,12 @@ def plot_summary(runs: list[dict], out: Path) -> Path | None:
             if j.get("mode") == "throughput" and not j.get("error") and "ddp" in j.get("results", {})]
     if not rows:
         return None
-    fig, axes = plt.subplots(1, len(rows), figsize=(4.2 * len(rows), 5), squeeze=False, sharey=False)
-    for ax, (net, job) in zip(axes[0], rows):
+    ncols = min(3, len(rows))
+    nrows = -(-len(rows) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 4.8 * nrows), squeeze=False)
+    for ax in axes.flat[len(rows):]:
+        ax.set_visible(False)
+    for ax, (net, job) in zip(axes.flat, rows):
         res = job["results"]
         ddp = res["ddp"]["step_s"]
         names = sorted(res, key=lambda k: ddp / res[k]["step_s"])
