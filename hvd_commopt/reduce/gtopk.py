@@ -57,7 +57,7 @@ from ..compress.topk import Density, TopKCompressor, bucket_key
 from ..errors import ConfigError
 from ..tensor_ops import TensorOps
 from .base import Pending, ReduceContext, Reducer
-from .sparse_allgather import dense_finish, dense_start, index_dtype_for
+from .sparse_allgather import begin_bucket, dense_finish, dense_start, index_dtype_for
 
 __all__ = ["GTopK", "merge", "gtopk_exchange", "gtopk_simulate"]
 
@@ -228,12 +228,8 @@ class GTopK(Reducer):
 
     def start(self, name: str, flat: Any, ctx: ReduceContext) -> Pending:
         ops, comm = ctx.ops, ctx.comm
-        key = bucket_key(name)  # state per bucket, whatever round tag the wire name carries
-        step = self._steps.get(key, 0)
-        self._steps[key] = step + 1
+        key, step, flat = begin_bucket(self._steps, name, flat, ctx)
         n = ops.numel(flat)
-        if ctx.prescale != 1.0:
-            flat = ops.scale(flat, ctx.prescale)
         k = self.compressor.k_for(key, n, step)
         if self.dense_when_full and k >= n:
             return dense_start(self.memory, key, name, flat, ctx)

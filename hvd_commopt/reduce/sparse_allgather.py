@@ -37,7 +37,7 @@ from ..compress.topk import SparseCompressor, bucket_key
 from ..errors import ConfigError
 from .base import Pending, ReduceContext, Reducer
 
-__all__ = ["SparseAllgather", "index_dtype_for", "dense_start", "dense_finish"]
+__all__ = ["SparseAllgather", "index_dtype_for", "begin_bucket", "dense_start", "dense_finish"]
 
 INDEX_DTYPES = ("int32", "int64")
 
@@ -69,6 +69,17 @@ def _result(ctx: ReduceContext, handle, host, like: Any, kind: str) -> Any:
     if host is not None or ctx.comm.buffer_kind == "numpy":
         out = ctx.ops.from_numpy(out, like=like)
     return out
+
+
+def begin_bucket(steps: dict[str, int], name: str, flat: Any, ctx: ReduceContext) -> tuple[str, int, Any]:
+    """The prologue every sparse reducer shares: the bucket's state key (whatever round tag the
+    wire name carries), this bucket's step number (counted in ``steps``), and the prescaled bucket."""
+    key = bucket_key(name)
+    step = steps.get(key, 0)
+    steps[key] = step + 1
+    if ctx.prescale != 1.0:
+        flat = ctx.ops.scale(flat, ctx.prescale)
+    return key, step, flat
 
 
 def dense_start(memory: Any, key: str, name: str, flat: Any, ctx: ReduceContext) -> Pending:
@@ -130,12 +141,8 @@ class SparseAllgather(Reducer):
     # -- the Reducer interface ----------------------------------------------------------------
     def start(self, name: str, flat: Any, ctx: ReduceContext) -> Pending:
         ops = ctx.ops
-        key = bucket_key(name)  # state per bucket, whatever round tag the wire name carries
-        step = self._steps.get(key, 0)
-        self._steps[key] = step + 1
+        key, step, flat = begin_bucket(self._steps, name, flat, ctx)
         n = ops.numel(flat)
-        if ctx.prescale != 1.0:
-            flat = ops.scale(flat, ctx.prescale)
         if self.dense_when_full and self.compressor.k_for(key, n, step) >= n:
             return dense_start(self.memory, key, name, flat, ctx)
         acc = self.memory.compensate(ops, key, flat)
