@@ -8,8 +8,8 @@ For ResNet-18 (few large tensors) and a 48-layer MLP (many small ones), on the s
   compute     no communication (the lower bound; predicted = forward + backward of the profile)
   none        one tensor per bucket (WFBP)
   threshold   the default 25 MiB fusion threshold
-  mgwfbp      MG-WFBP's greedy plan (spec §7.1)
-  optimal     the exact DP of the same model (§7.6)
+  mgwfbp      MG-WFBP's greedy plan (docs/mgwfbp.md#greedy)
+  optimal     the exact DP of the same model (docs/mgwfbp.md#exact-dp)
   auto        the candidate the simulator predicts fastest
 
 The network is calibrated once (``hvd_commopt.calibrate``, fitted on rank 0 and broadcast) and

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Emulate a small bandwidth-limited cluster on one machine and run ranks across it (issue 7).
+"""Emulate a small bandwidth-limited cluster on one machine and run ranks across it.
 
 Each emulated host is a network namespace ``<prefix>h<i>`` with one veth ``veth0`` at
 ``198.18.0.<i+1>/24`` (RFC 2544 benchmarking range), plugged into a Linux bridge that lives in its
@@ -8,7 +8,7 @@ traffic cannot reach the machine's real interfaces or any address outside the na
 link is shaped in both directions with ``tc tbf`` (host TX on ``veth0``, host RX on the switch
 port), burst = 2 ms of line rate: smaller bursts under-deliver on 2 cores (late tbf timers),
 larger ones let small messages through unshaped. netem is not in this kernel, hence tbf only.
-Recipe and measurements: shared/netemu/README.md; usage: benchmarks/netemu/README.md.
+Recipe, usage and measurements: benchmarks/netemu/README.md.
 
 Launchers: Open MPI (one PRRTE daemon per namespace started through the fake ssh
 ``netemu/netns-rsh``, hostname per namespace, ``--bind-to none``), MPICH (hydra through the same

@@ -1,4 +1,4 @@
-"""The benchmark suite on an emulated slow cluster, against PyTorch DDP and DDP + PowerSGD (issue 7).
+"""The benchmark suite on an emulated slow cluster, against PyTorch DDP and DDP + PowerSGD.
 
     python -m benchmarks.run --net 1gbit --ranks 2                  # full run at 1 Gbit/s
     python -m benchmarks.run --net 10gbit,1gbit,100mbit             # one report per setting + summary

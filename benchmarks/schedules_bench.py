@@ -1,4 +1,4 @@
-"""Iteration time of each schedule (issue 4) against synchronous SGD, 2 ranks, one run.
+"""Iteration time of each schedule against synchronous SGD, 2 ranks, one run.
 
     python benchmarks/schedules_bench.py            # relaunches itself under mpirun -np 2
     python benchmarks/schedules_bench.py --quick    # fewer blocks

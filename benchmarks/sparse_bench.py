@@ -17,7 +17,7 @@ Variants (interleaved block by block, so machine noise hits all of them alike):
   topk-lags / gtopk-lags   the same with fusion_threshold=0 (one bucket per layer, LAGS-SGD)
 
 Reported per variant: median step time (rank 0; max over ranks too), bytes this rank sent per
-step (from optimizer.comm_stats; max over ranks) and the formula's prediction (spec §1.1).
+step (from optimizer.comm_stats; max over ranks) and the formula's prediction (docs/cost-models.md#closed-form-costs).
 
 Top-k throughput (measured once, in this process, one thread, same run): GB/s of
 ``TorchOps.topk_abs`` (the exact, deterministic top-k the reducers use), raw ``torch.topk``,
@@ -84,7 +84,7 @@ def selection_throughput(n: int, densities: list[float], reps: int) -> list[dict
                      "seconds": med(lambda: torch.topk(t.abs(), k, sorted=False))})
         dgc = DGCCompressor(d)
         rows.append({"op": "DGC sampled threshold", "density": d,
-                     "seconds": med(lambda: dgc.select(ops, t, "b", 0))})
+                     "seconds": med(lambda: dgc.select(ops, t, None, 0))})
     copy_s = rows[0]["seconds"]
     for r in rows:
         r["GB/s"] = nbytes / r["seconds"] / 1e9

@@ -5,20 +5,24 @@ This package imports neither torch nor tensorflow; the adapters ``torch_plugin``
 """
 from __future__ import annotations
 
+from .builder import build_engine
 from .comm import Communicator, Handle, InProcWorld, run_ranks
 from .compression import Compression
 from .engine import CommEngine, TensorSpec
 from .errors import (CollectiveTimeoutError, ConfigError, HvdCommoptError, LaunchEnvironmentError,
                      RankMismatchError)
+from .host import GradientCapture, ScheduleHost
 from .numpy_ops import NumpyOps
-from .schedule import Schedule
+from .reduce import Average, Sum
 from .runtime import communicator, init, is_initialized, local_rank, local_size, rank, shutdown, size
+from .schedule import Schedule
 
 __version__ = "0.1.0"
 
 __all__ = [
     "__version__", "init", "shutdown", "is_initialized", "communicator", "rank", "size", "local_rank",
     "local_size", "Communicator", "Handle", "InProcWorld", "run_ranks", "Compression", "CommEngine",
-    "TensorSpec", "NumpyOps", "HvdCommoptError", "CollectiveTimeoutError", "RankMismatchError",
-    "LaunchEnvironmentError", "ConfigError", "Schedule",
+    "build_engine", "TensorSpec", "NumpyOps", "ScheduleHost", "GradientCapture", "Average", "Sum",
+    "HvdCommoptError", "CollectiveTimeoutError", "RankMismatchError", "LaunchEnvironmentError",
+    "ConfigError", "Schedule",
 ]

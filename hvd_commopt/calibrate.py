@@ -1,8 +1,8 @@
-"""Measure the collectives' alpha-beta models on the running job (spec §1.2).
+"""Measure the collectives' alpha-beta models on the running job (docs/cost-models.md#fitted-allreduce-model).
 
 Follows MG-WFBP's ``CommunicationProfiler`` / ``_benchmark_communication``: time each collective
 over a range of message sizes after warm-up runs, fit ``t = α + β·bytes`` by least squares on
-rank 0, and broadcast the fit so that every rank plans with the same numbers (spec §7.5 T-MG-6:
+rank 0, and broadcast the fit so that every rank plans with the same numbers (docs/mgwfbp.md#t-mg-6:
 the plan must be identical on all ranks).
 
 Choices, and why:

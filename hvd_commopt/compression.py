@@ -40,7 +40,7 @@ class Compression:
     @staticmethod
     def topk(density: Density = 0.001, error_feedback: bool = True,
              index_dtype: str | None = None) -> SparseAllgather:
-        """Top-k S-SGD (spec §2.1): exact top-k per bucket, allgather of (values, indices).
+        """Top-k S-SGD (docs/topk.md#update-rule): exact top-k per bucket, allgather of (values, indices).
 
         Args:
             density: fraction in (0, 1] of each bucket sent; a dict {layer: density} or a
@@ -62,7 +62,7 @@ class Compression:
             warmup_epochs: int = 0, warmup_coeff: float | Sequence[float] | None = None,
             steps_per_epoch: int | None = None, seed: int = 0,
             index_dtype: str | None = None) -> SparseAllgather:
-        """Deep Gradient Compression (spec §2.2): sampled threshold, momentum correction and
+        """Deep Gradient Compression (docs/dgc.md#update-rule): sampled threshold, momentum correction and
         factor masking, optional local clipping, sparsity warm-up.
 
         DGC applies the momentum itself: wrap an optimizer with ``momentum=0``. For the warm-up
@@ -79,6 +79,6 @@ class Compression:
     @staticmethod
     def gtopk(density: Density = 0.001, error_feedback: bool = True, index_dtype: str | None = None,
               algorithm: str = "recursive_doubling") -> GTopK:
-        """gTop-k S-SGD (spec §8): global top-k by recursive doubling, O(k log P) traffic, for
+        """gTop-k S-SGD (docs/gtopk.md#gtopk): global top-k by recursive doubling, O(k log P) traffic, for
         any number of ranks; dropped local values return to the residual."""
         return GTopK(density, error_feedback=error_feedback, index_dtype=index_dtype, algorithm=algorithm)

@@ -5,14 +5,9 @@ from typing import Sequence
 
 import numpy as np
 
+from .dtypes import float32_to_half, half_to_float32, numpy_dtype
+
 __all__ = ["NumpyOps", "numpy_dtype"]
-
-
-def numpy_dtype(name: str):
-    if name == "bfloat16":
-        # NumPy has no bfloat16; host-side bf16 is carried as uint16 bit patterns (see cast()).
-        return np.dtype(np.uint16)
-    return np.dtype(name)
 
 
 class NumpyOps:
@@ -40,12 +35,11 @@ class NumpyOps:
     def clone(self, t): return np.array(t, copy=True)
 
     def cast(self, t, dtype):
-        if dtype == "bfloat16":  # round-to-nearest-even to the top 16 bits of float32
-            u = np.asarray(t, dtype=np.float32).view(np.uint32)
-            rounding = ((u >> 16) & 1) + np.uint32(0x7FFF)
-            return ((u + rounding) >> 16).astype(np.uint16)
-        if t.dtype == np.uint16 and dtype.startswith("float"):  # from bf16 bit patterns
-            return (t.astype(np.uint32) << 16).view(np.float32).astype(dtype)
+        # host-side bfloat16 is carried as uint16 bit patterns (hvd_commopt.dtypes)
+        if dtype == "bfloat16":
+            return float32_to_half(np.asarray(t, dtype=np.float32), np.uint16)
+        if t.dtype == np.uint16 and dtype.startswith("float"):
+            return half_to_float32(t).astype(dtype)
         return t.astype(numpy_dtype(dtype), copy=False)
 
     def scale(self, t, factor):
@@ -60,9 +54,27 @@ class NumpyOps:
         a -= b
         return a
 
+    def mul(self, a, b): return a * b
+
+    def floor_divide(self, t, d):
+        t //= t.dtype.type(d)
+        return t
+
+    def copy_(self, dst, src):
+        np.copyto(dst, src)
+        return dst
+
+    def axpy_(self, y, alpha, x):
+        y += x * y.dtype.type(alpha)
+        return y
+
+    def ternary(self, t, theta, dtype):
+        th = t.dtype.type(theta)
+        return (t >= th).astype(numpy_dtype(dtype)) - (t <= -th).astype(numpy_dtype(dtype))
+
     def topk_abs(self, t, k):
         # A stable sort on -|t| keeps equal magnitudes in index order: ties go to the lower
-        # index, the same on every rank (spec §11.8). Indices are returned ascending, the
+        # index, the same on every rank (docs/wrapper.md#topk-ties). Indices are returned ascending, the
         # canonical form every TensorOps uses.
         idx = np.sort(np.argsort(-np.abs(t), kind="stable")[:k]).astype(np.int64)
         return t[idx], idx

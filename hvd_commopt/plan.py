@@ -9,16 +9,16 @@ Usage::
 Cost model, one of:
 
 * ``--alpha A --beta B``: the *allreduce* model ``t = A + B·bytes`` at your rank count, as fitted
-  by ``python -m hvd_commopt.calibrate`` or MG-WFBP's tables (spec §1.2, §7.2);
+  by ``python -m hvd_commopt.calibrate`` or MG-WFBP's tables (docs/cost-models.md#fitted-allreduce-model, docs/mgwfbp.md#hyperparameters);
 * ``--alpha A --beta B --ranks P``: A and B describe one *link* (startup seconds, seconds per
-  byte); the allreduce model is the ring formula ``2A(P-1) + 2(P-1)/P·n·B`` (spec §1.1);
+  byte); the allreduce model is the ring formula ``2A(P-1) + 2(P-1)/P·n·B`` (docs/cost-models.md#closed-form-costs);
 * ``--cost-model file.json``: the output of ``hvd_commopt.calibrate --out``.
 
 ``profile.json`` format (what ``DistributedOptimizer(fusion="auto").comm_engine.tuner.profile.to_json()``
 writes on rank 0): a JSON list, in **backward order** (first entry = the first gradient to
 become ready, normally the last layer), of ``{"name": str, "bytes": int, "backward_s": float}``,
 where ``backward_s`` is the time from the previous gradient-ready event (or the start of
-backward) to this tensor's (spec §7.1 ``tb``). Alternatively an object
+backward) to this tensor's (docs/mgwfbp.md#greedy ``tb``). Alternatively an object
 ``{"tensors": [...as above...], "forward_s": float, "update_s": float}`` to include forward and
 optimizer time in the predicted iteration time.
 

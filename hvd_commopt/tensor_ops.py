@@ -10,20 +10,22 @@ TensorFlow tensors are immutable and return new tensors. Writing the core this w
 one algorithm serve both frameworks without a per-framework copy.
 
 Dtypes are named by strings ("float32", "float16", "bfloat16", "int32", "int64", "int8", ...),
-never by framework objects, so the core can reason about them.
+never by framework objects, so the core can reason about them (:mod:`hvd_commopt.dtypes`).
+
+Bit-exactness: ``axpy_`` must be the framework's own fused ``y + alpha*x`` kernel (PyTorch's
+``add_(x, alpha=...)``), because that is what ``torch.optim.SGD`` uses: the delayed schedules'
+local optimizer then performs the very same floating-point operations as the wrapped optimizer
+(spec T-OD-1).
 """
 from __future__ import annotations
 
 from typing import Any, Protocol, Sequence, runtime_checkable
 
+from .dtypes import DTYPE_BYTES
+
 __all__ = ["TensorOps", "DTYPE_BYTES"]
 
 Tensor = Any
-
-DTYPE_BYTES = {
-    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
-    "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
-}
 
 
 @runtime_checkable
@@ -53,6 +55,16 @@ class TensorOps(Protocol):
     def scale(self, t: Tensor, factor: float) -> Tensor: ...  # t * factor (in place allowed)
     def add(self, a: Tensor, b: Tensor) -> Tensor: ...  # a + b (in place into a allowed)
     def sub(self, a: Tensor, b: Tensor) -> Tensor: ...
+    def mul(self, a: Tensor, b: Tensor) -> Tensor: ...  # a new tensor a*b (element-wise)
+    def floor_divide(self, t: Tensor, d: int) -> Tensor: ...  # integer t // d (in place allowed)
+    def copy_(self, dst: Tensor, src: Tensor) -> Tensor: ...  # dst[...] = src (any shape); returns dst
+    def axpy_(self, y: Tensor, alpha: float, x: Tensor) -> Tensor:
+        """``y + alpha*x`` with the framework's fused kernel (in place into y allowed)."""
+        ...
+    def ternary(self, t: Tensor, theta: float, dtype: str) -> Tensor:
+        """Signs of the ternary quantizer: +1 where ``t >= theta``, -1 where ``t <= -theta``, else
+        0, as integers of ``dtype`` (MXNet's 2-bit quantizer, docs/cd-sgd.md#update-rule)."""
+        ...
 
     # -- sparse ------------------------------------------------------------------------------
     def topk_abs(self, t: Tensor, k: int) -> tuple[Tensor, Tensor]:
@@ -64,11 +76,11 @@ class TensorOps(Protocol):
     def index_fill(self, t: Tensor, idx: Tensor, value: float) -> Tensor: ...
     def arange(self, n: int, like: Tensor) -> Tensor: ...  # int64
 
-    # -- sparse merging and selection (added for issue 3: top-k, gTop-k, DGC) ------------------
+    # -- sparse merging and selection (top-k, gTop-k, DGC) -------------------------------------
     def unique_sum(self, idx: Tensor, vals: Tensor) -> tuple[Tensor, Tensor]:
         """(sorted unique int64 indices, the sum of the values at each index). Values at equal
         indices are summed in their order of appearance (for two operands a + b, which IEEE
-        addition makes order-free). gTop-k's merge operator (spec §8.1, robust form)."""
+        addition makes order-free). gTop-k's merge operator (docs/gtopk.md#merge-robust)."""
         ...
     def isin(self, elements: Tensor, test: Tensor, invert: bool = False) -> Tensor:
         """bool tensor, True where ``elements[i]`` occurs in ``test`` (False with ``invert``);

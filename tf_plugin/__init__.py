@@ -18,20 +18,16 @@ Collectives run eagerly, or as one ``tf.py_function`` per call site inside ``tf.
 """
 from __future__ import annotations
 
-from hvd_commopt import Compression, runtime
+from hvd_commopt import Compression, Schedule, runtime
 from hvd_commopt.errors import CollectiveTimeoutError, ConfigError, HvdCommoptError, RankMismatchError
+from hvd_commopt.reduce import Average, Sum
 
 from . import callbacks
 from .functions import allgather, allreduce, broadcast, broadcast_object, broadcast_variables
 from .keras import DistributedOptimizer
 from .ops import TFOps
-from .reducer import Average, Sum, clear_engines as _clear_engines
+from .reducer import clear_engines as _clear_engines
 from .tape import DistributedGradientTape
-
-try:  # the core's delayed schedules, once they have landed (hvd_commopt.schedule)
-    from hvd_commopt import Schedule  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover - depends on the core's version
-    Schedule = None
 
 __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "local_size",
            "DistributedGradientTape", "DistributedOptimizer", "Compression", "Schedule", "Average", "Sum",

@@ -13,7 +13,7 @@ Strategy (one rule for every collective of the adapter):
 
 Why ``py_function`` rather than a custom op: the core's engine, compressors and schedules are
 Python; a C++ op would have to duplicate them (the thing the project exists to avoid). The cost
-is measured by ``python -m tf_plugin.benchmark`` (plain step vs bare py_function vs tape vs Keras
+is measured by ``python -m benchmarks.tf_overhead`` (plain step vs bare py_function vs tape vs Keras
 wrapper vs OD-SGD). Medians on the 2-core CI-class machine, TF 2.21 CPU, one TF thread, batch 32,
 size 1 (no communication), over the plain traced step:
 

@@ -1,24 +1,23 @@
-"""Tensor collectives and broadcasts for TensorFlow (Horovod's names and argument names).
+"""Tensor collectives and broadcasts for TensorFlow (Horovod's names and argument names), a thin
+layer over :mod:`hvd_commopt.collectives`: flatten, call the core, reshape.
 
 Each works eagerly and inside ``tf.function`` (as one ``tf.py_function``; see
-:mod:`tf_plugin.bridge`). Collectives go through the process communicator that ``init()`` made;
-with the MPI backend the tensors cross to host memory (``TFOps.to_numpy``/``from_numpy``).
+:mod:`tf_plugin.bridge`). Collectives go through the process communicator that ``init()`` made.
 """
 from __future__ import annotations
 
 import pickle
 from typing import Any, Sequence
 
-import numpy as np
 import tensorflow as tf
 
-from hvd_commopt import runtime
-from hvd_commopt.engine.specs import TensorSpec, verify_same_tensors
+from hvd_commopt import collectives, runtime
+from hvd_commopt.buckets import TensorSpec
 from hvd_commopt.errors import ConfigError
+from hvd_commopt.reduce import Average, Sum
 
 from .bridge import host_call
 from .ops import TFOps
-from .reducer import Average, Sum
 
 __all__ = ["allreduce", "allgather", "broadcast", "broadcast_variables", "broadcast_object"]
 
@@ -27,14 +26,6 @@ _ops = TFOps()
 
 def _comm(communicator):
     return communicator if communicator is not None else runtime.communicator()
-
-
-def _to_comm(comm, t):
-    return _ops.to_numpy(t) if comm.buffer_kind == "numpy" else t
-
-
-def _from_comm(comm, buf, like):
-    return _ops.from_numpy(buf, like=like) if comm.buffer_kind == "numpy" else buf
 
 
 def allreduce(tensor, average: bool | None = None, device_dense: str = "", device_sparse: str = "",
@@ -53,26 +44,14 @@ def allreduce(tensor, average: bool | None = None, device_dense: str = "", devic
     """
     if op is None:
         op = Average if average is None or average else Sum
-    if op not in (Average, Sum):
-        raise ConfigError(f"op must be hco.Average or hco.Sum, got {op!r}")
     if isinstance(tensor, tf.IndexedSlices):
         tensor = tf.convert_to_tensor(tensor)
     tensor = tf.convert_to_tensor(tensor)
     label = name or "allreduce"
 
     def run(t):
-        comm = _comm(communicator)
-        flat = _ops.flatten(t)
-        if prescale_factor != 1.0:
-            flat = _ops.scale(flat, prescale_factor)
-        payload, ctx = (flat, None) if compression is None else compression.compress(_ops, flat)
-        if comm.size > 1:
-            buf = comm.allreduce_(_to_comm(comm, payload), "sum", label)
-            payload = _from_comm(comm, buf, payload)
-        out = payload if compression is None else compression.decompress(_ops, payload, ctx)
-        post = postscale_factor / (comm.size if op == Average else 1)
-        if post != 1.0:
-            out = _ops.scale(out, post) if out.dtype.is_floating else out // int(round(1 / post))
+        out = collectives.allreduce(_comm(communicator), _ops, _ops.flatten(t), op=op, compression=compression,
+                                    prescale_factor=prescale_factor, postscale_factor=postscale_factor, name=label)
         return [tf.reshape(out, tf.shape(t))]
 
     return host_call(run, [tensor], [tensor.dtype], [tensor.shape], label)[0]
@@ -87,15 +66,8 @@ def allgather(tensor, name: str | None = None, communicator=None) -> tf.Tensor:
     rest_static = tensor.shape[1:] if tensor.shape.rank > 0 else tf.TensorShape([])
 
     def run(t):
-        comm = _comm(communicator)
         rest = tuple(int(d) for d in t.shape[1:]) if t.shape.rank > 0 else ()
-        if comm.size == 1:
-            return [t]
-        shapes = comm.allgather_object(rest, name=f"{label}.shape")
-        if any(s != rest for s in shapes):
-            raise ConfigError(f"allgather: tensors must agree beyond dim 0; got {shapes}")
-        out, _ = comm.allgather(_to_comm(comm, _ops.flatten(t)), label)
-        out = _from_comm(comm, out, t)
+        out = collectives.allgather(_comm(communicator), _ops, _ops.flatten(t), rest, label)
         return [tf.reshape(out, (-1,) + rest) if t.shape.rank > 0 else out]
 
     out_shape = tf.TensorShape([None]).concatenate(rest_static) if tensor.shape.rank > 0 else tf.TensorShape([None])
@@ -108,36 +80,10 @@ def broadcast(tensor, root_rank: int = 0, name: str | None = None, communicator=
     label = name or "broadcast"
 
     def run(t):
-        comm = _comm(communicator)
-        if comm.size == 1:
-            return [t]
-        buf = comm.broadcast_(_to_comm(comm, _ops.flatten(t)), root_rank, label)
-        return [tf.reshape(_from_comm(comm, buf, t), tf.shape(t))]
+        out = collectives.broadcast(_comm(communicator), _ops, _ops.flatten(t), root_rank, label)
+        return [tf.reshape(out, tf.shape(t))]
 
     return host_call(run, [tensor], [tensor.dtype], [tensor.shape], label)[0]
-
-
-def _broadcast_values(comm, values: Sequence[Any], root_rank: int, names: Sequence[str], label: str) -> list:
-    """Root's values, one fused broadcast per dtype (eager tensors in, eager tensors out)."""
-    verify_same_tensors(comm, [TensorSpec(n, tuple(int(d) for d in v.shape), tf.as_dtype(v.dtype).name)
-                               for n, v in zip(names, values)], what="set of variables to broadcast")
-    if comm.size == 1:
-        return list(values)
-    out: list = [None] * len(values)
-    groups: dict[str, list[int]] = {}
-    for i, v in enumerate(values):
-        groups.setdefault(tf.as_dtype(v.dtype).name, []).append(i)
-    for dtype, idx in sorted(groups.items()):
-        hosts = [_ops.to_numpy(values[i]).reshape(-1) for i in idx]
-        flat = np.concatenate(hosts) if hosts else np.zeros(0)
-        flat = comm.broadcast_(flat, root_rank, f"{label}.{dtype}")
-        off = 0
-        for i, h in zip(idx, hosts):
-            part = flat[off:off + h.size]
-            off += h.size
-            t = _ops.from_numpy(np.ascontiguousarray(part), like=values[i])
-            out[i] = tf.reshape(t, values[i].shape)
-    return out
 
 
 def broadcast_variables(variables: Sequence[tf.Variable], root_rank: int = 0, name: str | None = None,
@@ -156,7 +102,10 @@ def broadcast_variables(variables: Sequence[tf.Variable], root_rank: int = 0, na
     values = [tf.convert_to_tensor(v) for v in variables]
 
     def run(*vals):
-        return _broadcast_values(_comm(communicator), vals, root_rank, names, label)
+        specs = [TensorSpec(n, tuple(int(d) for d in v.shape), tf.as_dtype(v.dtype).name) for n, v in zip(names, vals)]
+        flats = collectives.broadcast_tensors(_comm(communicator), _ops, specs, [_ops.flatten(v) for v in vals],
+                                              root_rank, what="set of variables to broadcast", label=label)
+        return [tf.reshape(f, v.shape) for f, v in zip(flats, vals)]
 
     new = host_call(run, values, [v.dtype for v in values], [v.shape for v in values], label)
     if _comm(communicator).size == 1 and tf.executing_eagerly():

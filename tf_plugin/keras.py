@@ -2,29 +2,32 @@
 
 Keras 3 optimizers funnel every update through ``apply(grads, trainable_variables)``
 (``apply_gradients`` calls it, and so does ``Model.fit``'s ``train_step`` through
-``apply_gradients``). The wrapper overrides ``apply`` only: the gradients are reduced by the core
-engine (:class:`tf_plugin.reducer.GradientReducer`), then the wrapped optimizer's own ``apply``
-runs unchanged (loss scaling, clipping, EMA, gradient accumulation, constraints).
+``apply_gradients``). The wrapper overrides ``apply`` only: the core's scheduler runs the step
+(:class:`tf_plugin.reducer.GradientReducer`, any schedule), and the model update it leaves to the
+wrapped optimizer (the reduced gradients, under the synchronous schedule) goes through the
+wrapped optimizer's own ``apply`` unchanged (loss scaling, clipping, EMA, gradient accumulation,
+constraints), in the traced graph (see :mod:`tf_plugin.host` for how the update is deferred).
 
 Like ``torch_plugin.DistributedOptimizer``, the optimizer is converted *in place* (its class
 becomes a dynamic subclass with the same name) and returned: its variables, its learning-rate
 variable and anything already traced against them stay valid, and ``isinstance`` checks and
 ``get_config()`` keep working. Horovod 0.28 instead rebuilt the optimizer from its config, which
-on Keras 3 loses built state (and its TF module is broken on TF >= 2.16, horovod#4290).
+on Keras 3 loses built state (and its TF module is broken on TF >= 2.16).
 
 ``model.fit`` traces ``train_step`` in a ``tf.function``: the reduction is one ``tf.py_function``
 per step (see :mod:`tf_plugin.bridge`); compile with ``jit_compile=False`` on GPUs.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
+import contextlib
 
 import tensorflow as tf
 
-from hvd_commopt.errors import ConfigError, HvdCommoptError
+from hvd_commopt.errors import ConfigError
+from hvd_commopt.reduce import Average
 
-from .reducer import Average, GradientReducer
-from .schedule import KerasScheduleHost, _snapshot
+from .host import KerasScheduleHost
+from .reducer import GradientReducer
 
 __all__ = ["DistributedOptimizer"]
 
@@ -35,96 +38,81 @@ class _DistributedOptimizerMixin:
     _hco_reducer: GradientReducer
 
     def apply(self, grads, trainable_variables=None):
-        if getattr(self, "_hco_should_sync", True) and len(grads) > 0:
-            variables = (list(trainable_variables) if trainable_variables is not None
-                         else list(getattr(self, "_trainable_variables", [])))
-            if not self.built:
-                with tf.name_scope(self.name):
-                    self.build(variables)
-            if not self._hco_reducer.synchronous:
-                # The core's scheduler reduces, steps its replica with this optimizer
-                # (KerasScheduleHost.apply_optimizer) and writes the local weights.
-                self._hco_reducer.scheduled_step(list(grads), variables, self._hco_make_host)
-                return None
-            grads = self._hco_reducer.reduce(list(grads), variables)
-        return self._hco_base.apply(self, grads, trainable_variables)
+        if self._hco_bypass or len(grads) == 0:
+            return self._hco_base.apply(self, grads, trainable_variables)
+        variables = (list(trainable_variables) if trainable_variables is not None
+                     else list(getattr(self, "_trainable_variables", [])))
+        if not self.built:
+            with tf.name_scope(self.name):
+                self.build(variables)
+        # The core's scheduler runs the step (any schedule); what it leaves for this optimizer
+        # to apply to the model is applied here, in the traced graph under model.fit.
+        update, do_apply = self._hco_reducer.step(list(grads), variables, self._hco_host_for)
+        if tf.executing_eagerly():
+            return self._hco_base.apply(self, update, trainable_variables) if bool(do_apply) else None
 
-    def _hco_make_host(self, names, variables):
-        return KerasScheduleHost(self, names, variables)
+        def _apply():
+            self._hco_base.apply(self, update, trainable_variables)
+            return tf.constant(True)
+        tf.cond(do_apply, _apply, lambda: tf.constant(False))
+        return None
 
-    def _hco_engine(self):
-        e = self._hco_reducer.last_engine
-        if e is None:
-            raise HvdCommoptError("no step has run yet")
-        return e
+    def _hco_host_for(self, engine, names, variables):
+        if engine.host is None:
+            engine.attach_host(KerasScheduleHost(self, names, variables))
+        return engine.host
 
     def finalize(self) -> None:
         """End of training (eagerly, on every rank, after the last step): wait for the rounds in
         flight, apply them, and leave the model at the global model (the replica w_g for
         OD/SSD/CD; the average of the workers' models for CoCoD/local SGD; nothing for sync)."""
-        if self._hco_reducer.last_engine is not None:
-            self._hco_engine().finalize()
+        if self.comm_engine is not None:
+            self.comm_engine.finalize()
 
     def drain(self) -> None:
         """Wait for and apply every round in flight (value-neutral; the model is unchanged)."""
-        if self._hco_reducer.last_engine is not None:
-            self._hco_engine().drain()
+        if self.comm_engine is not None:
+            self.comm_engine.drain()
 
-    @contextmanager
     def use_global_weights(self):
         """Within the block the model holds the global replica w_g (drained first), e.g. to
         evaluate it; under schedules without a replica the model is unchanged."""
-        e = self._hco_reducer.last_engine
-        replica = None
-        if e is not None:
-            e.drain()
-            replica = e.scheduler.global_weights()
-        host = getattr(e, "_tf_plugin_host", None)
-        if replica is None or host is None:
-            yield
-            return
-        saved = {n: _snapshot(v) for n, v in host.vars.items()}
-        for n, v in host.vars.items():
-            v.assign(replica[n])
-        try:
-            yield
-        finally:
-            for n, v in host.vars.items():
-                v.assign(saved[n])
+        e = self.comm_engine
+        return contextlib.nullcontext() if e is None else e.use_global_weights()
 
-    @contextmanager
+    @contextlib.contextmanager
     def skip_synchronize(self):
         """Apply gradients as given (already reduced, e.g. by a DistributedGradientTape)."""
-        self._hco_should_sync = False
+        self._hco_bypass += 1
         try:
             yield
         finally:
-            self._hco_should_sync = True
+            self._hco_bypass -= 1
 
     @property
     def comm_engine(self):
-        """The engine that reduced the last step's gradients (None before the first)."""
+        """The engine that ran the last step (None before the first)."""
         return self._hco_reducer.last_engine
 
     @property
     def comm_stats(self) -> dict:
         """Traffic and wait time of the last step (bytes sent/received, seconds, per bucket)."""
-        e = self._hco_reducer.last_engine
+        e = self.comm_engine
         return {} if e is None else e.last_stats.as_dict()
 
 
 def DistributedOptimizer(optimizer, name: str | None = None, device_dense: str = "", device_sparse: str = "",
                          compression=None, sparse_as_dense: bool = True, gradient_predivide_factor: float = 1.0,
                          op: str = Average, backward_passes_per_step: int = 1, fusion_threshold: int | None = None,
-                         schedule=None, communicator=None, **engine_kwargs):
+                         schedule=None, communicator=None, fusion: str = "threshold", fusion_options=None):
     """Wrap a Keras 3 optimizer so that it applies gradients averaged over all ranks.
 
     Args:
         optimizer: a ``keras.optimizers.Optimizer`` (converted in place and returned).
         name: accepted for Horovod compatibility (names the graph op).
         device_dense, device_sparse: accepted for Horovod compatibility; ignored.
-        compression: ``hco.Compression.none`` (default), ``.fp16``, ``.bf16``, or the core's sparse
-            compressions when it has them.
+        compression: ``hco.Compression.none`` (default), ``.fp16``, ``.bf16``, or a sparse
+            compression (``Compression.topk(...)``, ...).
         sparse_as_dense: IndexedSlices gradients are always reduced densely (True only).
         gradient_predivide_factor: with Average, divide by f before the sum, by size/f after.
         op: ``hco.Average`` (default) or ``hco.Sum``.
@@ -138,6 +126,7 @@ def DistributedOptimizer(optimizer, name: str | None = None, device_dense: str =
             update the weights themselves inside ``apply``: the model holds the local weights
             during training; call ``finalize()`` after the last step to get the global model.
         communicator: a core Communicator; default: the one ``init()`` made.
+        fusion, fusion_options: the bucketing strategy (see ``torch_plugin.DistributedOptimizer``).
 
     Example::
 
@@ -159,11 +148,12 @@ def DistributedOptimizer(optimizer, name: str | None = None, device_dense: str =
     del device_dense, device_sparse
     reducer = GradientReducer(compression=compression, op=op, gradient_predivide_factor=gradient_predivide_factor,
                               fusion_threshold=fusion_threshold, schedule=schedule, communicator=communicator,
-                              name=name or "DistributedOptimizer_Allreduce", cache={}, **engine_kwargs)
+                              name=name or "DistributedOptimizer_Allreduce", cache={}, fusion=fusion,
+                              fusion_options=fusion_options)
     base = type(optimizer)
     cls = type(base.__name__, (_DistributedOptimizerMixin, base), {"_hco_base": base})
     cls.__module__ = base.__module__
     optimizer.__class__ = cls
     optimizer._hco_reducer = reducer
-    optimizer._hco_should_sync = True
+    optimizer._hco_bypass = 0
     return optimizer

@@ -156,6 +156,32 @@ class TFOps:
 
     def add(self, a, b): return tf.convert_to_tensor(_t(a)) + _t(b)
     def sub(self, a, b): return tf.convert_to_tensor(_t(a)) - _t(b)
+    def mul(self, a, b): return tf.convert_to_tensor(_t(a)) * _t(b)
+
+    def floor_divide(self, t, d):
+        t = tf.convert_to_tensor(_t(t))
+        return t // tf.constant(int(d), dtype=t.dtype)
+
+    def copy_(self, dst, src):
+        """Assign into a ``tf.Variable`` destination; otherwise a new tensor shaped like dst."""
+        src = _t(src)
+        if isinstance(dst, tf.Variable):
+            dst.assign(tf.reshape(tf.cast(src, dst.dtype), dst.shape))
+            return dst
+        dst = _t(dst)
+        return tf.identity(tf.reshape(tf.cast(src, dst.dtype), tf.shape(dst)))
+
+    def axpy_(self, y, alpha, x):
+        # y + (alpha*x): with alpha = -lr this is bit-identical to Keras SGD's
+        # ``variable.assign_sub(lr * g)`` (negation is exact).
+        y, x = tf.convert_to_tensor(_t(y)), _t(x)
+        return y + tf.constant(alpha, dtype=y.dtype) * x
+
+    def ternary(self, t, theta, dtype):
+        t = tf.convert_to_tensor(_t(t))
+        wire = TF_DTYPES[dtype]
+        th = tf.constant(theta, dtype=t.dtype)
+        return tf.cast(t >= th, wire) - tf.cast(t <= -th, wire)
 
     # -- sparse ------------------------------------------------------------------------------
     def topk_abs(self, t, k):

@@ -11,8 +11,10 @@ from __future__ import annotations
 import tensorflow as tf
 
 from hvd_commopt.errors import ConfigError
+from hvd_commopt.reduce import Average
+from hvd_commopt.schedule import require_gradient_schedule
 
-from .reducer import Average, GradientReducer
+from .reducer import GradientReducer
 
 __all__ = ["DistributedGradientTape"]
 
@@ -40,7 +42,8 @@ class _DistributedGradientTape:
 def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", device_sparse: str = "",
                             compression=None, sparse_as_dense: bool = True, op: str = Average,
                             gradient_predivide_factor: float = 1.0, fusion_threshold: int | None = None,
-                            schedule=None, communicator=None, **engine_kwargs) -> tf.GradientTape:
+                            schedule=None, communicator=None, backward_passes_per_step: int = 1,
+                            fusion: str = "threshold", fusion_options=None) -> tf.GradientTape:
     """A tape whose ``gradient()`` returns gradients averaged (or summed) over all ranks.
 
     Args:
@@ -48,16 +51,17 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
         device_dense, device_sparse: accepted for Horovod compatibility; ignored (the core picks
             buffers by the gradients' devices).
         compression: ``hco.Compression.none`` (default), ``.fp16``, ``.bf16``, or a sparse
-            compression of the core (``Compression.topk(...)``) when it has them.
+            compression (``Compression.topk(...)``, ...).
         sparse_as_dense: ``tf.IndexedSlices`` gradients are always reduced densely (True is the
             only supported value).
         op: ``hco.Average`` (default) or ``hco.Sum``.
         gradient_predivide_factor: with Average, divide by f before the sum, by size/f after.
         fusion_threshold: fusion buffer size in bytes (0 = no fusion); default from
             ``HVD_COMMOPT_FUSION_THRESHOLD`` / ``HOROVOD_FUSION_THRESHOLD``, else 25 MiB.
-        schedule: a core ``Schedule.*`` (delayed updates), when the core has them.
+        schedule: ``Schedule.sync()`` only (the others update weights: use the Keras wrapper).
         communicator: a core Communicator; default: the one ``init()`` made.
-        **engine_kwargs: further options of :class:`hvd_commopt.engine.CommEngine`.
+        backward_passes_per_step, fusion, fusion_options: as for
+            :class:`hvd_commopt.engine.CommEngine`.
 
     Returns:
         An object of a subclass of ``type(gradtape)`` sharing its recorded state.
@@ -76,15 +80,11 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
         raise ConfigError("sparse_as_dense=False (allgather of IndexedSlices) is not supported: "
                           "hvd_commopt reduces IndexedSlices gradients densely")
     del device_dense, device_sparse
-    if schedule is not None and getattr(schedule, "kind", "sync") != "sync":
-        raise ConfigError(
-            f"schedule {getattr(schedule, 'kind', schedule)!r} updates the weights itself (a global replica "
-            f"and a local update), which a tape that only returns gradients cannot do. Use "
-            f"hco.DistributedOptimizer(keras_optimizer, schedule=...) and give it this step's local "
-            f"gradients (a plain tape's) with apply_gradients.")
+    require_gradient_schedule(schedule)
     reducer = GradientReducer(compression=compression, op=op, gradient_predivide_factor=gradient_predivide_factor,
                               fusion_threshold=fusion_threshold, schedule=schedule, communicator=communicator,
-                              name="DistributedGradientTape_Allreduce", **engine_kwargs)
+                              name="DistributedGradientTape_Allreduce", backward_passes_per_step=backward_passes_per_step,
+                              fusion=fusion, fusion_options=fusion_options)
     base = type(gradtape)
     if isinstance(gradtape, _DistributedGradientTape):
         raise ConfigError("this tape is already a DistributedGradientTape; wrap it once")

@@ -1,14 +1,16 @@
-"""Tensor collectives and broadcasts for PyTorch (Horovod's names and argument names)."""
+"""Tensor collectives and broadcasts for PyTorch (Horovod's names and argument names), a thin
+layer over :mod:`hvd_commopt.collectives`: flatten, call the core, reshape."""
 from __future__ import annotations
 
 import io
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 
-from hvd_commopt import runtime
-from hvd_commopt.engine.specs import TensorSpec, verify_same_tensors
+from hvd_commopt import collectives, runtime
+from hvd_commopt.buckets import TensorSpec
 from hvd_commopt.errors import ConfigError
+from hvd_commopt.reduce import Average, Sum
 
 from .ops import TorchOps
 
@@ -18,101 +20,86 @@ __all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_objec
 _ops = TorchOps()
 
 
-def _comm_buffer(comm, t: torch.Tensor):
-    return _ops.to_numpy(t) if comm.buffer_kind == "numpy" else t
+def _op(average: bool | None, op: str | None) -> str:
+    if op is None:
+        op = Average if average is None or average else Sum
+    return op
 
 
-def _from_comm(comm, buf, like: torch.Tensor) -> torch.Tensor:
-    return _ops.from_numpy(buf, like=like) if comm.buffer_kind == "numpy" else buf
-
-
-def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
-               op: str = "average") -> torch.Tensor:
-    """In-place allreduce of ``tensor`` (``op`` "average" or "sum"; ``average`` is Horovod's old flag)."""
-    comm = runtime.communicator()
-    if average is not None:
-        op = "average" if average else "sum"
-    if op not in ("average", "sum"):
-        raise ConfigError(f"op must be 'average' or 'sum', got {op!r}")
-    flat = tensor.detach().reshape(-1)
-    contiguous = flat.data_ptr() == tensor.data_ptr() and tensor.is_contiguous()
-    work = flat if contiguous else flat.clone()
-    buf = comm.allreduce_(_comm_buffer(comm, work), "sum", name or "allreduce")
-    res = _from_comm(comm, buf, work)
-    if op == "average":
-        res = res.div_(comm.size) if res.is_floating_point() else res.floor_divide_(comm.size)
+def _write_back(tensor: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+    """Copy ``flat``'s values into ``tensor`` unless they already are its storage."""
     with torch.no_grad():
-        if res.data_ptr() != tensor.data_ptr():
-            tensor.copy_(res.view_as(tensor))
+        if flat.data_ptr() != tensor.data_ptr() or not tensor.is_contiguous():
+            tensor.copy_(flat.view(tensor.shape))
     return tensor
 
 
-def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
-              op: str = "average") -> torch.Tensor:
-    """Allreduce into a new tensor."""
-    return allreduce_(tensor.detach().clone(), average, name, op)
+def _comm(communicator):
+    return communicator if communicator is not None else runtime.communicator()
 
 
-def allgather(tensor: torch.Tensor, name: str | None = None) -> torch.Tensor:
+def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None, compression=None,
+               op: str | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+               communicator=None) -> torch.Tensor:
+    """In-place allreduce of ``tensor``: ``op`` Average (default) or Sum (``average`` is Horovod's
+    old flag); ``compression`` Compression.none/fp16/bf16; scale factors before/after the sum.
+    ``communicator``: a core Communicator (default: the one ``init()`` made), as in tf_plugin."""
+    flat = tensor.detach().reshape(-1)
+    if flat.data_ptr() != tensor.data_ptr() or not tensor.is_contiguous():
+        flat = flat.clone()
+    out = collectives.allreduce(_comm(communicator), _ops, flat, op=_op(average, op), compression=compression,
+                                prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                                name=name or "allreduce")
+    return _write_back(tensor, out)
+
+
+def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | None = None, compression=None,
+              op: str | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+              communicator=None) -> torch.Tensor:
+    """Allreduce into a new tensor (see :func:`allreduce_`)."""
+    return allreduce_(tensor.detach().clone(), average, name, compression, op, prescale_factor, postscale_factor,
+                      communicator)
+
+
+def allgather(tensor: torch.Tensor, name: str | None = None, communicator=None) -> torch.Tensor:
     """Concatenate every rank's tensor along dim 0 (first dims may differ; others must match)."""
-    comm = runtime.communicator()
     t = tensor.detach().contiguous()
     rest = tuple(t.shape[1:]) if t.dim() > 0 else ()
-    shapes = comm.allgather_object(rest, name=f"{name or 'allgather'}.shape")
-    if any(s != rest for s in shapes):
-        raise ConfigError(f"allgather: tensors must agree beyond dim 0; got {shapes}")
-    out, _ = comm.allgather(_comm_buffer(comm, t.reshape(-1)), name or "allgather")
-    out = _from_comm(comm, out, t)
+    out = collectives.allgather(_comm(communicator), _ops, t.reshape(-1), rest, name or "allgather")
     return out.reshape((-1,) + rest) if t.dim() > 0 else out
 
 
-def broadcast_(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None) -> torch.Tensor:
+def broadcast_(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None, communicator=None) -> torch.Tensor:
     """Overwrite ``tensor`` with root's, in place."""
-    comm = runtime.communicator()
-    work = tensor.detach()
-    if not work.is_contiguous():
-        work = work.contiguous()
-    buf = comm.broadcast_(_comm_buffer(comm, work), root_rank, name or "broadcast")
-    res = _from_comm(comm, buf, work)
-    with torch.no_grad():
-        if res.data_ptr() != tensor.data_ptr():
-            tensor.copy_(res.view_as(tensor))
-    return tensor
+    flat = tensor.detach().reshape(-1)
+    if flat.data_ptr() != tensor.data_ptr() or not tensor.is_contiguous():
+        flat = flat.clone()
+    return _write_back(tensor, collectives.broadcast(_comm(communicator), _ops, flat, root_rank,
+                                                     name or "broadcast"))
 
 
-def broadcast(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None) -> torch.Tensor:
-    return broadcast_(tensor.detach().clone(), root_rank, name)
+def broadcast(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None, communicator=None) -> torch.Tensor:
+    return broadcast_(tensor.detach().clone(), root_rank, name, communicator)
 
 
-def broadcast_parameters(params: Any, root_rank: int = 0) -> None:
+def broadcast_parameters(params: Any, root_rank: int = 0, communicator=None) -> None:
     """Copy root's parameters (a ``state_dict()`` or ``named_parameters()``) to every rank in place.
 
-    Tensors are fused per dtype into one buffer per broadcast. The names, shapes and dtypes are
-    checked across ranks first, so a model that differs fails with a clear error instead of a
-    mismatched broadcast.
+    Tensors are fused per dtype into one buffer per broadcast; names, shapes and dtypes are
+    checked across ranks first (see :func:`hvd_commopt.collectives.broadcast_tensors`).
     """
-    comm = runtime.communicator()
     items = sorted(params.items()) if isinstance(params, dict) else list(params)
     if any(not (isinstance(x, tuple) and len(x) == 2) for x in items):
         raise ConfigError("broadcast_parameters expects model.state_dict() or model.named_parameters()")
     items = [(n, t) for n, t in items if isinstance(t, torch.Tensor)]
-    verify_same_tensors(comm, [TensorSpec(n, tuple(t.shape), _ops.dtype_name(t)) for n, t in items],
-                        what="set of parameters to broadcast")
-    if comm.size == 1:
-        return
-    by_dtype: dict[tuple, list[torch.Tensor]] = {}
-    for _, t in items:
-        by_dtype.setdefault((t.dtype, t.device), []).append(t)
-    for (dtype, _dev), tensors in by_dtype.items():
-        flat = torch.cat([t.detach().reshape(-1) for t in tensors])
-        buf = comm.broadcast_(_comm_buffer(comm, flat), root_rank, f"broadcast_parameters.{dtype}")
-        flat = _from_comm(comm, buf, flat)
-        off = 0
-        with torch.no_grad():
-            for t in tensors:
-                n = t.numel()
-                t.copy_(flat[off:off + n].view_as(t))
-                off += n
+    specs = [TensorSpec(n, tuple(t.shape), _ops.dtype_name(t)) for n, t in items]
+    flats = [t.detach().reshape(-1) for _, t in items]
+    new = collectives.broadcast_tensors(_comm(communicator), _ops, specs, flats, root_rank,
+                                        what="set of parameters to broadcast", label="broadcast_parameters")
+    with torch.no_grad():
+        for (_, t), f in zip(items, new):
+            if f.data_ptr() != t.data_ptr():
+                t.copy_(f.view_as(t))
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None) -> Any:

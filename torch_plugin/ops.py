@@ -57,6 +57,26 @@ class TorchOps:
     def add(self, a, b): return a.add_(b)
     def sub(self, a, b): return a.sub_(b)
 
+    def floor_divide(self, t, d):
+        return t.floor_divide_(int(d))
+
+    def mul(self, a, b):
+        with torch.no_grad():
+            return a * b
+
+    def copy_(self, dst, src):
+        with torch.no_grad():
+            return dst.copy_(src)
+
+    def axpy_(self, y, alpha, x):  # torch.optim.SGD's own kernel (bit-exact local updates)
+        with torch.no_grad():
+            return y.add_(x, alpha=alpha)
+
+    def ternary(self, t, theta, dtype):
+        with torch.no_grad():
+            wire = TORCH_DTYPES[dtype]
+            return (t >= theta).to(wire) - (t <= -theta).to(wire)
+
     def topk_abs(self, t, k):
         """k largest |t|, ties towards the lower index, indices ascending (canonical form).
 

@@ -13,10 +13,11 @@ Differences from Horovod, on purpose:
   gradient, so ranks stay identical even when they use different parameters (DDP's
   ``find_unused_parameters`` outcome, with no extra pass).
 
-Schedules (``schedule=Schedule.od()/.ssd()/.cd()/.cocod()/.local_sgd()``, issue 4): the algorithm
-lives in the core scheduler; this adapter only supplies a
-:class:`~torch_plugin.schedule.TorchScheduleHost` ("run the wrapped optimizer on these weights
-with these gradients", read/write weights) and routes ``step()`` to the engine. Under a delayed
+Every ``step()`` is the core's step (``CommEngine.run_step``), whatever the schedule: the
+synchronous schedule reduces and runs the wrapped optimizer; delayed and model-averaging
+schedules (``schedule=Schedule.od()/.ssd()/.cd()/.cocod()/.local_sgd()``) do their own thing. This
+adapter only supplies a :class:`~torch_plugin.host.TorchScheduleHost` ("run the wrapped optimizer
+on these weights with these gradients", read/write weights) and the hooks. Under a delayed
 schedule (OD/SSD/CD) the **model holds the local weights** w_loc during training; the global
 replica w_g lives in the scheduler and is stepped by the wrapped optimizer, whose state *is* the
 replica's optimizer state. ``use_global_weights()`` swaps the replica in (e.g. to evaluate) and
@@ -25,25 +26,20 @@ SGD the model holds this worker's local model and ``finalize()`` averages the mo
 """
 from __future__ import annotations
 
-import warnings
 import weakref
-from contextlib import contextmanager
 
 import torch
 
-from hvd_commopt import runtime
-from hvd_commopt import timeline as _timeline
+from hvd_commopt import build_engine, runtime
 from hvd_commopt.engine import CommEngine, TensorSpec
+from hvd_commopt.engine.tuner import FusionOptions
 from hvd_commopt.errors import ConfigError, HvdCommoptError
-from hvd_commopt.fusion.tuner import FusionOptions
+from hvd_commopt.reduce import Average, Sum
 
+from .host import TorchScheduleHost
 from .ops import TorchOps
-from .schedule import TorchScheduleHost, TorchUpdateOps
 
 __all__ = ["DistributedOptimizer", "Average", "Sum"]
-
-Average = "average"
-Sum = "sum"
 
 
 class _DistributedOptimizerMixin:
@@ -51,12 +47,8 @@ class _DistributedOptimizerMixin:
 
     def _hco_setup(self, named_parameters, engine: CommEngine) -> None:
         self._hco_engine = engine
-        self._hco_names = {id(p): n for n, p in named_parameters}
-        self._hco_params = {n: p for n, p in named_parameters}
-        self._hco_synchronized = False
-        self._hco_should_sync = True
-        self._hco_hooks = [p.register_post_accumulate_grad_hook(self._hco_make_hook(n))
-                           for n, p in named_parameters]
+        for n, p in named_parameters:
+            p.register_post_accumulate_grad_hook(self._hco_make_hook(n))
         engine.attach_host(TorchScheduleHost(self, list(named_parameters)))
 
     def _hco_make_hook(self, name: str):
@@ -74,7 +66,7 @@ class _DistributedOptimizerMixin:
     def fusion_report(self) -> dict | None:
         """The fusion plan in use: bucket count and sizes, ``phase``, and with ``fusion="mgwfbp"|
         "optimal"|"auto"`` (once the profiled steps are over) the predicted and measured
-        iteration time. See :mod:`hvd_commopt.fusion.tuner`."""
+        iteration time. See :mod:`hvd_commopt.engine.tuner`."""
         return self._hco_engine.fusion_report
 
     @property
@@ -83,55 +75,16 @@ class _DistributedOptimizerMixin:
         return self._hco_engine.last_stats.as_dict()
 
     def synchronize(self) -> None:
-        """Finish reducing this step's gradients and write them into ``p.grad``.
+        """Finish reducing this step's gradients and write them into ``p.grad`` (synchronous
+        schedule; e.g. to clip them, then ``step()`` inside ``skip_synchronize()``)."""
+        self._hco_engine.synchronize()
 
-        Only with the synchronous schedule: delayed and model-averaging schedules reduce (or
-        not) inside ``step()``, where the averaged gradient of this step does not exist yet.
-        """
-        if not self._hco_engine.scheduler.synchronous:
-            raise HvdCommoptError(
-                f"optimizer.synchronize() is for the synchronous schedule; with schedule "
-                f"'{self._hco_engine.scheduler.name}' gradients are sent from the hooks and applied "
-                f"inside step(). To clip, clip p.grad before step(): it holds the local gradient, "
-                f"which drives the local update.")
-        params = self._hco_params
-        out = self._hco_engine.synchronize(fetch=lambda n: params[n].grad)
-        with torch.no_grad():
-            for name, g in out.items():
-                p = params[name]
-                if p.grad is None:
-                    p.grad = g.detach().clone()
-                else:
-                    p.grad.copy_(g)
-        self._hco_synchronized = True
-
-    @contextmanager
     def skip_synchronize(self):
         """Make ``step()`` skip synchronisation (after an explicit ``synchronize()``, e.g. to clip)."""
-        self._hco_should_sync = False
-        try:
-            yield
-        finally:
-            self._hco_should_sync = True
+        return self._hco_engine.skip_synchronize()
 
     def step(self, closure=None):
-        engine = self._hco_engine
-        if not engine.scheduler.synchronous:
-            if closure is not None:
-                raise ConfigError(f"step(closure) is not supported with schedule '{engine.scheduler.name}': "
-                                  f"compute the loss and call backward() before step()")
-            self._hco_synchronized = False
-            engine.run_step()
-            return None
-        if self._hco_should_sync:
-            if self._hco_synchronized:
-                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() after "
-                              "optimizer.synchronize(): the gradients are reduced twice. Wrap step() "
-                              "in `with optimizer.skip_synchronize():`.")
-            self.synchronize()
-        self._hco_synchronized = False
-        with _timeline.span("update", "update"):  # no-op unless a timeline is recording
-            return self._hco_base.step(self, closure)
+        return self._hco_engine.run_step(closure)
 
     def zero_grad(self, set_to_none: bool = True):
         if self._hco_engine.in_flight:
@@ -151,27 +104,10 @@ class _DistributedOptimizerMixin:
         """Wait for and apply every round in flight (value-neutral; the model is unchanged)."""
         self._hco_engine.drain()
 
-    @contextmanager
     def use_global_weights(self):
         """Within the block, the model holds the global replica w_g (drained first), e.g. to
         evaluate the global model. Under schedules without a replica the model is unchanged."""
-        self._hco_engine.drain()
-        replica = self._hco_engine.scheduler.global_weights()
-        if replica is None:
-            yield
-            return
-        params = self._hco_params
-        saved = {}
-        with torch.no_grad():
-            for n, p in params.items():
-                saved[n] = p.data
-                p.data = replica[n]
-        try:
-            yield
-        finally:
-            with torch.no_grad():
-                for n, d in saved.items():
-                    params[n].data = d
+        return self._hco_engine.use_global_weights()
 
     def state_dict(self):
         """The wrapped optimizer's state plus ``"hvd_commopt"``: step, reducer and schedule state
@@ -184,7 +120,6 @@ class _DistributedOptimizerMixin:
         state_dict = dict(state_dict)
         engine_state = state_dict.pop("hvd_commopt", None)
         self._hco_engine.abandon()  # like Horovod: pending handles are dropped on load
-        self._hco_synchronized = False
         if engine_state is not None:
             self._hco_engine.load_state_dict(engine_state)
         return self._hco_base.load_state_dict(self, state_dict)
@@ -240,7 +175,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
             with the threshold plan while per-tensor gradient-ready times are recorded, the
             network is calibrated, rank 0 plans (MG-WFBP's greedy, the exact DP, or the plan the
             simulator predicts fastest) and broadcasts the plan. OMGS for sparse compression.
-        fusion_options: dict of :class:`hvd_commopt.fusion.tuner.FusionOptions` fields, e.g.
+        fusion_options: dict of :class:`hvd_commopt.engine.tuner.FusionOptions` fields, e.g.
             ``{"warmup_steps": 2, "profile_steps": 10, "cost_model": "cost_model.json"}``.
         verbose: print the chosen plan and its predicted vs measured iteration time once on
             rank 0; default ``HVD_COMMOPT_VERBOSE``.
@@ -257,10 +192,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     named = _named(optimizer, named_parameters)
     if verbose is not None:
         fusion_options = FusionOptions.coerce(fusion_options, verbose=verbose)
-    engine = CommEngine(comm, TorchUpdateOps(), compression=compression, fusion_threshold=fusion_threshold,
-                        op=op, gradient_predivide_factor=gradient_predivide_factor,
-                        backward_passes_per_step=backward_passes_per_step, schedule=schedule,
-                        fusion=fusion, fusion_options=fusion_options)
+    engine = build_engine(comm, TorchOps(), compression=compression, fusion_threshold=fusion_threshold,
+                          op=op, gradient_predivide_factor=gradient_predivide_factor,
+                          backward_passes_per_step=backward_passes_per_step, schedule=schedule,
+                          fusion=fusion, fusion_options=fusion_options)
     specs = [TensorSpec(n, tuple(p.shape), TorchOps().dtype_name(p)) for n, p in named]
     engine.register(specs)
     base = type(optimizer)

@@ -136,7 +136,7 @@ def find_mpi(kind: str = "auto", mpich_prefix: str | None = None) -> MpiInstall:
 
     "auto" prefers MPICH when one is installed (HVD_NETEMU_MPICH, ``mpich_prefix`` or the wheel
     in this venv): on the emulated 1 Gbit/s link it sustains 0.9-0.96 Gbit/s for 1-64 MiB
-    allreduces where Open MPI's TCP BTL reaches 0.63-0.80 (shared/netemu/README.md).
+    allreduces where Open MPI's TCP BTL reaches 0.63-0.80 (benchmarks/netemu/README.md#measured-transports).
     """
     if kind not in ("auto", "openmpi", "mpich"):
         raise ValueError(f"mpi={kind!r}: choose auto, openmpi or mpich")

@@ -1,2 +1,2 @@
-"""The benchmark suite behind ``python -m benchmarks.run`` (issue 7): variants, rank workers,
+"""The benchmark suite behind ``python -m benchmarks.run``: variants, rank workers,
 report and plots. See benchmarks/README.md."""

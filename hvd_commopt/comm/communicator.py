@@ -25,7 +25,19 @@ from ..errors import CollectiveTimeoutError, ConfigError, HvdCommoptError
 from .base import REDUCE_OPS, Backend
 from .handle import Handle
 
-__all__ = ["Communicator", "TrafficCounter", "CountingLink"]
+__all__ = ["Communicator", "TrafficCounter", "CountingLink", "to_wire", "from_wire"]
+
+
+def to_wire(buffer_kind: str, ops: Any, t: Any) -> Any:
+    """The buffer a backend takes for framework tensor ``t``: a host array for host backends
+    (a zero-copy view of a contiguous CPU tensor where the framework allows), else t itself.
+    The one place where the host-vs-native choice is made."""
+    return ops.to_numpy(t) if buffer_kind == "numpy" else t
+
+
+def from_wire(buffer_kind: str, ops: Any, buf: Any, like: Any) -> Any:
+    """The framework tensor for a backend's buffer (placed like ``like``); inverse of :func:`to_wire`."""
+    return ops.from_numpy(buf, like=like) if buffer_kind == "numpy" else buf
 
 
 class TrafficCounter:
@@ -86,7 +98,6 @@ class CountingLink:
         self.deadline = deadline
         self.sent = 0
         self.received = 0
-        self.calls = 0
 
     @property
     def rank(self) -> int: return self.backend.rank
@@ -95,10 +106,20 @@ class CountingLink:
     @property
     def buffer_kind(self) -> str: return self.backend.buffer_kind
 
+    @property
+    def host(self) -> bool:
+        """True when the backend takes host (NumPy) buffers: an algorithm may then pack several
+        parts into one message instead of sending them one by one."""
+        return self.backend.buffer_kind == "numpy"
+
+    def allgather_tensor(self, ops: Any, t: Any, name: str | None = None) -> tuple[Any, list[int]]:
+        """:meth:`allgather` of a framework tensor; returns (a tensor like t, per-rank counts)."""
+        out, counts = self.allgather(to_wire(self.buffer_kind, ops, t), name)
+        return from_wire(self.buffer_kind, ops, out, t), counts
+
     def _count(self, sent: float, received: float) -> None:
         self.sent += int(sent)
         self.received += int(received)
-        self.calls += 1
 
     def sendrecv(self, send: Any, dest: int, source: int, name: str | None = None,
                  deadline: float | None = None) -> Any:
@@ -196,7 +217,7 @@ class Communicator:
         limit = self.timeout_s + (2.0 if self.backend.enforces_deadline else 0.0)
         try:
             return handle.wait(limit)
-        except CollectiveTimeoutError as e:
+        except CollectiveTimeoutError:
             if handle.poll():  # the backend itself timed out and already named the ranks
                 raise
             missing, detail = self.backend.diagnose()
@@ -222,6 +243,31 @@ class Communicator:
     def allreduce_(self, buf: Any, op: str = "sum", name: str = "allreduce") -> Any:
         return self.wait(self.allreduce_async_(buf, op, name))
 
+    # -- framework tensors (the host-vs-native choice is made here, nowhere else) ----------------
+    def _converted(self, handle: Handle, convert: Callable[[Any], Any]) -> Handle:
+        handle._convert = convert
+        return handle
+
+    def allreduce_tensor_async(self, ops: Any, t: Any, op: str = "sum", name: str = "allreduce") -> Handle:
+        """Reduce the flat framework tensor ``t``; waiting gives the reduced tensor (t itself on
+        native backends and for CPU tensors whose host view is shared; reduce a copy if t must
+        stay unchanged)."""
+        kind = self.buffer_kind
+        return self._converted(self.allreduce_async_(to_wire(kind, ops, t), op, name),
+                               lambda buf: from_wire(kind, ops, buf, t))
+
+    def allgather_tensor_async(self, ops: Any, t: Any, name: str = "allgather") -> Handle:
+        """Allgather of the flat tensor ``t``; waiting gives (a tensor like t, per-rank counts)."""
+        kind = self.buffer_kind
+        return self._converted(self.allgather_async(to_wire(kind, ops, t), name),
+                               lambda r: (from_wire(kind, ops, r[0], t), r[1]))
+
+    def broadcast_tensor_async(self, ops: Any, t: Any, root: int = 0, name: str = "broadcast") -> Handle:
+        """Broadcast of the flat tensor ``t`` from ``root``; waiting gives root's values like t."""
+        kind = self.buffer_kind
+        return self._converted(self.broadcast_async_(to_wire(kind, ops, t), root, name),
+                               lambda buf: from_wire(kind, ops, buf, t))
+
     def allgather_async(self, buf: Any, name: str = "allgather") -> Handle:
         """Concatenation of every rank's 1-D ``buf`` (sizes may differ); result is (array, counts)."""
         p = self.size
@@ -233,7 +279,7 @@ class Communicator:
         return self.wait(self.allgather_async(buf, name))
 
     def broadcast_async_(self, buf: Any, root: int = 0, name: str = "broadcast") -> Handle:
-        self._check_rank(root, "root")
+        self.check_rank(root, "root")
         p, n, me = self.size, _nbytes(buf), self.rank
         return self._submit("broadcast", name, self.backend.broadcast_, (buf, root, name),
                             lambda _r: ((p - 1) * n if me == root else 0, 0 if me == root else n))
@@ -250,9 +296,9 @@ class Communicator:
     def sendrecv_async(self, send: Any, dest: int, source: int, name: str = "sendrecv") -> Handle:
         """Point-to-point exchange (gTop-k's pairwise rounds). dest/source -1 = none."""
         if dest >= 0:
-            self._check_rank(dest, "dest")
+            self.check_rank(dest, "dest")
         if source >= 0:
-            self._check_rank(source, "source")
+            self.check_rank(source, "source")
         n = _nbytes(send) if dest >= 0 else 0
         return self._submit("sendrecv", name, self.backend.sendrecv, (send, dest, source, name),
                             lambda r: (n, 0 if r is None else _nbytes(r)))
@@ -302,7 +348,7 @@ class Communicator:
 
     def broadcast_object(self, obj: Any, root: int = 0, name: str = "broadcast_object") -> Any:
         """root's ``obj`` on every rank."""
-        self._check_rank(root, "root")
+        self.check_rank(root, "root")
         return self.allgather_object(obj if self.rank == root else None, name)[root]
 
     def _host_allgather(self, data: np.ndarray, name: str, deadline: float):
@@ -311,7 +357,7 @@ class Communicator:
         return self.backend.allgather_host(data, name, deadline)  # native backends provide it
 
     # -- lifecycle ----------------------------------------------------------------------------
-    def _check_rank(self, r: int, what: str) -> None:
+    def check_rank(self, r: int, what: str) -> None:
         if not (0 <= r < self.size):
             raise ConfigError(f"{what} rank {r} out of range: size is {self.size}")
 

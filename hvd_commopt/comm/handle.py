@@ -18,7 +18,8 @@ class Handle:
     thread.
     """
 
-    __slots__ = ("op", "name", "_done", "_result", "_error", "_submitted", "_started", "_finished", "bytes_sent", "bytes_received")
+    __slots__ = ("op", "name", "_done", "_result", "_error", "_submitted", "_started", "_finished", "bytes_sent",
+                 "bytes_received", "_convert")
 
     def __init__(self, op: str, name: str):
         self.op = op
@@ -31,6 +32,7 @@ class Handle:
         self._finished: float | None = None
         self.bytes_sent = 0      # set by the progress thread when done (accounting formulas)
         self.bytes_received = 0
+        self._convert: Callable[[Any], Any] | None = None  # applied once, by the first waiter
 
     # -- producer side (progress thread) ------------------------------------------------------
     def _start(self) -> None:
@@ -56,6 +58,8 @@ class Handle:
                 op=self.op, name=self.name)
         if self._error is not None:
             raise self._error
+        if self._convert is not None:  # e.g. a host buffer back into a framework tensor
+            self._result, self._convert = self._convert(self._result), None
         return self._result
 
     @property

@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..dtypes import float32_to_half, half_to_float32
 from ..errors import CollectiveTimeoutError, RankMismatchError
 from .base import Backend
 
@@ -106,13 +107,11 @@ class InProcBackend(Backend):
     def allreduce_(self, buf, op, name, deadline):
         parts = self._meet("allreduce", name, np.array(buf, copy=True), deadline)
         if buf.dtype == np.uint16:  # bfloat16 bit patterns: reduce as float32, round back (as mpi.py)
-            from ..numpy_ops import NumpyOps
-            ops = NumpyOps()
-            parts = [ops.cast(p, "float32") for p in parts]
+            parts = [half_to_float32(p) for p in parts]
         acc = parts[0].copy()
         for p in parts[1:]:
             _REDUCE[op](acc, p, out=acc)
-        buf[...] = acc if buf.dtype != np.uint16 else ops.cast(acc, "bfloat16")
+        buf[...] = acc if buf.dtype != np.uint16 else float32_to_half(acc, np.uint16)
         return buf
 
     def allgather(self, buf, name, deadline):

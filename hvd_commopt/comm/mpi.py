@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import atexit
 import os
-import pickle
 import sys
 import threading
 import time
 
 import numpy as np
 
-from ..errors import CollectiveTimeoutError, LaunchEnvironmentError
+from ..errors import LaunchEnvironmentError
 from .base import Backend
 
 __all__ = ["MPIBackend", "import_mpi"]

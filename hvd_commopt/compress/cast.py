@@ -18,6 +18,7 @@ class NoneCompressor(Compressor):
     """Sends the bucket as it is."""
 
     name = "none"
+    lossless = True
 
     def compress(self, ops: TensorOps, flat: Any) -> tuple[Any, Any]:
         return flat, None
@@ -29,6 +30,7 @@ class NoneCompressor(Compressor):
 class _CastCompressor(Compressor):
     target = "float16"
     predivide = True
+    wire_bytes_ratio = 0.5
 
     def compress(self, ops: TensorOps, flat: Any) -> tuple[Any, Any]:
         dtype = ops.dtype_name(flat)

@@ -1,7 +1,7 @@
 """DGC: Deep Gradient Compression (Lin, Han, Mao, Wang, Dally; ICLR 2018, arXiv:1712.01887).
 
 Transcribed from the paper's repository, synxlin/deep-gradient-compression
-(``dgc/compression.py``, ``dgc/memory.py``, ``dgc/clip_grad.py``), spec §2.2. Two parts:
+(``dgc/compression.py``, ``dgc/memory.py``, ``dgc/clip_grad.py``), docs/dgc.md#update-rule. Two parts:
 
 * :class:`DGCCompressor` chooses what to send: a **sampled threshold** (the top
   ``ceil(num_samples·ratio)`` of strided samples with a random start) selects ``|v| >= thr``;
@@ -18,13 +18,13 @@ then momentum applied to the average (``compensate(accumulate=False)``), so the 
 momentum SGD. Because DGC applies momentum itself, wrap an optimizer **without** momentum (the
 reference's ``DGCSGD`` adds only weight decay, with its own momentum buffer).
 
-Sparsity warm-up and the documented discrepancy (spec §2.2 (b)): the README lists the
+Sparsity warm-up and the documented discrepancy (docs/dgc.md#sparsity-warm-up): the README lists the
 exponential schedule ``0.25, 0.063, 0.015, 0.004, 0.001``, but the code's default (used when
 ``warmup_coeff`` is None) is ``ratio_e = max(r^((e+1)/(W+1)), r)``, i.e. ``0.316, 0.1, 0.0316,
 0.01, 0.00316`` for r = 0.001, W = 5 (no 0.25 first). We follow the **code**; pass
 ``warmup_coeff=[0.25, 0.063, 0.015, 0.004, 0.001]`` for the README's schedule. A scalar
 ``warmup_coeff`` c gives ``max(c^(e+1), r)``, as in the code. The epoch comes from
-``set_epoch(e)`` or from the bucket's step number and ``steps_per_epoch``.
+``set_epoch(e)`` or from the round's step (the optimizer step) and ``steps_per_epoch``.
 
 Other choices: the sample start is drawn from a generator seeded with (seed, bucket, step), so a
 run is reproducible (the reference uses Python's unseeded ``random``; ranks need not agree since
@@ -41,6 +41,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..buckets import Bucket
 from ..errors import ConfigError
 from ..tensor_ops import TensorOps
 from .error_feedback import TensorStore
@@ -119,13 +120,13 @@ class DGCCompressor(SparseCompressor):
                               "Compression.dgc(...), or call set_epoch(epoch) on it at each epoch start")
         return 0
 
-    def ratio(self, name: str, numel: int, step: int = 0) -> float:
-        base = self.density(name, numel)
+    def ratio(self, bucket: Bucket | None, numel: int, step: int = 0) -> float:
+        base = self.density(bucket, numel)
         return warmup_ratio(base, self.epoch(step), self.warmup_epochs, self.warmup_coeff)
 
-    def k_for(self, name: str, numel: int, step: int = 0) -> int:
+    def k_for(self, numel: int, bucket: Bucket | None = None, step: int = 0) -> int:
         """DGC's ``num_selects = ceil(numel * ratio)``."""
-        return min(max(int(math.ceil(numel * self.ratio(name, numel, step))), 1), numel) if numel else 0
+        return min(max(int(math.ceil(numel * self.ratio(bucket, numel, step))), 1), numel) if numel else 0
 
     def sampling(self, numel: int, ratio: float) -> tuple[int, int, int]:
         """(sample_stride, num_samples, top_k_samples) as ``DGCCompressor.initialize`` computes them."""
@@ -146,10 +147,11 @@ class DGCCompressor(SparseCompressor):
         return stride, num_samples, int(math.ceil(num_samples * ratio))
 
     # -- selection ----------------------------------------------------------------------------
-    def select(self, ops: TensorOps, acc: Any, name: str = "", step: int = 0) -> tuple[Any, Any]:
+    def select(self, ops: TensorOps, acc: Any, bucket: Bucket | None = None, step: int = 0) -> tuple[Any, Any]:
         n = ops.numel(acc)
-        ratio = self.ratio(name, n, step)
-        k = self.k_for(name, n, step)
+        ratio = self.ratio(bucket, n, step)
+        k = self.k_for(n, bucket, step)
+        name = bucket.name if bucket is not None else ""
         if k >= n:
             idx = ops.arange(n, like=acc)
             return ops.gather(acc, idx), idx
@@ -189,6 +191,12 @@ class DGCCompressor(SparseCompressor):
             idx = ops.slice(idx, 0, k)
         return ops.gather(acc, idx), idx
 
+    def config(self) -> dict:
+        return {**super().config(), "sample_ratio": self.sample_ratio, "strided_sample": self.strided_sample,
+                "bounds": (self.upper, self.lower), "max_adaptation_iters": self.max_adaptation_iters,
+                "resample": self.resample, "warmup_epochs": self.warmup_epochs,
+                "warmup_coeff": self.warmup_coeff, "steps_per_epoch": self.steps_per_epoch, "seed": self.seed}
+
     def state_dict(self) -> dict:
         return {} if self._epoch is None else {"epoch": self._epoch}
 
@@ -201,7 +209,8 @@ class DGCCompressor(SparseCompressor):
 
 
 class DGCMemory:
-    """DGC's momentum correction, momentum factor masking and local clipping (``dgc/memory.py``).
+    """DGC's momentum correction, momentum factor masking and local clipping (``dgc/memory.py``),
+    a :class:`~hvd_commopt.compress.memory.Memory`.
 
     The velocity ``v`` plays the residual's role: what is not sent stays in ``v``. Invariant
     (bit-exact): ``scatter(idx, v_before[idx]) + v_after == v_before``.
@@ -256,6 +265,9 @@ class DGCMemory:
             u = self._u.get(ops, name, acc)
             self._u.set(name, ops.index_fill(u, sent_idx, 0.0))
 
+    def update_quantized(self, ops: TensorOps, name: str, acc: Any, sent: Any) -> None:
+        raise ConfigError("DGC's memory serves sparse selections; a dense quantizer takes ErrorFeedback()")
+
     def restore(self, ops: TensorOps, name: str, idx: Any, vals: Any) -> None:
         """Selected values that were not delivered go back into the velocity."""
         if ops.numel(idx):
@@ -278,6 +290,10 @@ class DGCMemory:
 
     def residual(self, ops: TensorOps, name: str, like: Any) -> Any | None:
         return self._v.get(ops, name, like)
+
+    def config(self) -> dict:
+        return {"name": "dgc_memory", "momentum": self.momentum, "nesterov": self.nesterov,
+                "momentum_masking": self.momentum_masking, "clip_norm": self.clip_norm}
 
     def state_dict(self) -> dict:
         return {"momentums": self._u.state_dict(), "velocities": self._v.state_dict()}

@@ -1,19 +1,12 @@
 """Error feedback (residual memory) keyed by bucket name: what was not sent is sent later.
 
-Reference: GRACE's ``ResidualMemory`` (sands-lab/grace) and the HKBU Top-k code (spec §2.1:
+Reference: GRACE's ``ResidualMemory`` (sands-lab/grace) and the HKBU Top-k code (docs/topk.md#update-rule:
 ``acc = grad + residual; ...; residual = acc; residual[idx] = 0``); the invariant test is the
-epfml/powersgd one (design/architecture.md, "ErrorFeedback").
+epfml/powersgd one. Implements :class:`~hvd_commopt.compress.memory.Memory`, for sparse
+selections (Top-k, random-k, gTop-k) and for lossy dense encodings (CD-SGD's ternary signs,
+``residual = acc - theta*s``, MXNet's ``r -= theta`` / ``r += theta``, docs/cd-sgd.md#update-rule).
 
-The memory interface the sparse reducers use (DGC's momentum memory in
-:mod:`hvd_commopt.compress.dgc` implements the same methods)::
-
-    acc = memory.compensate(ops, name, flat)        # acc = flat + residual
-    memory.update(ops, name, acc, sent_idx)         # residual = acc, zeroed at sent_idx
-    memory.restore(ops, name, idx, vals)            # residual[idx] += vals (not delivered after all)
-    x   = memory.compensate_dense(ops, name, flat)  # the whole bucket is sent: residual -> 0
-    out = memory.finish_dense(ops, name, reduced)   # post-processing of a dense result
-
-Invariant (spec §2.1 (e), §9.4), bit-exact: ``scatter(sent_idx, acc[sent_idx]) + residual ==
+Invariant (docs/topk.md#invariants, docs/lags-omgs.md#invariants), bit-exact: ``scatter(sent_idx, acc[sent_idx]) + residual ==
 acc``. It holds because the residual is a copy of ``acc`` with the sent positions set to zero,
 so the two parts partition the same array; nothing is recomputed.
 
@@ -96,7 +89,7 @@ def _host(ops: TensorOps, v: Any) -> np.ndarray:
 
 
 class ErrorFeedback:
-    """Residual memory keyed by bucket name.
+    """Residual memory keyed by bucket name (a :class:`~hvd_commopt.compress.memory.Memory`).
 
     Args:
         enabled: False makes it a no-op (plain sparsification: unsent values are dropped).
@@ -121,11 +114,23 @@ class ErrorFeedback:
         r = ops.clone(acc) if r is None else ops.copy_into(r, 0, acc)  # reuse the buffer
         self._res.set(name, ops.index_fill(r, sent_idx, 0.0))
 
+    def update_quantized(self, ops: TensorOps, name: str, acc: Any, sent: Any) -> None:
+        """Residual := ``acc - sent``: a lossy dense encoding of ``acc`` was sent, worth ``sent``.
+
+        ``acc`` may be the round's fusion buffer (reused by a later round), so the difference is
+        computed in the residual's own buffer, as :meth:`update` does.
+        """
+        if not self.enabled:
+            return
+        r = self._res.get(ops, name, acc)
+        r = ops.clone(acc) if r is None else ops.copy_into(r, 0, acc)
+        self._res.set(name, ops.sub(r, sent))
+
     def restore(self, ops: TensorOps, name: str, idx: Any, vals: Any) -> None:
         """Give back values that were selected but not delivered: ``residual[idx] += vals``.
 
         gTop-k calls it when the exchange is over for the local top-k entries that did not
-        survive the merges (spec §8.2, §8.9 T-GT-5); :meth:`update` had zeroed them, so the
+        survive the merges (docs/gtopk.md#recursive-doubling, docs/gtopk.md#t-gt-5); :meth:`update` had zeroed them, so the
         addition is ``0 + v = v``, exact, and the invariant still holds bit for bit.
         """
         if not self.enabled or ops.numel(idx) == 0:
@@ -147,6 +152,13 @@ class ErrorFeedback:
     def residual(self, ops: TensorOps, name: str, like: Any) -> Any | None:
         """The current residual of ``name`` (None = zero), for tests and diagnostics."""
         return self._res.get(ops, name, like)
+
+    def residuals(self) -> dict[str, Any]:
+        """The residuals in use, by bucket name (for tests and diagnostics)."""
+        return {n: self._res.live(n) for n in self._res.names() if self._res.live(n) is not None}
+
+    def config(self) -> dict:
+        return {"name": "error_feedback", "enabled": self.enabled}
 
     def state_dict(self) -> dict:
         return {"residuals": self._res.state_dict()} if self.enabled else {}

@@ -2,7 +2,7 @@
 
 Reference: GRACE's ``RandomKCompressor`` (sands-lab/grace) and the random-k baseline of the
 sparsified-SGD literature (Stich et al., "Sparsified SGD with memory", NeurIPS 2018); the
-error-feedback wrapper is the same as Top-k's (spec §2.1).
+error-feedback wrapper is the same as Top-k's (docs/topk.md#update-rule).
 
 Choices:
 
@@ -15,9 +15,8 @@ Choices:
   PyTorch and TensorFlow tensors, and costs one k-element host-to-device copy.
 * No n/k rescaling: with error feedback the unsent mass is kept in the residual, so the
   unscaled values are the right update (GRACE does the same).
-* The step number comes from the reducer (a per-bucket counter kept in its state_dict); the
-  name-less ``compress()`` of the ABC uses the compressor's own call counter, which advances
-  identically on every rank because every rank compresses the same buckets in the same order.
+* The step number is the round's (the optimizer step that produced the gradient), the same
+  on every rank; a checkpoint restores it with the engine's step counter.
 """
 from __future__ import annotations
 
@@ -26,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from ..buckets import Bucket
 from ..tensor_ops import TensorOps
 from .topk import Density, SparseCompressor
 
@@ -56,16 +56,14 @@ class RandomKCompressor(SparseCompressor):
         super().__init__(density)
         self.seed = int(seed)
 
-    def select(self, ops: TensorOps, acc: Any, name: str = "", step: int = 0) -> tuple[Any, Any]:
+    def select(self, ops: TensorOps, acc: Any, bucket: Bucket | None = None, step: int = 0) -> tuple[Any, Any]:
         n = ops.numel(acc)
-        idx = ops.from_numpy(randomk_indices(self.seed, name, step, n, self.k_for(name, n, step)), like=acc)
+        name = bucket.name if bucket is not None else ""
+        idx = ops.from_numpy(randomk_indices(self.seed, name, step, n, self.k_for(n, bucket, step)), like=acc)
         return ops.gather(acc, idx), idx
 
-    def state_dict(self) -> dict:
-        return {"calls": self._calls}
-
-    def load_state_dict(self, state: dict) -> None:
-        self._calls = int(state.get("calls", 0))
+    def config(self) -> dict:
+        return {**super().config(), "seed": self.seed}
 
     def __repr__(self) -> str:
         return f"RandomKCompressor(density={self.density!r}, seed={self.seed})"

@@ -1,36 +1,34 @@
 """Top-k sparsification (exact, deterministic), plus what every sparse compressor shares.
 
 Paper / reference: Top-k S-SGD with error feedback as in the HKBU code (OMGS-SGD and gtopkssgd
-``compression.py: TopKCompressor``), spec §2.1; per-layer density for LAGS-SGD, spec §9.1.
+``compression.py: TopKCompressor``), docs/topk.md#update-rule; per-layer density for LAGS-SGD, docs/lags-omgs.md#lags-update.
 
 Choices:
 
-* ``k = max(int(n * density), 1)`` per bucket (spec §11.9), so ``k <= n`` always: a layer
+* ``k = max(int(n * density), 1)`` per bucket (docs/wrapper.md#k-per-bucket), so ``k <= n`` always: a layer
   smaller than ``1/density`` still sends one element, and a bucket never asks for more than it
   has.
 * Selection is ``TensorOps.topk_abs``: ties go to the lower index and indices come out ascending,
-  identical on every rank and in every framework (spec §11.8; gTop-k relies on it).
-* A compressor never communicates and keeps no state (GRACE's lesson): error feedback lives in
+  identical on every rank and in every framework (docs/wrapper.md#topk-ties; gTop-k relies on it).
+* A selector never communicates and keeps no state (GRACE's lesson): error feedback lives in
   :mod:`hvd_commopt.compress.error_feedback`, the exchange in :mod:`hvd_commopt.reduce`. The
-  reducers call :meth:`SparseCompressor.select` with the bucket name and its step number; the
-  plain ``compress``/``decompress`` pair of the :class:`Compressor` ABC is kept for the ABC's
-  callers (payload ``(values, indices)``, decompressed by a scatter into zeros).
+  reducers call :meth:`SparseCompressor.select` with the bucket (a
+  :class:`~hvd_commopt.buckets.Bucket`, passed as data) and the round's step.
 * Density is a float, a dict ``{name: density}`` or a callable ``(bucket_name, numel) ->
-  density`` (LAGS's per-layer density). Dict keys match the bucket name first, then the name of
-  the bucket's first tensor (with one bucket per layer, ``fusion_threshold=0``, that is the
-  layer's parameter name), then ``"default"``.
+  density`` (LAGS's per-layer density). Dict keys match the bucket's name first, then the name
+  of its first tensor (with one bucket per layer, ``fusion_threshold=0``, that is the layer's
+  parameter name), then ``"default"``.
 """
 from __future__ import annotations
 
 import math
-import re
 from typing import Any, Callable, Mapping, Union
 
+from ..buckets import Bucket
 from ..errors import ConfigError
 from ..tensor_ops import TensorOps
-from .base import Compressor
 
-__all__ = ["DensitySpec", "SparseCompressor", "TopKCompressor", "check_density", "tensor_name_of", "bucket_key"]
+__all__ = ["DensitySpec", "SparseCompressor", "TopKCompressor", "check_density"]
 
 Density = Union[float, Mapping[str, float], Callable[[str, int], float]]
 
@@ -46,28 +44,6 @@ def check_density(density: Any, what: str = "density") -> float:
                           f"step), got {density!r}: use e.g. 0.001 to send 0.1 % of the gradient, or "
                           f"1.0 to send all of it (dense)")
     return d
-
-
-_ROUND_TAG = re.compile(r"@r\d+$")
-
-
-def bucket_key(wire_name: str) -> str:
-    """The bucket a collective belongs to: its wire name without a delayed schedule's round tag.
-
-    Delayed schedules name each round's collectives ``{bucket}@r{step}`` (engine/rounds.py) so
-    that rounds in flight together differ; per-bucket state (residuals, step counters, seeds,
-    densities) must survive from round to round, so it is keyed by the bare bucket name.
-    """
-    return _ROUND_TAG.sub("", wire_name)
-
-
-def tensor_name_of(bucket_name: str) -> str:
-    """The first tensor's name in an engine bucket name ``bucket{i}:{first}[+{more}]``."""
-    if ":" not in bucket_name or not bucket_name.startswith("bucket"):
-        return bucket_name
-    rest = bucket_key(bucket_name).split(":", 1)[1]
-    head, sep, tail = rest.rpartition("+")
-    return head if sep and tail.isdigit() else rest
 
 
 class DensitySpec:
@@ -99,18 +75,30 @@ class DensitySpec:
         """The density when it is one number for every bucket, else None."""
         return self._const
 
-    def __call__(self, name: str, numel: int) -> float:
+    def __call__(self, bucket: Bucket | None, numel: int) -> float:
+        """The density of ``bucket`` (None: a bucket-less, standalone selection of ``numel``)."""
+        if self._const is not None:
+            return self._const
+        name = bucket.name if bucket is not None else ""
+        if self._fn is not None:
+            return check_density(self._fn(name, numel), f"density({name!r}, {numel})")
+        if bucket is not None:
+            for key in (bucket.name, bucket.first):
+                if key in self._map:
+                    return self._map[key]
+        if self._default is None:
+            first = bucket.first if bucket is not None else None
+            raise ConfigError(f"no density for bucket {name!r} (first tensor {first!r}); "
+                              f"add it to the density dict or give a 'default' entry")
+        return self._default
+
+    def config(self) -> Any:
+        """Plain values describing the density (a callable by its qualified name)."""
         if self._const is not None:
             return self._const
         if self._fn is not None:
-            return check_density(self._fn(name, numel), f"density({name!r}, {numel})")
-        for key in (name, tensor_name_of(name)):
-            if key in self._map:
-                return self._map[key]
-        if self._default is None:
-            raise ConfigError(f"no density for bucket {name!r} (first tensor {tensor_name_of(name)!r}); "
-                              f"add it to the density dict or give a 'default' entry")
-        return self._default
+            return {"callable": getattr(self._fn, "__qualname__", repr(self._fn)), "default": self._default}
+        return {**self._map, "default": self._default}
 
     def __repr__(self) -> str:
         if self._const is not None:
@@ -118,44 +106,31 @@ class DensitySpec:
         return "<callable>" if self._fn is not None else repr({**self._map, "default": self._default})
 
 
-class SparseCompressor(Compressor):
-    """A compressor that sends k (value, index) pairs of a flat bucket.
+class SparseCompressor:
+    """A selector: which k (value, index) pairs of a flat bucket to send.
 
-    Subclasses implement :meth:`select`. ``collective`` is "sparse" (the payloads are exchanged as
-    (values, indices) and scatter-added) unless every rank selects the same indices, in which case
-    the values alone can be allreduced ("allreduce", random-k).
+    Subclasses implement :meth:`select`. ``collective`` is "sparse" (the selections are
+    exchanged as (values, indices) and scatter-added) unless every rank selects the same
+    indices, in which case the values alone can be allreduced ("allreduce", random-k).
     """
 
     collective = "sparse"
+    name = "abstract"
 
     def __init__(self, density: Density = 0.001):
         self.density = DensitySpec(density)
-        self._calls = 0  # step counter for callers of the name-less compress() (see RandomK)
 
-    def k_for(self, name: str, numel: int, step: int = 0) -> int:
-        """Elements to send from a bucket of ``numel`` elements: ``max(int(numel*density), 1)``."""
-        return max(int(numel * self.density(name, numel)), 1) if numel > 0 else 0
+    def k_for(self, numel: int, bucket: Bucket | None = None, step: int = 0) -> int:
+        """Elements to send from ``numel`` elements: ``max(int(numel*density), 1)``."""
+        return max(int(numel * self.density(bucket, numel)), 1) if numel > 0 else 0
 
-    def select(self, ops: TensorOps, acc: Any, name: str = "", step: int = 0) -> tuple[Any, Any]:
+    def select(self, ops: TensorOps, acc: Any, bucket: Bucket | None = None, step: int = 0) -> tuple[Any, Any]:
         """(values, int64 indices ascending) to send from the flat ``acc``; never modifies acc."""
         raise NotImplementedError
 
-    # -- the Compressor ABC (name-less, stateless use) -----------------------------------------
-    def compress(self, ops: TensorOps, flat: Any) -> tuple[Any, Any]:
-        step, self._calls = self._calls, self._calls + 1
-        vals, idx = self.select(ops, flat, "", step)
-        if self.collective == "allreduce":
-            return vals, (idx, ops.numel(flat), flat)
-        return (vals, idx), (ops.numel(flat), flat)
-
-    def decompress(self, ops: TensorOps, payload: Any, ctx: Any) -> Any:
-        if self.collective == "allreduce":
-            idx, n, like = ctx
-            vals = payload
-        else:
-            (vals, idx), (n, like) = payload, ctx
-        out = ops.zeros(n, ops.dtype_name(vals), like=like)
-        return ops.scatter_add(out, idx, vals)
+    def config(self) -> dict:
+        """The configuration, as plain values: compared across ranks (they must agree)."""
+        return {"name": self.name, "density": self.density.config()}
 
     def state_dict(self) -> dict:
         return {}
@@ -172,5 +147,5 @@ class TopKCompressor(SparseCompressor):
 
     name = "topk"
 
-    def select(self, ops: TensorOps, acc: Any, name: str = "", step: int = 0) -> tuple[Any, Any]:
-        return ops.topk_abs(acc, self.k_for(name, ops.numel(acc), step))
+    def select(self, ops: TensorOps, acc: Any, bucket: Bucket | None = None, step: int = 0) -> tuple[Any, Any]:
+        return ops.topk_abs(acc, self.k_for(ops.numel(acc), bucket, step))

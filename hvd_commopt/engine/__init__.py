@@ -1,8 +1,10 @@
-"""The engine: buckets, fusion buffers, reducers and the step counter."""
-from .bucket import Bucket, build_buckets
-from .engine import CommEngine, make_reducer
-from .rounds import Round
-from .specs import TensorSpec, verify_same_tensors
+"""The engine: buckets, fusion buffers, rounds, the fusion tuner; the step runs in its scheduler."""
+from ..buckets import Bucket, TensorSpec, build_buckets
+from ..reduce import make_reducer
+from .engine import CommEngine, StepScheduler
+from .rounds import Round, RoundPlan
+from .specs import verify_same_tensors
 from .stats import StepStats
 
-__all__ = ["CommEngine", "make_reducer", "TensorSpec", "verify_same_tensors", "Bucket", "build_buckets", "StepStats", "Round"]
+__all__ = ["CommEngine", "StepScheduler", "make_reducer", "TensorSpec", "verify_same_tensors", "Bucket",
+           "build_buckets", "StepStats", "Round", "RoundPlan"]

@@ -7,59 +7,74 @@ in plan order (a bucket that completes early waits for its predecessors), which 
 sequence of collectives identical on every rank without Horovod's per-cycle negotiation; the
 plan follows backward order, so in practice nothing waits.
 
-Adapters call, per step: :meth:`grad_ready` from their gradient hooks, then :meth:`synchronize`,
-which returns every tensor's reduced gradient as a view into the reduced buffers.
+Per step, adapters call :meth:`grad_ready` from their gradient hooks, then :meth:`run_step`
+(``optimizer.step()``), whatever the schedule. The step itself belongs to the scheduler
+(:mod:`hvd_commopt.schedule`, attached by :func:`hvd_commopt.build_engine`): it owns the one
+step counter, decides which reducer each round uses and when a round is applied, and drives the
+rounds through the narrow port this engine offers it (:meth:`close_round`, :meth:`finish_round`,
+:meth:`release_round`, :meth:`abandon_round`, :attr:`buckets`, :attr:`names`). This module
+imports nothing from the schedule package: the scheduler is seen through :class:`StepScheduler`.
 
-Rounds and schedules: a step's gradients form a :class:`~hvd_commopt.engine.rounds.Round` with
-its own fusion buffers (from a pool). The engine's :class:`~hvd_commopt.schedule.base.Scheduler`
-(``schedule=``; synchronous by default) decides per round which reducer and collective names to
-use, and owns the one step counter (``engine.step`` reads it). The synchronous path is
-``synchronize() = finish_round(close_round())``; delayed schedules keep closed rounds in flight
-across steps and finish them later (:meth:`close_round`, :meth:`finish_round`,
-:meth:`release_round`).
+Rounds: a step's gradients form a :class:`~hvd_commopt.engine.rounds.Round` with its own fusion
+buffers (from a pool), so delayed schedules can keep several rounds in flight.
 """
 from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, Sequence
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 from .. import env
 from .. import timeline as _timeline
+from ..buckets import Bucket, TensorSpec, build_buckets
 from ..comm.communicator import Communicator
 from ..compress.base import Compressor
 from ..errors import ConfigError, HvdCommoptError
-from ..fusion.threshold import plan_threshold, validate_plan
-from ..fusion.tuner import PLANNED, FusionTuner
-from ..reduce.base import ReduceContext, Reducer
-from ..reduce.dense import DenseAllreduce
+from ..fusion.threshold import validate_plan
+from ..host import GradientCapture, ScheduleHost
+from ..reduce import make_reducer
+from ..reduce.base import Average, ReduceContext, Reducer, RoundInfo, check_op
 from ..tensor_ops import TensorOps
-from .bucket import Bucket, build_buckets
-from .rounds import Round
-from .specs import TensorSpec, verify_same_tensors
+from .rounds import Round, RoundPlan
+from .specs import verify_same_tensors
 from .stats import StepStats
+from .tuner import FusionTuner
 
-__all__ = ["CommEngine", "make_reducer"]
+__all__ = ["CommEngine", "StepScheduler"]
 
-OPS = ("average", "sum")
+Tensor = Any
 
 
-def make_reducer(compression: Compressor | Reducer | None) -> Reducer:
-    """The reducer for a user's ``compression`` argument (a compressor or a ready reducer)."""
-    if compression is None:
-        return DenseAllreduce()
-    if isinstance(compression, Reducer):
-        return compression
-    if isinstance(compression, Compressor):
-        if compression.collective == "allreduce":
-            return DenseAllreduce(compression)
-        raise ConfigError(f"{compression!r} needs a sparse exchange; pass the reducer built by "
-                          f"Compression.* instead of the bare compressor")
-    raise ConfigError(f"compression must be a Compression.* value, got {compression!r}")
+class StepScheduler(Protocol):
+    """What the engine needs of its scheduler (implemented by :class:`hvd_commopt.schedule.Scheduler`)."""
+
+    name: str
+    step: int
+    drains_for_checkpoint: bool
+
+    def attach(self, host: ScheduleHost) -> None: ...
+    @property
+    def host_or_none(self) -> ScheduleHost | None: ...
+    def round_plan(self) -> RoundPlan | None: ...
+    def on_step(self, closure: Callable[[], Any] | None, synchronize: bool) -> Any: ...
+    def synchronize(self) -> dict[str, Tensor]: ...
+    @property
+    def outstanding(self) -> int: ...
+    def drain(self) -> None: ...
+    def finalize(self) -> None: ...
+    def abandon(self) -> None: ...
+    def global_weights(self) -> dict[str, Tensor] | None: ...
+    def swap_in_weights(self, weights: dict[str, Tensor]) -> dict[str, Tensor]: ...
+    def state_dict(self) -> dict: ...
+    def load_state_dict(self, state: dict, step: int) -> None: ...
 
 
 class CommEngine:
-    """Buckets, fusion buffers, reduction and the step counter of the synchronous path.
+    """Buckets, fusion buffers, rounds and reduction; the step runs in the attached scheduler.
+
+    Build it with :func:`hvd_commopt.build_engine` (which also builds and attaches the scheduler
+    for ``schedule=``).
 
     Args:
         comm: the communicator.
@@ -72,26 +87,22 @@ class CommEngine:
             size/factor after it (Horovod's meaning).
         backward_passes_per_step: gradients of this many backward passes are accumulated
             locally (summed, as Horovod does) before one reduction.
-        schedule: a ``Schedule.*`` config (default ``Schedule.sync()``); see
-            :mod:`hvd_commopt.schedule`. Combinations the papers do not support are refused here.
         fusion: bucketing strategy: "threshold" (default, ``fusion_threshold``), "none" (one
             tensor per bucket), or planned from a profile of the first steps: "mgwfbp",
-            "optimal", "auto" (see :mod:`hvd_commopt.fusion.tuner`; synchronous schedule only).
-        fusion_options: :class:`~hvd_commopt.fusion.tuner.FusionOptions` or a dict of its fields
-            (warm-up/profiled steps, a cost model to skip calibration, verbose).
+            "optimal", "auto" (see :mod:`hvd_commopt.engine.tuner`; synchronous schedule only).
+        fusion_options: :class:`~hvd_commopt.engine.tuner.FusionOptions` or a dict of its fields.
     """
 
     def __init__(self, comm: Communicator, ops: TensorOps, *, compression: Compressor | Reducer | None = None,
-                 fusion_threshold: int | None = None, op: str = "average",
+                 fusion_threshold: int | None = None, op: str = Average,
                  gradient_predivide_factor: float = 1.0, backward_passes_per_step: int = 1,
-                 schedule: Any = None, fusion: str = "threshold", fusion_options: Any = None):
-        if op not in OPS:
-            raise ConfigError(f"op must be one of {OPS} (hco.Average / hco.Sum), got {op!r}")
+                 fusion: str = "threshold", fusion_options: Any = None):
+        check_op(op)
         if backward_passes_per_step < 1:
             raise ConfigError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
         if gradient_predivide_factor <= 0:
             raise ConfigError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor}")
-        if gradient_predivide_factor != 1.0 and op != "average":
+        if gradient_predivide_factor != 1.0 and op != Average:
             raise ConfigError("gradient_predivide_factor only applies to op=Average")
         self.comm, self.ops = comm, ops
         self.reducer = make_reducer(compression)
@@ -99,10 +110,8 @@ class CommEngine:
         self.op = op
         self.backward_passes_per_step = int(backward_passes_per_step)
         f = float(gradient_predivide_factor)
-        if op == "average":
-            self.ctx = ReduceContext(comm, ops, prescale=1.0 / f, postscale=f / comm.size)
-        else:
-            self.ctx = ReduceContext(comm, ops)
+        self.ctx = (ReduceContext(comm, ops, prescale=1.0 / f, postscale=f / comm.size) if op == Average
+                    else ReduceContext(comm, ops))
         self.last_stats = StepStats()
         self.plan: list[list[int]] = []
         self._specs: dict[str, TensorSpec] = {}
@@ -113,26 +122,35 @@ class CommEngine:
         self._round: Round | None = None       # the round the hooks are filling
         self._pool: list[list[Any]] = []       # fusion buffers of released rounds, for reuse
         self._countdown: dict[str, int] = {}
-        from ..schedule import build_scheduler  # late: the schedule package builds on the engine
-        self.scheduler = build_scheduler(schedule, self)
-        if fusion in PLANNED and not self.scheduler.synchronous:
-            raise ConfigError(f"fusion={fusion!r} plans buckets from profiled synchronous steps; with schedule "
-                              f"'{self.scheduler.name}' use fusion='threshold' or 'none'")
+        self._sync_on_step = True
+        self._capture = GradientCapture()
+        self.scheduler: StepScheduler | None = None
         self.tuner = FusionTuner(fusion, comm, threshold_bytes=self.fusion_threshold, reducer=self.reducer,
                                  ops=ops, options=fusion_options)
 
+    # -- wiring -------------------------------------------------------------------------------
+    def attach_scheduler(self, scheduler: StepScheduler) -> None:
+        """Set the scheduler (done by :func:`hvd_commopt.build_engine`)."""
+        self.scheduler = scheduler
+
+    def _sched(self) -> StepScheduler:
+        if self.scheduler is None:
+            raise HvdCommoptError("this CommEngine has no scheduler: build it with hvd_commopt.build_engine(...)")
+        return self.scheduler
+
+    def attach_host(self, host: ScheduleHost) -> None:
+        """Give the scheduler the adapter's :class:`~hvd_commopt.host.ScheduleHost`."""
+        self._sched().attach(host)
+
+    @property
+    def host(self) -> ScheduleHost | None:
+        """The host attached to the scheduler (None before one is)."""
+        return self._sched().host_or_none
+
     @property
     def step(self) -> int:
-        """Completed optimizer steps; the counter lives in the scheduler (one counter, one place)."""
-        return self.scheduler.step
-
-    @step.setter
-    def step(self, value: int) -> None:
-        self.scheduler.step = int(value)
-
-    def attach_host(self, host: Any) -> None:
-        """Give the scheduler the adapter's :class:`~hvd_commopt.schedule.base.ScheduleHost`."""
-        self.scheduler.attach(host)
+        """Completed optimizer steps (the counter lives in the scheduler: one counter, one place)."""
+        return self._sched().step
 
     # -- registration -------------------------------------------------------------------------
     def register(self, specs: Sequence[TensorSpec], backward_order: Sequence[str] | None = None,
@@ -166,7 +184,7 @@ class CommEngine:
                 raise HvdCommoptError("cannot change the fusion plan while gradients are in flight; "
                                       "call it between optimizer steps")
             validate_plan(plan, len(self._backward))
-            if self.scheduler.outstanding:
+            if self.scheduler is not None and self.scheduler.outstanding:
                 self.scheduler.drain()  # earlier rounds use the old layout; draining is value-neutral
             self.plan = [list(g) for g in plan]
             self._buckets = build_buckets(self._backward, self.plan)
@@ -175,20 +193,24 @@ class CommEngine:
             self._reset_step()
 
     @property
-    def tensor_names(self) -> list[str]:
-        """Registered names in backward order."""
+    def backward_names(self) -> list[str]:
+        """Registered names in backward order (the order gradients are expected in)."""
         return [s.name for s in self._backward]
 
     @property
-    def registered_names(self) -> list[str]:
+    def names(self) -> list[str]:
         """Registered names in registration order."""
         return list(self._specs)
+
+    @property
+    def specs(self) -> dict[str, TensorSpec]:
+        return dict(self._specs)
 
     @property
     def buckets(self) -> list[Bucket]:
         return list(self._buckets)
 
-    # -- per step -----------------------------------------------------------------------------
+    # -- gradients from the hooks ---------------------------------------------------------------
     def _reset_step(self) -> None:
         self._countdown = {n: self.backward_passes_per_step for n in self._specs}
         self._round = None
@@ -206,11 +228,12 @@ class CommEngine:
         """The round being filled, opened on demand with the scheduler's plan (None: the schedule
         does not communicate gradients this step)."""
         if self._round is None:
-            plan = self.scheduler.round_plan()
+            sched = self._sched()
+            plan = sched.round_plan()
             if plan is None:
                 return None
             flats = self._pool.pop() if self._pool else [None] * len(self._buckets)
-            self._round = Round(self.step, plan.reducer, plan.tag, flats,
+            self._round = Round(RoundInfo(sched.step, plan.tag), plan.reducer, flats,
                                 [set() for _ in self._buckets])
         return self._round
 
@@ -251,7 +274,7 @@ class CommEngine:
             if len(rnd.arrived[b.index]) != len(b.names):
                 break
             with _timeline.span(f"compress+launch {b.name}", "compress"):
-                rnd.pending[b.index] = rnd.reducer.start(rnd.wire_name(b.name), rnd.flats[b.index], self.ctx)
+                rnd.pending[b.index] = rnd.reducer.start(b, rnd.info, rnd.flats[b.index], self.ctx)
             rnd.next_launch += 1
 
     def missing(self) -> list[str]:
@@ -259,14 +282,15 @@ class CommEngine:
         rnd = self._round
         return [n for b in self._buckets for n in b.names if rnd is None or n not in rnd.arrived[b.index]]
 
+    # -- the rounds port (used by the scheduler) --------------------------------------------------
     def close_round(self, fetch: Callable[[str], Any] | None = None) -> Round | None:
         """End this step's round: pack the missing gradients, launch every bucket, return it.
 
         Tensors whose gradient never arrived (unused parameters, or fewer backward passes than
         ``backward_passes_per_step``) still take part, as Horovod's do: with ``fetch(name)`` (the
         adapter's current gradient, or None) or zeros. Returns None when the schedule does not
-        communicate gradients this step. The caller finishes it (:meth:`finish_round`) now
-        (synchronous path) or in a later step (delayed schedules).
+        communicate gradients this step. The scheduler finishes it now (synchronous path) or in
+        a later step (delayed schedules).
         """
         with self._lock:
             rnd = self._current_round()
@@ -296,10 +320,7 @@ class CommEngine:
         stats = StepStats(step=rnd.step)
         for b in self._buckets:
             pending = rnd.pending.pop(b.index)
-            reduced = rnd.reducer.finish(pending, self.ctx)
-            for name, shape, off in zip(b.names, b.shapes, b.offsets):
-                n = self._specs[name].numel
-                out[name] = self.ops.reshape(self.ops.slice(reduced, off, off + n), shape)
+            out.update(b.views(self.ops, rnd.reducer.finish(pending, self.ctx)))
             comm_s = sum(h.comm_seconds for h in pending.handles)
             stats.per_bucket[b.name] = {"bytes_sent": pending.bytes_sent,
                                         "bytes_received": pending.bytes_received,
@@ -319,77 +340,117 @@ class CommEngine:
                 self._pool.append(rnd.flats)
             rnd.flats = []
 
-    def synchronize(self, fetch: Callable[[str], Any] | None = None) -> dict[str, Any]:
-        """Finish the step's reduction; return {name: reduced gradient (a view, original shape)}.
-
-        The synchronous path: close this step's round, wait for it, advance the step counter.
-        Missing gradients are handled as in :meth:`close_round`.
-        """
+    def abandon_round(self, rnd: Round) -> None:
+        """Wait for a round's launched collectives (every rank's stream of collectives stays
+        aligned), drop their results and release its buffers."""
         with self._lock:
-            rnd = self.close_round(fetch)
-            if rnd is None:
-                raise HvdCommoptError(f"synchronize(): the '{self.scheduler.name}' schedule does not "
-                                      f"reduce gradients at step {self.step}")
-            out = self.finish_round(rnd)
-            self.step += 1
-            self.release_round(rnd)  # views stay readable until the next round packs into them
+            for p in rnd.pending.values():
+                rnd.reducer.finish(p, self.ctx)
+            rnd.pending.clear()
+            self.release_round(rnd)
+
+    # -- the step (the adapter's optimizer.step()) ----------------------------------------------
+    def run_step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """Everything ``optimizer.step()`` does, under any schedule; returns the closure's loss.
+
+        The scheduler runs the step (reduce, apply, advance the counter); then a planned fusion
+        strategy may switch to its new plan (same step on every rank).
+        """
+        sched = self._sched()
+        with self._lock, _timeline.span(f"{sched.name} step", "update"):
+            loss = sched.on_step(closure, self._sync_on_step)
             new_plan = self.tuner.step_end()  # same step on every rank; the plan comes from rank 0
             if new_plan is not None:
                 self.set_plan(new_plan)
-            return out
+            return loss
 
-    @property
-    def fusion_report(self) -> dict | None:
-        """The bucketing in use and, for planned strategies, predicted vs measured iteration time."""
-        return self.tuner.report
+    def synchronize(self) -> dict[str, Any]:
+        """Horovod's ``optimizer.synchronize()``: finish reducing this step's gradients now and
+        return them (the scheduler also hands them to the host). Synchronous schedule only."""
+        with self._lock:
+            return self._sched().synchronize()
+
+    def reduce_step(self, grads: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One step for callers that apply the reduced gradients themselves (TensorFlow's tape,
+        tests): the step runs with a :class:`~hvd_commopt.host.GradientCapture` host and the
+        reduced gradients come back. ``grads``: the local gradients of tensors whose hook did not
+        fire (default: none; they take part as zeros)."""
+        if self.host is not self._capture:
+            self.attach_host(self._capture)
+        self._capture.set_grads(grads or {})
+        self.run_step()
+        return self._capture.take()
+
+    @contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """Within the block, ``run_step`` applies the gradients the framework holds without
+        reducing them (after an explicit :meth:`synchronize`, e.g. to clip; Horovod's contract)."""
+        self._sync_on_step = False
+        try:
+            yield
+        finally:
+            self._sync_on_step = True
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def _between_steps(self, what: str) -> None:
+        if self.in_flight:
+            raise HvdCommoptError(f"{what} called between backward() and step(): this step's gradients are "
+                                  f"half-sent; call it after optimizer.step()")
+
+    def drain(self) -> None:
+        """Wait for and apply every round still in flight (value-neutral; see the scheduler)."""
+        with self._lock:
+            self._between_steps("drain()")
+            self._sched().drain()
+
+    def finalize(self) -> None:
+        """End of training: drain in-flight rounds and leave the model at the global model."""
+        with self._lock:
+            self._between_steps("finalize()")
+            self._sched().finalize()
+
+    @contextmanager
+    def use_global_weights(self) -> Iterator[None]:
+        """Within the block, the model holds the global replica (drained first), e.g. to evaluate
+        it; under schedules whose model is the global model the block changes nothing."""
+        self.drain()
+        sched = self._sched()
+        replica = sched.global_weights()
+        if replica is None:
+            yield
+            return
+        saved = sched.swap_in_weights(replica)
+        try:
+            yield
+        finally:
+            sched.swap_in_weights(saved)
 
     def abandon(self) -> None:
         """Drop this step's packed gradients (e.g. load_state_dict mid-step). Waits for any
         launched collectives first, so every rank's stream of collectives stays aligned."""
         with self._lock:
-            rnd = self._round
-            if rnd is not None:
-                for p in rnd.pending.values():
-                    rnd.reducer.finish(p, self.ctx)
-                rnd.pending.clear()
-                self.release_round(rnd)
+            if self._round is not None:
+                self.abandon_round(self._round)
             self._reset_step()
-
-    # -- schedule entry points (the adapter's optimizer.step / finalize) ---------------------------
-    def run_step(self) -> None:
-        """Everything ``optimizer.step()`` does under a non-synchronous schedule."""
-        with self._lock, _timeline.span(f"{self.scheduler.name} step", "update"):
-            self.scheduler.on_step()
-
-    def drain(self) -> None:
-        """Wait for and apply every round still in flight (value-neutral; see the scheduler)."""
-        with self._lock:
-            if self.in_flight:
-                raise HvdCommoptError("drain()/finalize()/state_dict() called between backward() and step(): "
-                                      "this step's gradients are half-sent; call it after optimizer.step()")
-            self.scheduler.drain()
-
-    def finalize(self) -> None:
-        """End of training: drain in-flight rounds and leave the model at the global model."""
-        with self._lock:
-            if self.in_flight:
-                raise HvdCommoptError("finalize() called between backward() and step(); call it after "
-                                      "optimizer.step()")
-            self.scheduler.finalize()
 
     # -- checkpoint ---------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """Step counter, reducer state and the schedule's state. A non-synchronous schedule
-        drains its in-flight rounds first (value-neutral), so no pending collective is saved."""
-        if not self.scheduler.synchronous:
+        """Step counter, reducer state and the schedule's state. A schedule that keeps rounds in
+        flight across steps drains them first (value-neutral), so no pending collective is saved;
+        it must be called between steps."""
+        sched = self._sched()
+        if sched.drains_for_checkpoint:
             self.drain()
-        return {"step": self.step, "reducer": self.reducer.state_dict(),
-                "schedule": self.scheduler.state_dict()}
+        return {"step": sched.step, "reducer": self.reducer.state_dict(), "schedule": sched.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
+        sched = self._sched()
         self.abandon()
-        self.scheduler.abandon()
-        self.step = int(state.get("step", 0))
+        sched.abandon()
         self.reducer.load_state_dict(state.get("reducer", {}))
-        if "schedule" in state:
-            self.scheduler.load_state_dict(state["schedule"])
+        sched.load_state_dict(state.get("schedule", {}), int(state.get("step", 0)))
+
+    @property
+    def fusion_report(self) -> dict | None:
+        """The bucketing in use and, for planned strategies, predicted vs measured iteration time."""
+        return self.tuner.report

@@ -1,38 +1,14 @@
-"""What the engine communicates: tensor specs, and the cross-rank check that they match."""
+"""The cross-rank check that every rank registered the same tensors."""
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 from typing import Sequence
 
+from ..buckets import TensorSpec
 from ..comm.communicator import Communicator
 from ..errors import ConfigError, RankMismatchError
-from ..tensor_ops import DTYPE_BYTES
 
 __all__ = ["TensorSpec", "verify_same_tensors"]
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """One tensor the engine reduces: name, shape and dtype name ("float32", ...)."""
-
-    name: str
-    shape: tuple[int, ...]
-    dtype: str
-
-    @property
-    def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= int(d)
-        return n
-
-    @property
-    def nbytes(self) -> int:
-        if self.dtype not in DTYPE_BYTES:
-            raise ConfigError(f"tensor {self.name!r} has dtype {self.dtype!r}, which hvd_commopt cannot "
-                              f"communicate; supported: {sorted(DTYPE_BYTES)}")
-        return self.numel * DTYPE_BYTES[self.dtype]
 
 
 def _digest(specs: Sequence[TensorSpec]) -> str:

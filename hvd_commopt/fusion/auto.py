@@ -3,8 +3,8 @@
 Every candidate is scored by the same :func:`~hvd_commopt.fusion.simulator.simulate` call, so the
 comparison is only as good as the profile (``backward_times``) and the cost model; the point is
 to pick between planners whose own objectives differ (a threshold knows nothing about timing,
-MG-WFBP's greedy is not optimal, §7.5 T-MG-4) with one consistent yardstick, and to log every
-candidate's prediction (spec §7.6 recommendation "log both predicted times").
+MG-WFBP's greedy is not optimal, docs/mgwfbp.md#t-mg-4) with one consistent yardstick, and to log every
+candidate's prediction (docs/mgwfbp.md#exact-dp "log both predicted times").
 """
 from __future__ import annotations
 
@@ -73,9 +73,9 @@ def candidate_plans(sizes_bytes: Sequence[int], backward_times: Sequence[float],
 
     Dense (``select_time is None``): ``per_tensor`` (WFBP), ``single``, ``threshold`` (if
     ``threshold_bytes`` is given), ``mgwfbp`` (if ``cost`` is an :class:`AlphaBeta`: the greedy
-    needs α), ``optimal`` (§7.6 DP).
+    needs α), ``optimal`` (docs/mgwfbp.md#exact-dp).
     Sparse (``select_time`` given; ``cost`` is the sparse exchange time): the same with ``omgs``
-    (§9.2) instead of ``mgwfbp`` and the §9.4 Pareto DP as ``optimal`` (``resolution_s`` is
+    (docs/lags-omgs.md#omgs) instead of ``mgwfbp`` and the Pareto DP (docs/lags-omgs.md#omgs-exact-dp) as ``optimal`` (``resolution_s`` is
     passed to it: see :func:`~hvd_commopt.fusion.exact.plan_optimal`).
     """
     n = len(sizes_bytes)

@@ -2,17 +2,17 @@
 
 Two uses of the same :class:`AlphaBeta` pair, kept apart on purpose:
 
-* **A fitted collective model** (spec §1.2, MG-WFBP ``profiling.py``): ``t(M) = alpha + beta*M``
+* **A fitted collective model** (docs/cost-models.md#fitted-allreduce-model, MG-WFBP ``profiling.py``): ``t(M) = alpha + beta*M``
   with ``M`` the message size in bytes and ``t(0) = 0``, fitted by least squares on measured
   times of *one whole collective* at a fixed rank count P. This is what the planners consume.
-* **A link model** fed into the closed-form collective formulas of spec §1.1 / §8.4 (the HKBU
+* **A link model** fed into the closed-form collective formulas of docs/cost-models.md#closed-form-costs / docs/gtopk.md#costs (the HKBU
   README table), where ``alpha`` is one point-to-point startup and ``beta`` the seconds per byte
   on one link. :meth:`CostModel.from_link` turns a link model into fitted-style collective
   models so both routes end in the same :class:`CostModel`.
 
-Sizes are always **bytes** (the spec's formulas count words of 4 bytes; ``value_bytes`` and
+Sizes are always **bytes** (the reference formulas of docs/cost-models.md#closed-form-costs count words of 4 bytes; ``value_bytes`` and
 ``index_bytes`` make that explicit). A message of 0 bytes costs 0 seconds everywhere: a bucket
-that sends nothing sends no message (spec §7.1 ``tc(0) = 0``).
+that sends nothing sends no message (docs/cost-models.md#fitted-allreduce-model).
 """
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def _check_nbytes(nbytes: float, what: str = "nbytes") -> None:
 
 @dataclass(frozen=True)
 class AlphaBeta:
-    """``t(nbytes) = alpha + beta * nbytes`` for ``nbytes > 0`` and ``t(0) = 0`` (spec §1.2).
+    """``t(nbytes) = alpha + beta * nbytes`` for ``nbytes > 0`` and ``t(0) = 0`` (docs/cost-models.md#fitted-allreduce-model).
 
     Attributes:
         alpha: seconds per message (startup latency), >= 0.
@@ -127,10 +127,10 @@ class AlphaBeta:
             raise ValueError(f"AlphaBeta dict needs keys 'alpha' and 'beta'; missing {e}") from None
 
 
-# -- closed-form collective costs over a link model (spec §1.1, §8.4, §8.5) ------------------------
+# -- closed-form collective costs over a link model (docs/cost-models.md#closed-form-costs, docs/gtopk.md#costs, docs/gtopk.md#non-power-of-two) ------------------------
 
 def ring_allreduce_time(nbytes: float, ranks: int, link: AlphaBeta) -> float:
-    """Ring allreduce: ``2α(P−1) + 2(P−1)/P · n · β`` (spec §1.1, "Dense" row). 0 if n = 0 or P = 1."""
+    """Ring allreduce: ``2α(P−1) + 2(P−1)/P · n · β`` (docs/cost-models.md#closed-form-costs, "Dense" row). 0 if n = 0 or P = 1."""
     _check_ranks(ranks)
     _check_nbytes(nbytes)
     p = ranks
@@ -144,7 +144,7 @@ def allgather_time(nbytes_per_rank: float, ranks: int, link: AlphaBeta,
     """Allgather of ``nbytes_per_rank`` from every rank; every rank receives (P−1)·n bytes.
 
     ``"ring"``: P−1 steps of one n-byte message, ``(P−1)(α + nβ)``. ``"recursive_doubling"``:
-    ``⌈log2 P⌉ α + (P−1) n β``, the latency term the spec §1.1 README table uses for Top-k.
+    ``⌈log2 P⌉ α + (P−1) n β``, the latency term the table in docs/cost-models.md#closed-form-costs uses for Top-k.
     """
     _check_ranks(ranks)
     _check_nbytes(nbytes_per_rank, "nbytes_per_rank")
@@ -160,10 +160,10 @@ def allgather_time(nbytes_per_rank: float, ranks: int, link: AlphaBeta,
 
 def topk_allgather_time(k: int, ranks: int, link: AlphaBeta, value_bytes: int = 4,
                         index_bytes: int = 4, algorithm: str = "ring", fused: bool = False) -> float:
-    """Top-k exchange: every rank allgathers its k values and k indices (spec §1.1, §2.1, §9.3).
+    """Top-k exchange: every rank allgathers its k values and k indices (docs/cost-models.md#closed-form-costs, docs/topk.md#update-rule, docs/lags-omgs.md#collectives).
 
     ``fused=False`` counts two allgathers (values, then indices), as the reference code issues them
-    (spec §9.2 ``tcs = 2·(a + ...)``). ``fused=True`` counts one allgather of ``k(vb+ib)`` bytes;
+    (docs/lags-omgs.md#omgs-inputs). ``fused=True`` counts one allgather of ``k(vb+ib)`` bytes;
     with ``algorithm="recursive_doubling"`` and 4-byte words that is the README's
     ``α log P + 2(P−1) k β``.
     """
@@ -188,31 +188,31 @@ def _gtopk_messages(ranks: int, k: int, value_bytes: int, index_bytes: int,
         return []
     pair = k * (value_bytes + index_bytes)  # one (I, V) list of k entries = "2k words"
     if algorithm == "tree":
-        # §8.3/§8.4: binomial reduce then binomial broadcast, ⌈log2 P⌉ rounds each.
+        # docs/gtopk.md#tree-variant/docs/gtopk.md#costs: binomial reduce then binomial broadcast, ⌈log2 P⌉ rounds each.
         return [pair] * (2 * math.ceil(math.log2(p)))
     m = 1 << (p.bit_length() - 1)  # largest power of two <= P
-    rounds = [pair] * (m.bit_length() - 1)  # log2(m) recursive-doubling rounds (§8.2)
+    rounds = [pair] * (m.bit_length() - 1)  # log2(m) recursive-doubling rounds (docs/gtopk.md#recursive-doubling)
     if m == p:
         return rounds
-    # §8.5 fold (rank m+j -> j) before, unfold (result + k-bit survival mask, j -> m+j) after.
+    # docs/gtopk.md#non-power-of-two fold (rank m+j -> j) before, unfold (result + k-bit survival mask, j -> m+j) after.
     return [pair] + rounds + [pair + (k + 7) // 8]
 
 
 def gtopk_time(k: int, ranks: int, link: AlphaBeta, value_bytes: int = 4, index_bytes: int = 4,
                algorithm: str = "recursive_doubling") -> float:
-    """gTop-k sparse allreduce (spec §8.4, §8.5).
+    """gTop-k sparse allreduce (docs/gtopk.md#costs, docs/gtopk.md#non-power-of-two).
 
     ``"recursive_doubling"``: ``log2 P · (α + 2kβ)`` for P = 2^m (README ``α log P + 2k log P β``);
-    for other P, ``(⌊log2 P⌋ + 2)(α + 2kβ)`` plus ``⌈k/8⌉`` mask bytes (fold + unfold, §8.5).
+    for other P, ``(⌊log2 P⌋ + 2)(α + 2kβ)`` plus ``⌈k/8⌉`` mask bytes (fold + unfold, docs/gtopk.md#non-power-of-two).
     Note ⌊log2 P⌋ doubling rounds, not ⌈log2 P⌉: the two extra rounds are the fold/unfold.
-    ``"tree"``: reduce + broadcast, ``2⌈log2 P⌉ (α + 2kβ)`` (§8.4, §8.3 code).
+    ``"tree"``: reduce + broadcast, ``2⌈log2 P⌉ (α + 2kβ)`` (docs/gtopk.md#costs, docs/gtopk.md#tree-variant code).
     A "word" here is ``value_bytes + index_bytes`` per entry.
     """
     return sum(link.time(m) for m in _gtopk_messages(ranks, k, value_bytes, index_bytes, algorithm))
 
 
 def sparse_k(nbytes: int, density: float, elem_bytes: int = 4) -> int:
-    """Entries a Top-k compressor keeps for a bucket: ``max(int(n·ρ), 1)`` (spec §11.9), 0 if empty."""
+    """Entries a Top-k compressor keeps for a bucket: ``max(int(n·ρ), 1)`` (docs/wrapper.md#k-per-bucket), 0 if empty."""
     if not (0 < density <= 1):
         raise ValueError(f"density must be in (0, 1], got {density!r}")
     if elem_bytes <= 0:
@@ -231,7 +231,7 @@ class CostModel:
     Attributes:
         allreduce: time of one allreduce as a function of the buffer's bytes.
         allgather: time of one allgather as a function of the bytes *each rank contributes*
-            (the spec §9.2 reference parametrises by the gathered total ``ρx·P·4``; its ``b_P``
+            (the docs/lags-omgs.md#omgs-inputs by the gathered total ``ρx·P·4``; its ``b_P``
             is our ``beta / P``).
         p2p: time of one pairwise exchange (send n bytes while receiving n bytes), used for
             gTop-k's rounds. ``None`` if not measured (P = 1, or calibrated without it).
@@ -248,7 +248,7 @@ class CostModel:
 
     @classmethod
     def from_link(cls, link: AlphaBeta, ranks: int, allgather_algorithm: str = "ring") -> CostModel:
-        """Collective models implied by a link model and the spec §1.1 formulas.
+        """Collective models implied by a link model and the docs/cost-models.md#closed-form-costs formulas.
 
         ``allreduce = (2α(P−1), 2(P−1)/P·β)`` (ring). ``allgather`` is ring ``((P−1)α, (P−1)β)``
         or recursive doubling ``(⌈log2 P⌉α, (P−1)β)``. ``p2p = link``.
@@ -278,7 +278,7 @@ class CostModel:
 
     def gtopk_time(self, nbytes: int, density: float, elem_bytes: int = 4, value_bytes: int = 4,
                    index_bytes: int = 4) -> float:
-        """gTop-k recursive doubling (with the §8.5 fold/unfold) priced with the ``p2p`` fit."""
+        """gTop-k recursive doubling (with the docs/gtopk.md#non-power-of-two fold/unfold) priced with the ``p2p`` fit."""
         k = sparse_k(nbytes, density, elem_bytes)
         msgs = _gtopk_messages(self.ranks, k, value_bytes, index_bytes, "recursive_doubling")
         if not msgs:
@@ -296,7 +296,7 @@ class CostModel:
         Args:
             compression: ``"none"`` (dense allreduce), ``"fp16"`` (allreduce of half the bytes;
                 ``elem_bytes`` is then the uncompressed element size), ``"topk"`` (two
-                allgathers, §2.1/§9.3) or ``"gtopk"`` (§8).
+                allgathers, docs/topk.md#collective) or ``"gtopk"`` (docs/gtopk.md#gtopk).
             density: fraction kept by the sparse methods.
         """
         if compression == "none":

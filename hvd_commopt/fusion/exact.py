@@ -1,9 +1,9 @@
-"""Optimal contiguous bucketing under the simulator's model (spec §7.6, §9.4 "exact alternative").
+"""Optimal contiguous bucketing under the simulator's model (docs/mgwfbp.md#exact-dp, docs/lags-omgs.md#omgs-exact-dp).
 
-Same model as MG-WFBP's greedy (spec §7.5 timeline, :mod:`hvd_commopt.fusion.simulator`), solved
+Same model as MG-WFBP's greedy (docs/mgwfbp.md#timeline-model, :mod:`hvd_commopt.fusion.simulator`), solved
 exactly. Number the tensors by backward position; a bucket is a run ``i..j``.
 
-**Dense (no compression), §7.6.** A bucket's comm end ``max(E_prev, ready(j)) + tc(S(i..j))`` is
+**Dense (no compression), docs/mgwfbp.md#exact-dp.** A bucket's comm end ``max(E_prev, ready(j)) + tc(S(i..j))`` is
 non-decreasing in ``E_prev``, so the best end time of a prefix has optimal substructure::
 
     E[0] = 0
@@ -13,7 +13,7 @@ O(L²) time with prefix sums of the sizes. Because IEEE rounding is monotone too
 performs exactly the simulator's operations (``ready`` from :func:`ready_times`, integer byte
 sums), its optimum equals the brute-force minimum of :func:`simulate` *bit for bit*.
 
-**With compression on the compute stream, §9.4.** After a prefix the state is the pair
+**With compression on the compute stream, docs/lags-omgs.md#omgs-exact-dp.** After a prefix the state is the pair
 ``(g, n)`` = (compute-stream end, network end); both only delay later buckets, so keeping the
 Pareto front of pairs per prefix is exact::
 
@@ -138,7 +138,7 @@ def _pareto_pass(sizes_bytes: Sequence[int], backward_times: Sequence[float], co
             keep = np.asarray(thin, dtype=np.int64) if thin else empty_i
         front.append((cg[keep], cn[keep], ci[keep], ck[keep]))
     # best final state: min network end; ties -> smallest first position of the last bucket
-    fg, fn, fi, fk = front[n]
+    _, fn, fi, _ = front[n]
     if fn.size == 0:  # ub was below the optimum: a caller's bug, never the user's
         raise RuntimeError("internal: the Pareto DP pruned every plan; please report this instance")
     k = int(np.lexsort((fi, fn))[0])
@@ -195,12 +195,12 @@ def plan_optimal(sizes_bytes: Sequence[int], backward_times: Sequence[float], co
 
     Args:
         sizes_bytes: bytes per tensor in backward order.
-        backward_times: the spec's ``tb`` per tensor in backward order (seconds since the previous
+        backward_times: ``tb`` per tensor (docs/mgwfbp.md#inputs) in backward order (seconds since the previous
             gradient became ready; see :mod:`hvd_commopt.fusion.simulator`).
         cost: bucket bytes -> communication seconds; an :class:`AlphaBeta` (MG-WFBP's model) or
             any ``CostModel.comm_time_fn(...)``. Must be >= 0; it need not be linear.
         compress_time: per-bucket compression seconds on the compute stream (e.g. top-k
-            selection, §9.2). ``None``: dense, solved by the §7.6 DP; otherwise the §9.4 Pareto DP.
+            selection, docs/lags-omgs.md#omgs). ``None``: dense, solved by the docs/mgwfbp.md#exact-dp; otherwise the docs/lags-omgs.md#omgs-exact-dp.
         resolution_s: Pareto DP only. 0 solves exactly; ``r > 0`` merges states whose network
             ends differ by less than ``r``, which bounds the loss by ``r`` per bucket and is much
             faster on large models (1e-6 s is far below any measured cost).
@@ -219,7 +219,7 @@ def plan_optimal(sizes_bytes: Sequence[int], backward_times: Sequence[float], co
 def brute_force_plan(sizes_bytes: Sequence[int], backward_times: Sequence[float], cost: CommTime,
                      *, compress_time: CommTime | None = None, max_tensors: int = 16
                      ) -> tuple[list[list[int]], float]:
-    """Try all ``2^(L-1)`` contiguous bucketings with :func:`simulate` (test oracle, spec §7.5 T-MG-4).
+    """Try all ``2^(L-1)`` contiguous bucketings with :func:`simulate` (test oracle, docs/mgwfbp.md#t-mg-4).
 
     Returns:
         ``(plan, iteration_time)`` of the first best plan in enumeration order (forward and

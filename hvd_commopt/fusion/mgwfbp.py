@@ -1,11 +1,11 @@
 """MG-WFBP merge decision (Shi, Chu, Li, INFOCOM 2019 / TPDS 2021): the reference greedy.
 
 Exact transcription of ``_generate_groups_mgwfbp`` from ``HKBU-HPML/MG-WFBP``
-``distributed_optimizer.py`` as written in spec §7.1, mapped onto this package's conventions
+``distributed_optimizer.py`` as written in docs/mgwfbp.md#greedy, mapped onto this package's conventions
 (see :mod:`hvd_commopt.fusion.simulator`):
 
 =====================================  ==============================================
-spec §7.1 (1-based, forward layers)    here (0-based backward positions)
+docs/mgwfbp.md#greedy (1-based, forward layers)    here (0-based backward positions)
 =====================================  ==============================================
 layer ``l``, backward visits L..1      position ``i = L - l``, visited 0..L-1
 ``p[l]`` elements × ``nbytes``         ``sizes_bytes[i]`` (bytes directly)
@@ -20,11 +20,11 @@ Decision for tensor ``i`` given ``r = ready[i+1]``: merge iff ``r < taoc[i] + c[
 allreduce would not have finished before ``i+1`` is ready) and either ``taoc[i] > r`` (it could
 not even start: merging is free) or ``r - taoc[i] < α`` (the extra wait is shorter than the
 startup latency saved). After a merge, ``i``'s bytes move to ``i+1`` and ``taoc`` is recomputed,
-so the loop is O(L²) (spec §7.1 complexity).
+so the loop is O(L²) (docs/mgwfbp.md#complexity).
 
-This greedy is **not optimal** under its own model (spec §7.5 T-MG-4: strictly worse than brute
+This greedy is **not optimal** under its own model (docs/mgwfbp.md#t-mg-4: strictly worse than brute
 force in 557/3000 random instances; the counterexample is in the tests). Use
-:func:`hvd_commopt.fusion.exact.plan_optimal` for the optimum of the same model (§7.6).
+:func:`hvd_commopt.fusion.exact.plan_optimal` for the optimum of the same model (docs/mgwfbp.md#exact-dp).
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ __all__ = ["plan_mgwfbp", "mgwfbp_with_prediction"]
 
 
 def _comm_start(ready: Sequence[float], c: Sequence[float]) -> list[float]:
-    """Spec ``comm_start()``: ``taoc[0] = ready[0]``; ``taoc[i] = max(taoc[i-1] + c[i-1], ready[i])``."""
+    """``comm_start()`` of docs/mgwfbp.md#greedy-algorithm: ``taoc[0] = ready[0]``; ``taoc[i] = max(taoc[i-1] + c[i-1], ready[i])``."""
     taoc = [ready[0]]
     for i in range(1, len(ready)):
         taoc.append(max(taoc[i - 1] + c[i - 1], ready[i]))
@@ -49,7 +49,7 @@ def mgwfbp_with_prediction(sizes_bytes: Sequence[int], backward_times: Sequence[
     """:func:`plan_mgwfbp` plus the greedy's own prediction of the non-overlapped communication.
 
     Returns:
-        ``(plan, taoc[L-1] + c[L-1] - ready[L-1])``: the spec's "predicted non-overlapped comm".
+        ``(plan, taoc[L-1] + c[L-1] - ready[L-1])``: the "predicted non-overlapped comm" of docs/mgwfbp.md#greedy-algorithm.
         It equals ``simulate(plan, ...).non_overlapped_comm`` for the same ``cost``.
     """
     check_profile(sizes_bytes, backward_times)
@@ -87,13 +87,13 @@ def mgwfbp_with_prediction(sizes_bytes: Sequence[int], backward_times: Sequence[
 
 def plan_mgwfbp(sizes_bytes: Sequence[int], backward_times: Sequence[float],
                 cost: AlphaBeta) -> list[list[int]]:
-    """MG-WFBP buckets: the reference greedy of spec §7.1, positions in backward order.
+    """MG-WFBP buckets: the reference greedy of docs/mgwfbp.md#greedy, positions in backward order.
 
     Args:
         sizes_bytes: bytes per tensor in backward order (position 0 = first gradient ready).
-        backward_times: the spec's ``tb`` per tensor in backward order: seconds from the
+        backward_times: ``tb`` per tensor (docs/mgwfbp.md#inputs) in backward order: seconds from the
             previous gradient-ready event (or backward start) to this tensor's.
-        cost: the fitted allreduce model ``t(x) = α + βx`` (spec §1.2), e.g.
+        cost: the fitted allreduce model ``t(x) = α + βx`` (docs/cost-models.md#fitted-allreduce-model), e.g.
             ``CostModel.allreduce``. The greedy needs ``α`` by itself, hence an :class:`AlphaBeta`
             rather than any callable.
 

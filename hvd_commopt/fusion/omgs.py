@@ -1,7 +1,7 @@
-"""OMGS-SGD merge decision for sparse buckets (Shi et al., INFOCOM 2020; spec §9.2).
+"""OMGS-SGD merge decision for sparse buckets (Shi et al., INFOCOM 2020; docs/lags-omgs.md#omgs).
 
 Transcription of ``_generate_groups_mgs`` (``HKBU-HPML/OMGS-SGD`` ``hv_distributed_optimizer.py``)
-as written in spec §9.2, mapped to backward positions ``i = L - l`` like
+as written in docs/lags-omgs.md#omgs, mapped to backward positions ``i = L - l`` like
 :mod:`hvd_commopt.fusion.mgwfbp`. The compute stream runs backward and then, once a bucket is
 complete, its top-k selection ``ts``; the network runs the sparse exchange ``tcs`` concurrently::
 
@@ -12,18 +12,18 @@ complete, its top-k selection ``ts``; the network runs the sparse exchange ``tcs
     merge i into i+1 iff t_w < t_save; then tb[i+1] += tb[i], tb[i] = 0, p[i+1] += p[i], p[i] = 0,
     and the timeline of positions > i is re-run from taub[i] + tb[i].
 
-Deviations, both documented in the spec:
+Deviations (docs/lags-omgs.md#our-implementation):
 
-* **No L/L−1 quirk** (spec §9.2 "Quirk"): the reference pre-places layer L in the first bucket
+* **No L/L−1 quirk** (docs/lags-omgs.md#omgs-quirk): the reference pre-places layer L in the first bucket
   and starts deciding at L−1, so the first two tensors in backward order always share a bucket
   without any timing update. We start at position 0, as MG-WFBP does. ``reference_quirk=True``
   restores the reference behaviour (for comparisons only).
-* ``tcs(0) = 0``: a tensor merged away sends nothing. (The spec's formula ``2(a + b·ρx·P·4)``
+* ``tcs(0) = 0``: a tensor merged away sends nothing. (The reference formula ``2(a + b·ρx·P·4)``
   would charge ``2a`` for an empty message; the reference's ``comm()`` evaluates it on zeroed
   sizes, which we do not reproduce.)
 
 Use :func:`hvd_commopt.fusion.exact.plan_optimal` with ``compress_time=`` for the exact optimum
-of the same timeline (spec §9.4 Pareto DP).
+of the same timeline (docs/lags-omgs.md#omgs-exact-dp).
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from .simulator import check_profile
 
 __all__ = ["plan_omgs", "omgs_with_prediction", "topk_select_time", "OMGS_TOPK_S"]
 
-# ``ts(x) = s · x · log2 x`` seconds for x elements, measured on a P102-100 GPU (spec §9.2).
+# ``ts(x) = s · x · log2 x`` seconds for x elements, measured on a P102-100 GPU (docs/lags-omgs.md#omgs).
 OMGS_TOPK_S = 2.18896957e-10
 
 
@@ -111,15 +111,15 @@ def omgs_with_prediction(sizes_bytes: Sequence[int], backward_times: Sequence[fl
 def plan_omgs(sizes_bytes: Sequence[int], backward_times: Sequence[float],
               comm_time: Callable[[int], float], select_time: Callable[[int], float], *,
               reference_quirk: bool = False) -> list[list[int]]:
-    """OMGS buckets for sparse communication (spec §9.2 greedy), positions in backward order.
+    """OMGS buckets for sparse communication (docs/lags-omgs.md#omgs-greedy), positions in backward order.
 
     Args:
         sizes_bytes: dense bytes per tensor, backward order.
-        backward_times: the spec's ``tb`` per tensor, backward order (see
+        backward_times: ``tb`` per tensor, backward order (see
             :mod:`hvd_commopt.fusion.simulator`).
-        comm_time: sparse exchange time of a bucket of the given dense bytes, the spec's ``tcs``,
+        comm_time: sparse exchange time of a bucket of the given dense bytes, ``tcs`` of docs/lags-omgs.md#omgs-inputs,
             e.g. ``CostModel.comm_time_fn("topk", density=0.001)``. Must give 0 for 0 bytes.
-        select_time: top-k selection time of a bucket, the spec's ``ts``, e.g.
+        select_time: top-k selection time of a bucket, ``ts`` of docs/lags-omgs.md#omgs-inputs, e.g.
             :func:`topk_select_time`.
         reference_quirk: reproduce the reference's unconditional merge of the first two tensors.
 

@@ -1,8 +1,8 @@
 """What one bucket costs under a given reducer: the cost functions the planners and simulator take.
 
 The planners are pure functions of sizes, times and a cost (bucket bytes -> seconds). At run time
-the cost follows the reducer the engine uses (spec §1.1, §9.2), read from the reducer by duck
-typing so that :mod:`hvd_commopt.fusion` does not import the reducers:
+the cost follows the reducer the engine uses (docs/cost-models.md#closed-form-costs, docs/lags-omgs.md#omgs): each reducer prices itself
+(``Reducer.price``) with the helpers here, so this package knows no reducer:
 
 =============================================  ==============================================
 reducer (``DistributedOptimizer(compression=)``) bucket cost
@@ -15,10 +15,9 @@ dense allreduce, ``fp16`` / ``bf16``            ``α + β·n/2`` (half the bytes
 ``Compression.randomk`` (same indices)          allreduce of the k values: ``α + β·4k``
 ``Compression.gtopk``                           ``CostModel.comm_time_fn("gtopk", ρ)`` (p2p fit)
                                                 plus selection on the compute stream
-anything else                                   dense allreduce (said so in the description)
 =============================================  ==============================================
 
-The selection cost is OMGS's model ``ts(x) = s·x·log2 x`` for x elements (spec §9.2). Its
+The selection cost is OMGS's model ``ts(x) = s·x·log2 x`` for x elements (docs/lags-omgs.md#omgs). Its
 reference ``s`` was measured on a P102-100 GPU; :func:`fit_select_s` measures it with the
 engine's own tensor ops (least squares through the origin), since a CPU's top-k is far slower.
 """
@@ -35,7 +34,11 @@ from ..errors import ConfigError
 from .cost_model import AlphaBeta, CostModel, sparse_k
 from .omgs import topk_select_time
 
-__all__ = ["Pricing", "price", "reducer_density", "is_sparse", "fit_select_s"]
+__all__ = ["Pricing", "dense_pricing", "sparse_pricing", "fit_select_s", "PER_LAYER_DENSITY"]
+
+PER_LAYER_DENSITY = ("planned fusion (fusion='mgwfbp'/'optimal'/'auto') prices each bucket with one density; "
+                     "per-layer densities (a dict or callable) need fusion='threshold' or fusion='none' "
+                     "(one bucket per layer, LAGS-SGD)")
 
 
 @dataclass(frozen=True)
@@ -59,63 +62,24 @@ class Pricing:
     description: str
 
 
-def _sparse_kind(reducer: Any) -> str | None:
-    """"topk" (allgather of values+indices), "randomk" (allreduce of values), "gtopk" or None."""
-    name = getattr(reducer, "name", "allreduce")
-    if name == "gtopk":
-        return "gtopk"
-    if name == "sparse_allgather":
-        comp = getattr(reducer, "compressor", None)
-        return "randomk" if getattr(comp, "collective", "sparse") == "allreduce" else "topk"
-    return None
-
-
-def is_sparse(reducer: Any) -> bool:
-    """True when the reducer's buckets are sparsified (planned with the OMGS timeline)."""
-    return _sparse_kind(reducer) is not None
-
-
-def reducer_density(reducer: Any) -> float | None:
-    """The sparse reducer's density (one number), None for dense reducers.
-
-    Raises:
-        ConfigError: per-layer densities (a dict or callable): a merged bucket has no single
-            density to price it with.
-    """
-    if not is_sparse(reducer):
-        return None
-    spec = getattr(getattr(reducer, "compressor", None), "density", None)
-    const = getattr(spec, "constant", spec if isinstance(spec, (int, float)) else None)
-    if const is None:
-        raise ConfigError("planned fusion (fusion='mgwfbp'/'optimal'/'auto') prices each bucket with one "
-                          "density; per-layer densities (a dict or callable) need fusion='threshold' or "
-                          "fusion='none' (one bucket per layer, LAGS-SGD)")
-    return float(const)
-
-
-def price(reducer: Any, cost: CostModel, select_s: float | None = None) -> Pricing:
-    """The cost functions of ``reducer`` under the fitted ``cost`` (module docstring table).
-
-    Args:
-        reducer: the engine's reducer (None = dense allreduce).
-        cost: the calibrated :class:`CostModel`.
-        select_s: OMGS's ``s`` for sparse reducers (None: the reference's P102-100 value).
-
-    Raises:
-        ConfigError: gTop-k without a point-to-point fit.
-    """
+def dense_pricing(cost: CostModel, bytes_ratio: float, what: str) -> Pricing:
+    """A dense allreduce sending ``bytes_ratio`` of the bucket's bytes (0.5 for fp16/bf16)."""
     ar = cost.allreduce
-    kind = _sparse_kind(reducer)
-    if kind is None:
-        cname = getattr(getattr(reducer, "compressor", None), "name", "none")
-        rname = getattr(reducer, "name", "allreduce")
-        if rname == "allreduce" and cname in ("fp16", "bf16"):
-            ab = AlphaBeta(ar.alpha, ar.beta / 2)
-            return Pricing(ab, None, ab, True, f"allreduce of {cname} (half the bytes): alpha={ab.alpha:.3g} s, "
-                                                 f"beta={ab.beta:.3g} s/B")
-        note = "" if rname == "allreduce" else f" (reducer {rname!r} unknown to the planner: priced as one)"
-        return Pricing(ar, None, ar, True, f"dense allreduce: alpha={ar.alpha:.3g} s, beta={ar.beta:.3g} s/B{note}")
-    density = reducer_density(reducer)
+    ab = ar if bytes_ratio == 1.0 else AlphaBeta(ar.alpha, ar.beta * bytes_ratio)
+    return Pricing(ab, None, ab, True, f"{what}: alpha={ab.alpha:.3g} s, beta={ab.beta:.3g} s/B")
+
+
+def sparse_pricing(cost: CostModel, kind: str, density: float | None, select_s: float | None = None) -> Pricing:
+    """A sparse bucket: ``kind`` "topk" (allgather of values and indices), "randomk" (allreduce
+    of the k values, same indices everywhere) or "gtopk" (point-to-point rounds).
+
+    Raises:
+        ConfigError: per-layer densities (``density`` None: a merged bucket has no single
+            density to price it with), or gTop-k without a point-to-point fit.
+    """
+    if density is None:
+        raise ConfigError(PER_LAYER_DENSITY)
+    ar = cost.allreduce
     ts = topk_select_time() if select_s is None else topk_select_time(select_s)
     s_text = f"select s={select_s if select_s is not None else 'P102 reference'}"
     if kind == "randomk":

@@ -1,29 +1,29 @@
-"""DAG performance model of one S-SGD iteration under a bucket plan (spec §10, §7.5 timeline).
+"""DAG performance model of one S-SGD iteration under a bucket plan (docs/dag-model.md#task-graph, docs/mgwfbp.md#timeline-model).
 
 Conventions shared by every planner in :mod:`hvd_commopt.fusion`:
 
 * Tensors are indexed by **backward position** ``i = 0..L-1``: position 0 is the first gradient
-  to become ready (the spec's layer ``L``), position ``L-1`` the last (layer 1). Spec layer ``l``
+  to become ready (layer ``L`` in docs/mgwfbp.md#backward-positions), position ``L-1`` the last (layer 1). Layer ``l``
   (1-based, forward order) is position ``L - l``.
-* ``backward_times[i]`` is the spec's ``tb`` of that tensor: the time between the previous
+* ``backward_times[i]`` is ``tb`` of that tensor (docs/mgwfbp.md#inputs): the time between the previous
   gradient-ready event (or the start of backward, for position 0) and this tensor's
   gradient-ready event. So tensor ``i`` is ready at ``sum(backward_times[:i+1])`` after backward
-  starts (spec §7.1 ``taub[l] + tb[l]``).
+  starts (docs/mgwfbp.md#greedy ``taub[l] + tb[l]``).
 * A plan is a list of contiguous groups of positions in backward order
   (:func:`hvd_commopt.fusion.threshold.validate_plan`).
 
-The task graph (spec §10, [INF] there too)::
+The task graph (docs/dag-model.md#task-graph)::
 
     F -> B_0 -> B_1 -> ... -> B_{L-1}                  (one compute stream)
-    S_b after the last B of bucket b, before the next B  (optional compression, e.g. top-k, §9.2)
+    S_b after the last B of bucket b, before the next B  (optional compression, e.g. top-k, docs/lags-omgs.md#omgs)
     C_b <- (S_b or last B of b), C_{b-1}               (one network queue, buckets in plan order)
     U   <- every C_b and the end of the compute stream
     t_iter = finish(U) = longest path
 
-With ``compress_time=None`` this is exactly the §7.5 timeline that MG-WFBP's planner optimises:
+With ``compress_time=None`` this is exactly the docs/mgwfbp.md#timeline-model that MG-WFBP's planner optimises:
 bucket ready = ready time of its last tensor; comm start = max(previous comm end, ready);
 duration = ``comm_time(Σ bytes)`` (wait-free backpropagation). With ``compress_time`` it is the
-OMGS timeline of §9.2 (backward and top-k serial on the GPU, communication concurrent).
+OMGS timeline of docs/lags-omgs.md#omgs (backward and top-k serial on the GPU, communication concurrent).
 """
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ class SimResult:
         compute_time: forward + backward + compression + update, i.e. the iteration time with
             free communication.
         non_overlapped_comm: ``iteration_time - compute_time`` (>= 0): communication the
-            compute stream could not hide (spec §7.1 "predicted non-overlapped comm").
+            compute stream could not hide (docs/mgwfbp.md#greedy-algorithm).
         comm_total: sum of all bucket communication durations.
         compute_end: when the compute stream (backward + compression) finishes.
         comm_end: when the last bucket's communication finishes (``compute_end``'s counterpart).
@@ -116,13 +116,13 @@ def simulate(plan: Sequence[Sequence[int]], sizes_bytes: Sequence[int],
     Args:
         plan: contiguous groups of backward positions.
         sizes_bytes: bytes of each tensor, backward order.
-        backward_times: the spec's ``tb`` per tensor, backward order (module docstring).
+        backward_times: ``tb`` per tensor, backward order (module docstring).
         comm_time: bucket bytes -> seconds on the network, e.g. an :class:`AlphaBeta` or
             ``CostModel.comm_time_fn("topk", density=0.001)``. ``comm_time(0)`` should be 0.
         forward_time: everything before backward (read, H2D, forward), seconds.
         update_time: the optimizer step after all communication.
         compress_time: bucket bytes -> seconds of compression on the compute stream, run after
-            the bucket's last gradient and before the next tensor's backward (§9.2). ``None`` for
+            the bucket's last gradient and before the next tensor's backward (docs/lags-omgs.md#omgs). ``None`` for
             dense communication.
 
     Returns:

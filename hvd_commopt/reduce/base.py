@@ -1,10 +1,16 @@
 """Reducer: how one bucket's flat gradient becomes the reduced gradient on every rank.
 
-The engine calls ``start`` as soon as a bucket is complete (from the backward hooks, so the
-collective overlaps the rest of backward) and ``finish`` in ``synchronize``. A reducer composes a
-:class:`~hvd_commopt.compress.base.Compressor` with the collectives its payload needs; the dense
-one here serves every ``collective == "allreduce"`` compressor. Sparse reducers (Top-k
-allgather, gTop-k, DGC) implement the same two methods.
+The engine calls ``start(bucket, rnd, flat, ctx)`` as soon as a bucket is complete (from the
+backward hooks, so the collective overlaps the rest of backward) and ``finish`` when the step
+needs the result. The bucket (:class:`~hvd_commopt.buckets.Bucket`) and the round
+(:class:`RoundInfo`) are passed as data: per-bucket state is keyed by ``bucket.name``, anything
+that depends on the step (random-k's shared seed, DGC's warm-up epoch) reads ``rnd.step``, and
+collectives are named ``rnd.wire(bucket)`` (distinct for rounds in flight together).
+
+A reducer composes a :class:`~hvd_commopt.compress.base.Compressor` or a selector with the
+collectives its payload needs, and with a :class:`~hvd_commopt.compress.memory.Memory` when it
+remembers what it did not send. ``start`` returns a :class:`Pending` whose ``state`` is a small
+record type of the reducer's own.
 """
 from __future__ import annotations
 
@@ -12,10 +18,45 @@ import abc
 from dataclasses import dataclass
 from typing import Any
 
+from ..buckets import Bucket
 from ..comm.communicator import Communicator
+from ..errors import ConfigError
+from ..fusion.pricing import Pricing, dense_pricing
 from ..tensor_ops import TensorOps
 
-__all__ = ["Reducer", "ReduceContext", "Pending"]
+__all__ = ["Reducer", "ReduceContext", "Pending", "RoundInfo", "Average", "Sum", "REDUCE_AVERAGING_OPS",
+           "check_op"]
+
+# Horovod's op names for gradient reduction, defined once for the core and both adapters.
+Average = "average"
+Sum = "sum"
+REDUCE_AVERAGING_OPS = (Average, Sum)
+
+
+def check_op(op: Any) -> str:
+    """``op`` if it is Average or Sum, else a ConfigError naming the choices."""
+    if op not in REDUCE_AVERAGING_OPS:
+        raise ConfigError(f"op must be one of {REDUCE_AVERAGING_OPS} (hco.Average / hco.Sum), got {op!r}")
+    return op
+
+
+@dataclass(frozen=True)
+class RoundInfo:
+    """The round a bucket is reduced in.
+
+    Attributes:
+        step: the optimizer step whose gradients the round carries (the scheduler's counter when
+            the round opened; identical on every rank).
+        tag: suffix of the round's collective names (``bucket3:fc.w@r17``), so rounds in flight
+            at the same time have distinct names (docs/wrapper.md#wrapper-skeleton, docs/wrapper.md#async-buffers); None keeps the bucket names.
+    """
+
+    step: int = 0
+    tag: str | None = None
+
+    def wire(self, bucket: Bucket) -> str:
+        """The name of ``bucket``'s collective in this round."""
+        return bucket.name if self.tag is None else f"{bucket.name}@{self.tag}"
 
 
 @dataclass
@@ -35,7 +76,8 @@ class ReduceContext:
 
 @dataclass
 class Pending:
-    """A started reduction: the reducer's own state plus the handles it waits on."""
+    """A started reduction: the reducer's own record (a small dataclass per reducer) plus the
+    handles it waits on."""
 
     name: str
     state: Any
@@ -51,15 +93,42 @@ class Pending:
 
 
 class Reducer(abc.ABC):
+    """How a bucket is reduced. Subclasses: dense allreduce, sparse allgather, gTop-k.
+
+    Attributes:
+        name: short name for reports.
+        sparse: True when buckets are sparsified (the fusion planner then uses OMGS's model).
+    """
+
     name: str = "abstract"
+    sparse: bool = False
 
     @abc.abstractmethod
-    def start(self, name: str, flat: Any, ctx: ReduceContext) -> Pending:
+    def start(self, bucket: Bucket, rnd: RoundInfo, flat: Any, ctx: ReduceContext) -> Pending:
         """Begin reducing ``flat`` (the bucket's packed gradient; the reducer may overwrite it)."""
 
     @abc.abstractmethod
     def finish(self, pending: Pending, ctx: ReduceContext) -> Any:
         """Wait and return the reduced flat tensor (same length and dtype as the input)."""
+
+    def reduce(self, bucket: Bucket, rnd: RoundInfo, flat: Any, ctx: ReduceContext) -> Any:
+        """``finish(start(...))``: a blocking reduction."""
+        return self.finish(self.start(bucket, rnd, flat, ctx), ctx)
+
+    def config(self) -> dict:
+        """The configuration as plain values (kind, compressor, density, seed, ...): ranks must
+        agree on it, and the engines of the TensorFlow adapter are cached by it."""
+        return {"reducer": self.name}
+
+    def price(self, cost: Any, select_s: float | None = None) -> Pricing:
+        """What one bucket costs under ``cost`` (a fitted :class:`~hvd_commopt.fusion.cost_model.
+        CostModel`), for the fusion planners: a dense allreduce unless overridden."""
+        return dense_pricing(cost, 1.0, "dense allreduce")
+
+    @property
+    def density(self) -> float | None:
+        """One density for every bucket (sparse reducers), None when dense or per-layer."""
+        return None
 
     def state_dict(self) -> dict:
         """State that must survive a checkpoint (error-feedback residuals, ...)."""

@@ -1,18 +1,42 @@
-"""Dense allreduce of a bucket, through any element-wise-summable compressor (none/fp16/bf16)."""
+"""Dense allreduce of a bucket through an element-wise-summable compressor, optionally with a memory.
+
+* ``DenseAllreduce()``: S-SGD's allreduce; ``DenseAllreduce(Compression.fp16)``: cast for the wire.
+* ``DenseAllreduce(TernaryCompressor(theta, P), ErrorFeedback())``: CD-SGD's ternary signs with
+  error feedback, summed as integers (:mod:`hvd_commopt.compress.ternary`).
+* ``DenseAllreduce(NoneCompressor(), memory)``: send the bucket plus what ``memory`` remembers
+  and clear it (CD-SGD's correction step with ``flush_residual_on_correction``).
+"""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
+from ..buckets import Bucket
 from ..compress.base import Compressor
 from ..compress.cast import NoneCompressor
+from ..compress.memory import Memory
 from ..errors import ConfigError
-from .base import Pending, ReduceContext, Reducer
+from ..fusion.pricing import Pricing, dense_pricing
+from .base import Pending, ReduceContext, Reducer, RoundInfo
 
 __all__ = ["DenseAllreduce"]
 
 
+@dataclass
+class _Dense:
+    payload: Any  # what was sent (reduced in place, or the tensor the handle gives back)
+    cctx: Any     # the compressor's context for decompress
+    post: float   # scaling still to apply to the reduced result
+
+
 class DenseAllreduce(Reducer):
     """compress -> allreduce(sum) -> decompress -> scale.
+
+    Args:
+        compressor: none (default), fp16, bf16, ternary, or any ``collective == "allreduce"``
+            compressor.
+        memory: remember what a lossy compressor did not send (error feedback), keyed by the
+            bucket's name; with a lossless compressor the memory is sent along and cleared.
 
     With one rank the collective is skipped (the result is the local bucket, scaled), so
     ``python train.py`` pays no communication cost.
@@ -20,37 +44,59 @@ class DenseAllreduce(Reducer):
 
     name = "allreduce"
 
-    def __init__(self, compressor: Compressor | None = None):
+    def __init__(self, compressor: Compressor | None = None, memory: Memory | None = None):
         self.compressor = compressor or NoneCompressor()
         if self.compressor.collective != "allreduce":
             raise ConfigError(f"{self.compressor!r} needs a '{self.compressor.collective}' exchange, "
                               f"not an allreduce; build the optimizer with its own reducer")
+        self.memory = memory
 
-    def start(self, name: str, flat: Any, ctx: ReduceContext) -> Pending:
-        ops, comm = ctx.ops, ctx.comm
+    def start(self, bucket: Bucket, rnd: RoundInfo, flat: Any, ctx: ReduceContext) -> Pending:
+        ops, comm, comp = ctx.ops, ctx.comm, self.compressor
+        name = rnd.wire(bucket)
         pre, post = ctx.prescale, ctx.postscale
-        if self.compressor.predivide:  # take the whole average before the narrow sum
+        if comp.predivide:  # take the whole average before the narrow sum
             pre, post = ctx.prescale * ctx.postscale, 1.0
         if pre != 1.0:
             flat = ops.scale(flat, pre)
-        payload, cctx = self.compressor.compress(ops, flat)
+        if self.memory is None:
+            payload, cctx = comp.compress(ops, flat)
+        elif comp.lossless:  # everything is sent: the remembered part goes along and is cleared
+            payload, cctx = comp.compress(ops, self.memory.compensate_dense(ops, bucket.name, flat))
+        else:
+            acc = self.memory.compensate(ops, bucket.name, flat)
+            payload, cctx = comp.compress(ops, acc)
+            self.memory.update_quantized(ops, bucket.name, acc, comp.decompress(ops, payload, cctx))
         if comm.size == 1:
-            return Pending(name, (payload, cctx, None, post))
-        if comm.buffer_kind == "numpy":
-            host = ops.to_numpy(payload)
-            handle = comm.allreduce_async_(host, "sum", name)
-            return Pending(name, (payload, cctx, host, post), (handle,))
-        handle = comm.allreduce_async_(payload, "sum", name)
-        return Pending(name, (payload, cctx, None, post), (handle,))
+            return Pending(name, _Dense(payload, cctx, post))
+        handle = comm.allreduce_tensor_async(ops, payload, "sum", name)
+        return Pending(name, _Dense(payload, cctx, post), (handle,))
 
     def finish(self, pending: Pending, ctx: ReduceContext) -> Any:
-        ops = ctx.ops
-        payload, cctx, host, post = pending.state
-        for h in pending.handles:
-            ctx.comm.wait(h)
-        if host is not None:
-            payload = ops.from_numpy(host, like=payload)  # zero-copy on CPU; a device copy on GPU
-        out = self.compressor.decompress(ops, payload, cctx)
-        if post != 1.0:
-            out = ops.scale(out, post)
+        st: _Dense = pending.state
+        payload = ctx.comm.wait(pending.handles[0]) if pending.handles else st.payload
+        out = self.compressor.decompress(ctx.ops, payload, st.cctx)
+        if st.post != 1.0:
+            out = ctx.ops.scale(out, st.post)
         return out
+
+    def config(self) -> dict:
+        return {"reducer": self.name, "compressor": self.compressor.config(),
+                "memory": None if self.memory is None else self.memory.config()}
+
+    def price(self, cost: Any, select_s: float | None = None) -> Pricing:
+        ratio = getattr(self.compressor, "wire_bytes_ratio", 1.0)
+        what = "dense allreduce" if ratio == 1.0 else f"allreduce of {self.compressor.name} ({ratio:g} of the bytes)"
+        return dense_pricing(cost, ratio, what)
+
+    def state_dict(self) -> dict:
+        return {} if self.memory is None else {"memory": self.memory.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.memory is None:
+            super().load_state_dict(state)
+        else:
+            self.memory.load_state_dict(dict(state.get("memory", {})))
+
+    def __repr__(self) -> str:
+        return f"DenseAllreduce({self.compressor!r}" + (f", {self.memory!r})" if self.memory else ")")

@@ -3,20 +3,20 @@
 Paper: Shi, Wang, Chu, Li, "A Distributed Synchronous SGD Algorithm with Global Top-k
 Sparsification for Low Bandwidth Networks", ICDCS 2019 (arXiv:1901.04359); convergence: IJCAI
 2019. Reference code: shyhuai/gtopkssgd ``allreducer.py: gtopk_sparse_recursive_allreduce``
-(recursive doubling, "gtopkr"). Spec §8 (all of it).
+(recursive doubling, "gtopkr"). docs/gtopk.md#gtopk.
 
 Algorithm (per bucket and step)::
 
     acc = prescale·flat + residual;  (I, V) = TopK_k(acc);  residual = acc zeroed at I
-    fold (§8.5, P not a power of two, m = 2^floor(log2 P), r = P - m):
+    fold (docs/gtopk.md#non-power-of-two, P not a power of two, m = 2^floor(log2 P), r = P - m):
         rank m+j sends (I, V) to rank j < r, which merges M(own, received), own first
     recursive doubling among ranks 0..m-1, round d = 1, 2, 4, ... < m:
         exchange (I, V) with rank XOR d; (I, V) = M(lower rank's, higher rank's)
     unfold: rank j sends the final (I, V) and rank m+j's k-byte survival mask to m+j
     result = scatter(I, V)·postscale on every rank (identical (I, V) everywhere, T-GT-1)
-    residual[I_local not surviving] += V_local   (the survival mask, §8.2, §8.9 T-GT-5)
+    residual[I_local not surviving] += V_local   (the survival mask, docs/gtopk.md#recursive-doubling, docs/gtopk.md#t-gt-5)
 
-Merge operator M: the spec's robust form (§8.1 [INF]): union of the two index sets with values
+Merge operator M: the robust form (docs/gtopk.md#merge-robust): union of the two index sets with values
 summed at common indices (``TensorOps.unique_sum``), then the top-k by magnitude with ties to
 the smaller index (``topk_abs`` on the index-sorted union). Every input list has exactly k
 distinct indices, so the union has at least k and no padding is ever needed; indices stay
@@ -28,7 +28,7 @@ every merge; once dropped, always dropped (an index that re-enters from another 
 only that subtree's values). Rank j < r also tracks rank m+j's contributions and sends their
 mask back in the unfold. The dropped local values return to the residual, so
 ``Σ_i acc_i == R + Σ_i residual_i'`` (conservation; exact in exact arithmetic). The reference
-tree variant's "index membership" rule (§8.3) would lose mass; we do not use it.
+tree variant's "index membership" rule (docs/gtopk.md#tree-variant) would lose mass; we do not use it.
 
 Choices:
 
@@ -42,22 +42,25 @@ Choices:
 * The local selection and the residual update run in ``start`` (the caller's thread); only the
   restore of dropped values waits for ``finish``. Density 1 (k == n) is a dense allreduce,
   with one rank nothing is sent.
-* ``algorithm="allgather"`` is the spec's oracle/fallback (§8.8): allgather all P leaf lists
+* ``algorithm="allgather"`` is the oracle/fallback (docs/gtopk.md#allgather-oracle): allgather all P leaf lists
   (O(kP)) and simulate the same merge tree locally, bit-identical to recursive doubling.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 
+from ..buckets import Bucket
 from ..comm.communicator import CountingLink
 from ..compress.error_feedback import ErrorFeedback
-from ..compress.topk import Density, TopKCompressor, bucket_key
+from ..compress.topk import Density, TopKCompressor
 from ..errors import ConfigError
+from ..fusion.pricing import Pricing, sparse_pricing
 from ..tensor_ops import TensorOps
-from .base import Pending, ReduceContext, Reducer
-from .sparse_allgather import begin_bucket, dense_finish, dense_start, index_dtype_for
+from .base import Pending, ReduceContext, RoundInfo
+from .sparse import SparseReducer, WholeBucket, dense_finish, index_dtype_for
 
 __all__ = ["GTopK", "merge", "gtopk_exchange", "gtopk_simulate"]
 
@@ -92,7 +95,7 @@ class _Wire:
     def __init__(self, link: CountingLink, ops: TensorOps, idx: Any, vals: Any, k: int, index_dtype: str):
         self.link, self.ops, self.k, self.idt = link, ops, k, index_dtype
         self.like_i, self.like_v = idx, vals
-        self.host = link.buffer_kind == "numpy"
+        self.host = link.host  # host buffers: one packed message per round instead of three
         if self.host:
             self.np_idt = np.dtype(index_dtype)
             self.np_vdt = np.asarray(ops.to_numpy(vals)).dtype  # bf16 travels as uint16 bits
@@ -165,7 +168,7 @@ def gtopk_exchange(link: CountingLink, ops: TensorOps, idx: Any, vals: Any, k: i
 
 
 def gtopk_simulate(ops: TensorOps, leaves: Sequence[tuple[Any, Any]], k: int) -> tuple[Any, Any, list[Any]]:
-    """The allgather-and-simulate oracle (§8.8): the same merge tree over all P leaf lists.
+    """The allgather-and-simulate oracle (docs/gtopk.md#allgather-oracle): the same merge tree over all P leaf lists.
 
     Returns (I, V, [alive positions of each rank's k entries]).
     """
@@ -195,7 +198,19 @@ def gtopk_simulate(ops: TensorOps, leaves: Sequence[tuple[Any, Any]], k: int) ->
     return I, V, [t[1] for t in tracked]
 
 
-class GTopK(Reducer):
+@dataclass
+class _GTopK:
+    """A bucket's exchange in flight: this rank's selection (to restore what gets dropped)."""
+
+    idx: Any
+    vals: Any
+    n: int
+    k: int
+    key: str
+    local: bool  # one rank: nothing was sent
+
+
+class GTopK(SparseReducer):
     """gTop-k reducer (see the module docstring).
 
     Args:
@@ -218,26 +233,19 @@ class GTopK(Reducer):
                  algorithm: str = "recursive_doubling", dense_when_full: bool = True):
         if algorithm not in ALGORITHMS:
             raise ConfigError(f"gTop-k algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
-        index_dtype_for(0, index_dtype)
-        self.compressor = TopKCompressor(density)
-        self.memory = ErrorFeedback(error_feedback)
-        self.index_dtype = index_dtype
+        super().__init__(TopKCompressor(density), ErrorFeedback(error_feedback), index_dtype, dense_when_full)
         self.algorithm = algorithm
-        self.dense_when_full = bool(dense_when_full)
-        self._steps: dict[str, int] = {}
 
-    def start(self, name: str, flat: Any, ctx: ReduceContext) -> Pending:
+    def start(self, bucket: Bucket, rnd: RoundInfo, flat: Any, ctx: ReduceContext) -> Pending:
         ops, comm = ctx.ops, ctx.comm
-        key, step, flat = begin_bucket(self._steps, name, flat, ctx)
-        n = ops.numel(flat)
-        k = self.compressor.k_for(key, n, step)
-        if self.dense_when_full and k >= n:
-            return dense_start(self.memory, key, name, flat, ctx)
-        acc = self.memory.compensate(ops, key, flat)
-        vals, idx = ops.topk_abs(acc, k)
-        self.memory.update(ops, key, acc, idx)  # all k sent for now; finish() restores the dropped
+        sel = self.select(bucket, rnd, flat, ctx)  # all k count as sent for now; finish() restores the dropped
+        if isinstance(sel, Pending):
+            return sel
+        vals, idx, n = sel
+        k = ops.numel(idx)
+        name = rnd.wire(bucket)
         if comm.size == 1:
-            return Pending(name, ("local", idx, vals, n, None, key))
+            return Pending(name, _GTopK(idx, vals, n, k, bucket.name, local=True))
         idt = index_dtype_for(n, self.index_dtype)
         if self.algorithm == "allgather":
             fn = self._allgather_fn(ops, idx, vals, k, idt)
@@ -245,17 +253,13 @@ class GTopK(Reducer):
             def fn(link: CountingLink, deadline: float) -> tuple[Any, Any, Any]:
                 return gtopk_exchange(link, ops, idx, vals, k, idt)
         handle = comm.run_async(fn, name=f"{name}.gtopk", op="gtopk")
-        return Pending(name, ("gtopk", idx, vals, n, k, key), (handle,))
+        return Pending(name, _GTopK(idx, vals, n, k, bucket.name, local=False), (handle,))
 
     @staticmethod
     def _allgather_fn(ops: TensorOps, idx: Any, vals: Any, k: int, idt: str):
         def fn(link: CountingLink, deadline: float) -> tuple[Any, Any, Any]:
-            host = link.buffer_kind == "numpy"
-            wi, wv = ops.cast(idx, idt), vals
-            ai, _ = link.allgather(ops.to_numpy(wi) if host else wi)
-            av, _ = link.allgather(ops.to_numpy(wv) if host else wv)
-            if host:
-                ai, av = ops.from_numpy(ai, like=idx), ops.from_numpy(av, like=vals)
+            ai, _ = link.allgather_tensor(ops, ops.cast(idx, idt))
+            av, _ = link.allgather_tensor(ops, vals)
             ai = ops.cast(ai, "int64")
             leaves = [(ops.slice(ai, r * k, (r + 1) * k), ops.slice(av, r * k, (r + 1) * k)) for r in range(link.size)]
             I, V, alive = gtopk_simulate(ops, leaves, k)
@@ -263,29 +267,24 @@ class GTopK(Reducer):
         return fn
 
     def finish(self, pending: Pending, ctx: ReduceContext) -> Any:
-        kind = pending.state[0]
-        if kind == "dense":
+        st = pending.state
+        if isinstance(st, WholeBucket):
             return dense_finish(self.memory, pending, ctx)
         ops = ctx.ops
-        _, idx, vals, n, k, key = pending.state
-        if kind == "local":
-            I, V = idx, vals
+        if st.local:
+            I, V = st.idx, st.vals
         else:
             I, V, alive = ctx.comm.wait(pending.handles[0])
-            dropped = ops.nonzero(ops.isin(ops.arange(k, like=idx), alive, invert=True))
-            self.memory.restore(ops, key, ops.gather(idx, dropped), ops.gather(vals, dropped))
-        out = ops.scatter_add(ops.zeros(n, ops.dtype_name(vals), like=vals), I, V)
+            dropped = ops.nonzero(ops.isin(ops.arange(st.k, like=st.idx), alive, invert=True))
+            self.memory.restore(ops, st.key, ops.gather(st.idx, dropped), ops.gather(st.vals, dropped))
+        out = ops.scatter_add(ops.zeros(st.n, ops.dtype_name(st.vals), like=st.vals), I, V)
         return ops.scale(out, ctx.postscale) if ctx.postscale != 1.0 else out
 
-    def residual(self, ops: Any, name: str, like: Any) -> Any | None:
-        return self.memory.residual(ops, bucket_key(name), like)
+    def config(self) -> dict:
+        return {**super().config(), "algorithm": self.algorithm}
 
-    def state_dict(self) -> dict:
-        return {"steps": dict(self._steps), "memory": self.memory.state_dict()}
-
-    def load_state_dict(self, state: dict) -> None:
-        self._steps = {str(k): int(v) for k, v in dict(state.get("steps", {})).items()}
-        self.memory.load_state_dict(dict(state.get("memory", {})))
+    def price(self, cost: Any, select_s: float | None = None) -> Pricing:
+        return sparse_pricing(cost, "gtopk", self.density, select_s)
 
     def __repr__(self) -> str:
         return f"GTopK(density={self.compressor.density!r}, algorithm={self.algorithm!r}, {self.memory!r})"

@@ -1,4 +1,4 @@
-"""Schedules: *when* gradients (or models) move and when they are applied (issue 4; spec §2.3-§6).
+"""Schedules: *when* gradients (or models) move and when they are applied (docs/README.md#summary).
 
 User API: ``DistributedOptimizer(..., schedule=Schedule.ssd(delay=5, warmup_steps=500))`` with
 
@@ -10,8 +10,9 @@ User API: ``DistributedOptimizer(..., schedule=Schedule.ssd(delay=5, warmup_step
 * ``Schedule.local_sgd(period)``: local SGD, :mod:`.local_sgd`.
 
 :func:`build_scheduler` validates the combination with the engine's compression and returns the
-scheduler the engine drives. The adapter implements :class:`ScheduleHost` (see :mod:`.base` for
-the division of labour between core and adapter).
+scheduler; :func:`hvd_commopt.build_engine` attaches it to the engine. The adapter implements
+:class:`~hvd_commopt.host.ScheduleHost` (see :mod:`hvd_commopt.host` for the division of labour
+between core and adapter).
 """
 from __future__ import annotations
 
@@ -19,30 +20,41 @@ from typing import Any
 
 from ..compress.cast import NoneCompressor
 from ..errors import ConfigError
+from ..host import ScheduleHost
+from ..reduce.base import Reducer
 from ..reduce.dense import DenseAllreduce
-from .base import RoundPlan, ScheduleHost, Scheduler
-from .cd import CDScheduler, TernaryAllreduce
+from .base import RoundPlan, RoundPort, Scheduler
+from .cd import CDScheduler
 from .cocod import CoCoDScheduler
 from .config import AveragingConfig, CDConfig, DelayConfig, Schedule, SyncConfig
 from .delayed import DelayedScheduler
 from .local_opt import LocalOptimizer
 from .local_sgd import LocalSGDScheduler
-from .ops import NumpyUpdateOps, UpdateOps
 from .sync import SyncScheduler
 
 __all__ = ["Schedule", "SyncConfig", "DelayConfig", "CDConfig", "AveragingConfig", "build_scheduler",
-           "Scheduler", "ScheduleHost", "RoundPlan", "SyncScheduler", "DelayedScheduler", "CDScheduler",
-           "CoCoDScheduler", "LocalSGDScheduler", "LocalOptimizer", "TernaryAllreduce", "UpdateOps",
-           "NumpyUpdateOps"]
+           "Scheduler", "RoundPort", "ScheduleHost", "RoundPlan", "SyncScheduler", "DelayedScheduler",
+           "CDScheduler", "CoCoDScheduler", "LocalSGDScheduler", "LocalOptimizer", "require_gradient_schedule"]
 
 
-def _compression_name(reducer: Any) -> str:
+def _compression_name(reducer: Reducer) -> str:
     if isinstance(reducer, DenseAllreduce):
         return reducer.compressor.name
-    return getattr(reducer, "name", type(reducer).__name__)
+    return reducer.name
 
 
-def build_scheduler(schedule: Any, engine: Any) -> Scheduler:
+def require_gradient_schedule(schedule: Any) -> None:
+    """Refuse, with the fix, a schedule that updates weights itself (a replica, a local update,
+    model averaging) where the caller only reduces gradients (TensorFlow's tape)."""
+    if schedule is not None and not isinstance(schedule, SyncConfig):
+        raise ConfigError(
+            f"schedule {getattr(schedule, 'kind', schedule)!r} updates the weights itself (a global replica "
+            f"and a local update, or model averaging), which a wrapper that only returns gradients cannot "
+            f"do. Use the optimizer wrapper (tf_plugin.DistributedOptimizer(keras_optimizer, schedule=...)) "
+            f"and give it this step's local gradients (a plain tape's) with apply_gradients.")
+
+
+def build_scheduler(schedule: Any, port: RoundPort) -> Scheduler:
     """The scheduler for ``schedule`` (None = sync), after checking it against the engine.
 
     Refused, with the reason (the papers define no such combination):
@@ -54,28 +66,28 @@ def build_scheduler(schedule: Any, engine: Any) -> Scheduler:
     """
     if schedule is None:
         schedule = SyncConfig()
-    reducer = engine.reducer
+    reducer = port.reducer
     dense = isinstance(reducer, DenseAllreduce)
-    uncompressed = dense and isinstance(reducer.compressor, NoneCompressor)
+    uncompressed = dense and isinstance(reducer.compressor, NoneCompressor) and reducer.memory is None
     if isinstance(schedule, SyncConfig):
-        return SyncScheduler(schedule, engine)
+        return SyncScheduler(schedule, port)
     if isinstance(schedule, CDConfig):
         if not uncompressed:
             raise ConfigError(f"Schedule.cd() quantizes gradients itself (ternary signs, int8 allreduce); "
                               f"drop compression={_compression_name(reducer)!r} (use Compression.none)")
-        return CDScheduler(schedule, engine)
+        return CDScheduler(schedule, port)
     if isinstance(schedule, DelayConfig):
         if not dense:
             raise ConfigError(
                 f"Schedule.{schedule.kind}() with the sparse exchange {_compression_name(reducer)!r} is not "
                 f"supported: OD/SSD-SGD delay dense gradients and the papers define no sparse variant. "
                 f"Use Schedule.cd() for delay with compression, or Schedule.sync() with sparse compression.")
-        return DelayedScheduler(schedule, engine)
+        return DelayedScheduler(schedule, port)
     if isinstance(schedule, AveragingConfig):
         if not uncompressed:
             raise ConfigError(f"Schedule.{schedule.kind}() averages models, not gradients; "
                               f"drop compression={_compression_name(reducer)!r} (use Compression.none)")
         cls = CoCoDScheduler if schedule.kind == "cocod" else LocalSGDScheduler
-        return cls(schedule, engine)
+        return cls(schedule, port)
     raise ConfigError(f"schedule must be a Schedule.* value (Schedule.sync(), Schedule.od(), Schedule.ssd(), "
                       f"Schedule.cd(), Schedule.cocod(period), Schedule.local_sgd(period)), got {schedule!r}")

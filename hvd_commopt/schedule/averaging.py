@@ -3,17 +3,16 @@
 Between averagings every worker steps the *user's* optimizer on its own model with its own
 gradient (no gradient collective: the engine's hooks are told to ignore gradients), so a local
 step is exactly a single-process step. Models are averaged through the engine's fusion layout
-(one flat buffer per bucket) as ``allreduce_sum(x / P)`` (the references' form, spec §2.3, §6.1).
+(one flat buffer per bucket) as ``allreduce_sum(x / P)`` (the references' form, docs/local-sgd.md#update-rule, docs/cocod-sgd.md#update-rule).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
-from ..reduce.base import Pending, ReduceContext
+from ..reduce.base import Pending, ReduceContext, RoundInfo
 from ..reduce.dense import DenseAllreduce
-from .base import RoundPlan, Scheduler
+from .base import RoundPlan, RoundPort, Scheduler
 from .config import AveragingConfig
-from .ops import require_update_ops
 
 __all__ = ["AveragingScheduler"]
 
@@ -23,25 +22,25 @@ Tensor = Any
 class AveragingScheduler(Scheduler):
     """Warm-up, local steps, and a ``_sync()`` every ``period`` local steps (subclasses)."""
 
-    def __init__(self, config: AveragingConfig, engine: Any):
-        super().__init__(config, engine)
+    def __init__(self, config: AveragingConfig, port: RoundPort):
+        super().__init__(config, port)
         self.name = config.kind
-        self.ops = require_update_ops(engine.ops, f"Schedule.{config.kind}()")
         self.period = config.period
         self.warmup = config.warmup_steps
         self.syncs = 0  # averagings started
         self._avg = DenseAllreduce()
         # x / P before the sum, nothing after: the references' allreduce_sum(x / P).
-        self._avg_ctx = ReduceContext(engine.comm, self.ops, prescale=1.0 / engine.comm.size, postscale=1.0)
+        self._avg_ctx = ReduceContext(port.comm, self.ops, prescale=1.0 / port.comm.size, postscale=1.0)
 
     def round_plan(self) -> RoundPlan | None:
         if self.step < self.warmup:
-            return RoundPlan(self.engine.reducer, None)
+            return RoundPlan(self.port.reducer, None)
         return None  # local steps: gradients are not communicated
 
-    def on_step(self) -> None:
+    def on_step(self, closure: Callable[[], Any] | None = None, synchronize: bool = True) -> None:
+        self._no_closure(closure)
         if self.step < self.warmup:
-            self._warmup_step()
+            self._sync_step()
             return
         self.host.apply_optimizer()  # the user's optimizer, local gradient, on the model
         self.step += 1
@@ -51,30 +50,19 @@ class AveragingScheduler(Scheduler):
     def _sync(self) -> None:
         raise NotImplementedError
 
-    # -- helpers: model <-> per-bucket flat buffers ----------------------------------------------
+    # -- helpers: model <-> per-bucket flat buffers (the engine's layout, Bucket.pack/views) -------
     def pack(self, tensors: dict[str, Tensor], flats: list | None = None, like: dict | None = None) -> list:
         """Copy ``tensors`` into one flat buffer per bucket (reusing ``flats`` when given; new
         buffers are placed like ``like[name]``, default ``tensors[name]``)."""
-        ops, out = self.ops, []
         like = tensors if like is None else like
-        for b in self.engine.buckets:
-            f = flats[b.index] if flats is not None else None
-            if f is None:
-                f = ops.empty(b.numel, b.dtype, like=like[b.names[0]])
-            for name, off in zip(b.names, b.offsets):
-                f = ops.copy_into(f, off, tensors[name])
-            out.append(f)
-        return out
+        return [b.pack(self.ops, tensors, flats[b.index] if flats is not None else None, like[b.first])
+                for b in self.port.buckets]
 
     def views(self, flats: list) -> dict[str, Tensor]:
         """Per-tensor views (original shapes) of per-bucket flats."""
-        ops, out = self.ops, {}
-        for b, f in zip(self.engine.buckets, flats):
-            for name, shape, off in zip(b.names, b.shapes, b.offsets):
-                n = 1
-                for d in shape:
-                    n *= int(d)
-                out[name] = ops.reshape(ops.slice(f, off, off + n), shape)
+        out: dict[str, Tensor] = {}
+        for b, f in zip(self.port.buckets, flats):
+            out.update(b.views(self.ops, f))
         return out
 
     def assign_model(self, flats: list) -> None:
@@ -85,8 +73,8 @@ class AveragingScheduler(Scheduler):
 
     def start_average(self, flats: list, label: str) -> list[Pending]:
         """Launch ``allreduce_sum(flat / P)`` on each bucket (the flats are consumed)."""
-        return [self._avg.start(f"{label}.{b.name}@n{self.syncs}", f, self._avg_ctx)
-                for b, f in zip(self.engine.buckets, flats)]
+        rnd = RoundInfo(self.step, f"{label}{self.syncs}")
+        return [self._avg.start(b, rnd, f, self._avg_ctx) for b, f in zip(self.port.buckets, flats)]
 
     def finish_average(self, pending: list[Pending]) -> list:
         out = [self._avg.finish(p, self._avg_ctx) for p in pending]

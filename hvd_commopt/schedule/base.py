@@ -1,104 +1,102 @@
-"""The Scheduler interface, and the host interface an adapter implements for it.
+"""The Scheduler interface and the port it drives the engine's rounds through.
 
-Division of labour (the design of issue 4):
-
-* The **core scheduler** holds every decision and all algorithm state: the one step counter,
-  which round's collective the hooks launch (and with which reducer and wire name), which
-  completed round is applied to the global replica and when, the base of the local update, the
-  replica weights, the local optimizer, residuals, averaging buffers, warm-up and switch,
-  checkpoint state and the final drain. It is written once against
-  :class:`~hvd_commopt.tensor_ops.TensorOps` + :class:`~hvd_commopt.schedule.ops.UpdateOps`.
-* The **adapter** (``torch_plugin``) supplies a :class:`ScheduleHost`: read/write the model's
-  weights, read the local gradients, snapshot the optimizer's hyper-parameters, and one
-  primitive, :meth:`ScheduleHost.apply_optimizer`, "run the user's wrapped optimizer once on
-  these weights with these gradients". The global update U_g is therefore always the user's own
-  optimizer (SGD, Adam, ... with its state, LR scheduler and param groups); the replica is a
-  second set of tensors that optimizer steps on (the torch host swaps them into the parameters
-  for the duration of the call, so the optimizer's state keyed by parameter *is* the replica's
-  optimizer state).
+A scheduler owns the step: ``optimizer.step()`` always reaches :meth:`Scheduler.on_step` (through
+``CommEngine.run_step``), whatever the schedule, and only the scheduler changes the one step
+counter. It sees the engine through :class:`RoundPort` (open/close/finish/release/abandon a round,
+the bucket layout, the tensor ops) and the adapter through a :class:`~hvd_commopt.host.ScheduleHost`
+(see :mod:`hvd_commopt.host` for the division of labour).
 """
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
-from ..errors import HvdCommoptError
-from ..reduce.base import Reducer
+from ..buckets import Bucket
+from ..comm.communicator import Communicator
+from ..engine.rounds import Round, RoundPlan
+from ..errors import ConfigError, HvdCommoptError
+from ..host import ScheduleHost
+from ..reduce.base import ReduceContext, Reducer
+from ..tensor_ops import TensorOps
 
-__all__ = ["ScheduleHost", "Scheduler", "RoundPlan"]
+__all__ = ["RoundPort", "Scheduler", "RoundPlan"]
 
 Tensor = Any
 
 
-class ScheduleHost(Protocol):
-    """What an adapter provides to a scheduler. Tensors keep their framework shapes."""
+class RoundPort(Protocol):
+    """What a scheduler may use of the engine (implemented by :class:`~hvd_commopt.engine.CommEngine`).
 
-    def weights(self) -> dict[str, Tensor]:
-        """The model's current (working) weights, by registered name."""
-        ...
-
-    def assign(self, name: str, value: Tensor) -> None:
-        """Make the model's weight ``name`` equal ``value`` (a no-op when ``value`` already is it)."""
-        ...
-
-    def grads(self) -> dict[str, Tensor | None]:
-        """The local gradients g_i(t) as the framework holds them (None: no gradient)."""
-        ...
-
-    def hyper(self) -> Any:
-        """An opaque snapshot of the wrapped optimizer's hyper-parameters (lr, momentum, ...)."""
-        ...
-
-    def param_hyper(self, name: str, key: str, default: float | None = None) -> float | None:
-        """The current value of hyper-parameter ``key`` for the tensor ``name`` (its group's)."""
-        ...
-
-    def apply_optimizer(self, grads: dict[str, Tensor] | None = None, weights: dict[str, Tensor] | None = None,
-                        hyper: Any = None) -> None:
-        """Run the wrapped optimizer once (U_g).
-
-        Args:
-            grads: gradients to use; None = the local gradients the framework holds.
-            weights: tensors to update in place instead of the model's weights (the replica);
-                None = the model's own weights.
-            hyper: a snapshot from :meth:`hyper` to use for this one update (restored after);
-                None = the current hyper-parameters.
-        """
-        ...
-
-
-@dataclass(frozen=True)
-class RoundPlan:
-    """How the engine must reduce the round the hooks are filling now.
-
-    ``tag`` suffixes every collective's name (``bucket3:fc.w@r17``) so that rounds in flight at
-    the same time have distinct names (Horovod matches collectives by name; spec §1.3, §11.3);
-    None keeps the synchronous path's names.
+    Attributes:
+        comm, ops: the communicator and the adapter's tensor ops.
+        reducer: the reducer the user configured (``compression=``); ctx: its scaling.
     """
 
+    comm: Communicator
+    ops: TensorOps
     reducer: Reducer
-    tag: str | None = None
+    ctx: ReduceContext
+
+    @property
+    def names(self) -> list[str]:
+        """Registered tensor names, in registration order."""
+        ...
+
+    @property
+    def buckets(self) -> list[Bucket]:
+        """The current bucket layout."""
+        ...
+
+    def close_round(self, fetch: Callable[[str], Any] | None = None) -> Round | None:
+        """Pack what is missing, launch every bucket of this step's round, return it."""
+        ...
+
+    def finish_round(self, rnd: Round) -> dict[str, Tensor]:
+        """Wait for a closed round; its reduced gradients as views (valid until released)."""
+        ...
+
+    def release_round(self, rnd: Round) -> None:
+        """Return a finished round's buffers to the pool."""
+        ...
+
+    def abandon_round(self, rnd: Round) -> None:
+        """Wait for a round's collectives, drop the results, release its buffers."""
+        ...
 
 
 class Scheduler(abc.ABC):
     """One step counter and the per-step decisions of a schedule.
 
     The engine asks :meth:`round_plan` when the first gradient of a step arrives; the adapter's
-    ``optimizer.step()`` calls :meth:`on_step` (unless :attr:`synchronous`, where it keeps
-    Horovod's synchronize-then-step path and the engine's ``synchronize`` advances the counter).
+    ``optimizer.step()`` reaches :meth:`on_step`.
+
+    Attributes:
+        needs_weights: the schedule updates weights itself (a replica, a local update, model
+            averaging), so it needs a host that holds them; the synchronous schedule does not.
+        drains_for_checkpoint: ``state_dict()`` first applies every round in flight, so it must be
+            called between steps (the synchronous schedule, like Horovod, saves at any time and
+            drops what is in flight).
     """
 
     name = "abstract"
+    needs_weights = True
+    drains_for_checkpoint = True
 
-    def __init__(self, config: Any, engine: Any):
+    def __init__(self, config: Any, port: RoundPort):
         self.config = config
-        self.engine = engine
+        self.port = port
+        self.ops = port.ops
         self.step = 0  # THE step counter: completed optimizer steps (engine.step reads it)
         self._host: ScheduleHost | None = None
 
     # -- wiring -------------------------------------------------------------------------------
     def attach(self, host: ScheduleHost) -> None:
+        if self.needs_weights and not getattr(host, "holds_weights", True):
+            raise ConfigError(
+                f"schedule '{self.name}' updates the weights itself (a global replica, a local update or "
+                f"model averaging), which a wrapper that only returns gradients cannot do. Use the "
+                f"optimizer wrapper (torch_plugin.DistributedOptimizer, tf_plugin.DistributedOptimizer for "
+                f"Keras) with this schedule.")
         self._host = host
 
     @property
@@ -109,26 +107,53 @@ class Scheduler(abc.ABC):
         return self._host
 
     @property
-    def synchronous(self) -> bool:
-        """True when the adapter should run the plain synchronous path (Schedule.sync)."""
-        return False
+    def host_or_none(self) -> ScheduleHost | None:
+        return self._host
 
     # -- per step -----------------------------------------------------------------------------
     def round_plan(self) -> RoundPlan | None:
         """The reducer and name tag of the round now being filled; None = don't communicate
         gradients this step (the hooks' gradients are ignored)."""
-        return RoundPlan(self.engine.reducer, None)
+        return RoundPlan(self.port.reducer, None)
 
     @abc.abstractmethod
-    def on_step(self) -> None:
-        """Everything ``optimizer.step()`` does under this schedule (gradients are in the host)."""
+    def on_step(self, closure: Callable[[], Any] | None = None, synchronize: bool = True) -> Any:
+        """Everything ``optimizer.step()`` does under this schedule (gradients are in the host).
 
-    def _warmup_step(self) -> None:
-        """One synchronous step: reduce this step's gradients, then the wrapped optimizer on the
-        model. Identical arithmetic to the synchronous path (engine.synchronize advances step)."""
-        grads = self.host.grads()
-        out = self.engine.synchronize(fetch=grads.get)
-        self.host.apply_optimizer(out)
+        Args:
+            closure: PyTorch's ``step(closure)`` (the synchronous schedule only).
+            synchronize: False inside ``skip_synchronize()`` (Horovod's contract: apply the
+                gradients as they are).
+        """
+
+    def synchronize(self) -> dict[str, Tensor]:
+        """Horovod's ``optimizer.synchronize()``: only the synchronous schedule has it."""
+        raise HvdCommoptError(
+            f"optimizer.synchronize() is for the synchronous schedule; with schedule '{self.name}' gradients "
+            f"are sent from the hooks and applied inside step(). To clip, clip the gradients before step(): "
+            f"they hold the local gradient, which drives the local update.")
+
+    def _no_closure(self, closure: Callable[[], Any] | None) -> None:
+        if closure is not None:
+            raise ConfigError(f"step(closure) is not supported with schedule '{self.name}': compute the loss "
+                              f"and call backward() before step()")
+
+    def _reduce_now(self) -> dict[str, Tensor]:
+        """Close, reduce and release this step's round; its gradients (valid until the next
+        round packs into the buffers)."""
+        rnd = self.port.close_round(self.host.grads().get)
+        if rnd is None:
+            raise HvdCommoptError(f"the '{self.name}' schedule does not reduce gradients at step {self.step}")
+        out = self.port.finish_round(rnd)
+        self.port.release_round(rnd)
+        return out
+
+    def _sync_step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """One synchronous step: reduce this step's gradients, run the wrapped optimizer on the
+        model with them, advance the step counter (also the warm-up step of other schedules)."""
+        loss = self.host.apply_optimizer(self._reduce_now(), closure=closure)
+        self.step += 1
+        return loss
 
     # -- lifecycle ----------------------------------------------------------------------------
     @property
@@ -152,15 +177,20 @@ class Scheduler(abc.ABC):
         weights itself (sync, CoCoD, local SGD)."""
         return None
 
+    def swap_in_weights(self, weights: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Let the model hold ``weights``; returns what it held (``use_global_weights``)."""
+        return self.host.swap_weights(weights)
+
     def state_dict(self) -> dict:
         return {"kind": self.name}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, step: int) -> None:
+        """Restore the schedule's state and the step counter (``step``, saved beside it)."""
         self._check_kind(state)
+        self.step = int(step)
 
     def _check_kind(self, state: dict) -> None:
         kind = state.get("kind", self.name)
         if kind != self.name:
-            from ..errors import ConfigError
             raise ConfigError(f"this checkpoint was written with schedule '{kind}', but the optimizer uses "
                               f"'{self.name}'; build the optimizer with the same schedule to resume")

@@ -1,10 +1,10 @@
-"""CoCoD-SGD: computation and communication decoupled (spec §6).
+"""CoCoD-SGD: computation and communication decoupled (docs/cocod-sgd.md#cocod-sgd).
 
 Paper: Shen, Xu, Liu, Liang, Cheng, "Faster Distributed Deep Net Training: Computation and
 Communication Decoupled Stochastic Gradient Descent", IJCAI 2019, arXiv:1906.12043. The paper's
 Algorithm 1 could not be read; the update follows the third-party reference
-JYWa/Overlap_Local_SGD ``distoptim/CoCoDSGD.py`` (§6.1), with the blocking thread replaced by an
-asynchronous allreduce on the communicator's progress thread (§6.3).
+JYWa/Overlap_Local_SGD ``distoptim/CoCoDSGD.py`` (docs/cocod-sgd.md#update-rule), with the blocking thread replaced by an
+asynchronous allreduce on the communicator's progress thread (docs/cocod-sgd.md#collective).
 
 Every step is a local step of the user's optimizer on the model x. Every ``period`` (tau) local
 steps, a sync:
@@ -14,28 +14,27 @@ steps, a sync:
     s <- x                   snapshot
     launch allreduce_sum(x / P) into z                          (runs during the next tau steps)
 
-i.e. ``x_i^{n+} = xbar^{n-1} + (x_i^n - x_i^{(n-1)+})`` (§6.1 closed form).
+i.e. ``x_i^{n+} = xbar^{n-1} + (x_i^n - x_i^{(n-1)+})`` (docs/cocod-sgd.md#closed-form).
 
 Choices:
 
 * ``x + (z - s)`` instead of the reference's ``(z + x) - s``: the same in real arithmetic, but
   with identical models z == s exactly, so the update is exactly x and identical data reproduces
   single-worker SGD bit-for-bit (T-CoCoD-1; for P a power of two, where x/P summed P times is x).
-* First sync (§6.5): no average exists yet, so x is unchanged and only the averaging is
+* First sync (docs/cocod-sgd.md#invariants): no average exists yet, so x is unchanged and only the averaging is
   launched (T-CoCoD-4).
 * Syncs happen after local steps tau, 2tau, ... (counting from the end of warm-up). The
   reference syncs first after tau + 1 steps (its ``itr`` counts calls, and it skips ``itr == 0``),
-  an off-by-one the spec lists as a pitfall; we do not copy it.
+  an off-by-one listed in docs/cocod-sgd.md#pitfalls; we do not copy it.
 * ``finalize()`` waits for the pending average and then averages the current models (blocking),
   so every rank ends with the same model, the mean of the workers' models.
 * Checkpoints wait for the pending average first and store it (z) with the snapshot (s).
 """
 from __future__ import annotations
 
-from typing import Any
-
 from ..reduce.base import Pending
 from .averaging import AveragingScheduler
+from .base import RoundPort
 from .config import AveragingConfig
 
 __all__ = ["CoCoDScheduler"]
@@ -44,8 +43,8 @@ __all__ = ["CoCoDScheduler"]
 class CoCoDScheduler(AveragingScheduler):
     """CoCoD-SGD: the average of sync n is computed while the next tau local steps run."""
 
-    def __init__(self, config: AveragingConfig, engine: Any):
-        super().__init__(config, engine)
+    def __init__(self, config: AveragingConfig, port: RoundPort):
+        super().__init__(config, port)
         self._pending: list[Pending] | None = None  # the average in flight
         self._z: list | None = None   # a completed average, not yet applied (after a drain)
         self._s: list | None = None   # the snapshot s, per bucket
@@ -98,8 +97,8 @@ class CoCoDScheduler(AveragingScheduler):
                 "z": None if self._z is None else self.views(self._z),
                 "s": None if self._s is None else self.views(self._s)}
 
-    def load_state_dict(self, state: dict) -> None:
-        self._check_kind(state)
+    def load_state_dict(self, state: dict, step: int) -> None:
+        super().load_state_dict(state, step)
         self.abandon()
         self.syncs = int(state.get("syncs", 0))
         z, s = state.get("z"), state.get("s")

@@ -2,8 +2,8 @@
 
 Each factory returns a frozen, validated config; :func:`hvd_commopt.schedule.build_scheduler`
 turns it into the scheduler object the engine drives. Defaults are the reference
-implementations' (spec §3.2, §4.2, §5.2), because the papers' own values could not be read
-([NOT-READ] in the spec); where a default is a choice of ours the docstring says so.
+implementations' (docs/od-sgd.md#hyperparameters, docs/ssd-sgd.md#hyperparameters, docs/cd-sgd.md#hyperparameters), because the papers' own values could not be read
+(the papers' own values could not be read); where a default is a choice of ours the docstring says so.
 
     opt = hco.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                    schedule=hco.Schedule.ssd(delay=5, warmup_steps=500))
@@ -50,11 +50,11 @@ class SyncConfig:
 
 @dataclass(frozen=True)
 class DelayConfig:
-    """OD-SGD / SSD-SGD (spec §3, §4): the global update lags, a local update compensates.
+    """OD-SGD / SSD-SGD (docs/od-sgd.md#od-sgd, docs/ssd-sgd.md#ssd-sgd): the global update lags, a local update compensates.
 
     Attributes:
         kind: "od" or "ssd" (only the defaults differ; one code path, OD == SSD with delay 1).
-        delay: k. The local update's base is the global replica every k steps (§4.1 closed form);
+        delay: k. The local update's base is the global replica every k steps (docs/ssd-sgd.md#closed-form);
             0 disables the delay (the replica is updated with this step's gradient and copied
             into the model: S-SGD through the replica path, spec T-OD-3).
         warmup_steps: synchronous steps before the switch.
@@ -66,9 +66,9 @@ class DelayConfig:
         local_scale: s_loc, the factor on the worker's own gradient; None means 1/P (reference).
         local_weight_decay: None follows the wrapped optimizer's ``weight_decay`` of the group.
         dc_lambda: DC-ASGD's variance-control coefficient lambda.
-        glu: SSD-SGD's global-gradient-for-local-update coefficient c (0 disables), §4.1.
+        glu: SSD-SGD's global-gradient-for-local-update coefficient c (0 disables), docs/ssd-sgd.md#update-rule.
         check_replica_every: every N steps, compare a hash of the replica across ranks and raise
-            RankMismatchError if they differ (0 = never). The safety net of spec §3.3 (1).
+            RankMismatchError if they differ (0 = never). The safety net of docs/od-sgd.md#collective-equivalent.
     """
 
     kind: str
@@ -107,7 +107,7 @@ class DelayConfig:
 
 @dataclass(frozen=True)
 class CDConfig(DelayConfig):
-    """CD-SGD (spec §5): OD-SGD's one-step delay, ternary-quantized gradients with error feedback,
+    """CD-SGD (docs/cd-sgd.md#cd-sgd): OD-SGD's one-step delay, ternary-quantized gradients with error feedback,
     and a full-precision correction every ``correction_every``-th step.
 
     Attributes (beyond :class:`DelayConfig`; ``delay`` is always 1):
@@ -147,7 +147,7 @@ class CDConfig(DelayConfig):
 
 @dataclass(frozen=True)
 class AveragingConfig:
-    """Model averaging instead of gradient averaging: CoCoD-SGD (spec §6) or local SGD (§2.3).
+    """Model averaging instead of gradient averaging: CoCoD-SGD (docs/cocod-sgd.md#cocod-sgd) or local SGD (docs/local-sgd.md#update-rule).
 
     Attributes:
         kind: "cocod" (average in the background while the next ``period`` steps run) or
@@ -178,7 +178,7 @@ class Schedule:
            local_scale: float | None = None, local_optimizer: str = "sgd",
            local_weight_decay: float | None = None, dc_lambda: float = 0.04,
            check_replica_every: int = 0) -> DelayConfig:
-        """OD-SGD (Xu et al., arXiv:2005.06728; spec §3). Defaults: reference ``fit.py``
+        """OD-SGD (Xu et al., arXiv:2005.06728; docs/od-sgd.md#od-sgd). Defaults: reference ``fit.py``
         (--lr-local 0.1, --mom-local 0.1, 200 warm-up iterations, rescale 1/P)."""
         return DelayConfig(kind="od", delay=1, warmup_steps=warmup_steps, local_optimizer=local_optimizer,
                            local_lr=local_lr, local_momentum=local_momentum, local_scale=local_scale,
@@ -190,10 +190,10 @@ class Schedule:
             local_scale: float | None = None, glu: float = 0.0, local_optimizer: str = "sgd",
             local_weight_decay: float | None = None, dc_lambda: float = 0.04,
             check_replica_every: int = 0) -> DelayConfig:
-        """SSD-SGD (arXiv:2012.05396; spec §4). Defaults: reference (k = 5 and 500 warm-up
+        """SSD-SGD (arXiv:2012.05396; docs/ssd-sgd.md#ssd-sgd). Defaults: reference (k = 5 and 500 warm-up
         iterations hard-coded, --lr-local 0.1, --mom-local 0, --optimizer-local sgd).
 
-        ``glu=c > 0`` turns on GLU in the spec's recommended form (§4.1; see
+        ``glu=c > 0`` turns on GLU in the recommended form (docs/ssd-sgd.md#glu-recommended-form; see
         :mod:`hvd_commopt.schedule.delayed`); the reference kernel's coefficient is 0.5. It is
         off by default as in the reference's ``fit.py``, and because on our digits check (2 ranks,
         k = 5, global SGD momentum 0.9) it did not help: 90.0% test accuracy without GLU, 89.7%
@@ -211,7 +211,7 @@ class Schedule:
            local_lr: float | None = 0.1, local_momentum: float = 0.1, local_scale: float | None = None,
            local_optimizer: str = "sgd", local_weight_decay: float | None = None, dc_lambda: float = 0.04,
            check_replica_every: int = 0) -> CDConfig:
-        """CD-SGD (Yu et al., arXiv:2106.10796; spec §5). Defaults: reference (1000 warm-up
+        """CD-SGD (Yu et al., arXiv:2106.10796; docs/cd-sgd.md#cd-sgd). Defaults: reference (1000 warm-up
         iterations, compress_steps 5, threshold 0.5; local optimizer as OD-SGD's)."""
         return CDConfig(kind="cd", delay=1, warmup_steps=warmup_steps, local_optimizer=local_optimizer,
                         local_lr=local_lr, local_momentum=local_momentum, local_scale=local_scale,
@@ -222,10 +222,10 @@ class Schedule:
 
     @staticmethod
     def cocod(period: int, warmup_steps: int = 0) -> AveragingConfig:
-        """CoCoD-SGD (Shen et al., IJCAI 2019; spec §6). tau has no reference default."""
+        """CoCoD-SGD (Shen et al., IJCAI 2019; docs/cocod-sgd.md#cocod-sgd). tau has no reference default."""
         return AveragingConfig("cocod", period, warmup_steps)
 
     @staticmethod
     def local_sgd(period: int, warmup_steps: int = 0) -> AveragingConfig:
-        """Local SGD / periodic model averaging (spec §2.3), plain averaging (gmf = 0)."""
+        """Local SGD / periodic model averaging (docs/local-sgd.md#update-rule), plain averaging (gmf = 0)."""
         return AveragingConfig("local_sgd", period, warmup_steps)

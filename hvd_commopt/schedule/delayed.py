@@ -1,11 +1,11 @@
-"""OD-SGD and SSD-SGD without a parameter server: one scheduler, one code path (spec §3, §4).
+"""OD-SGD and SSD-SGD without a parameter server: one scheduler, one code path (docs/od-sgd.md#od-sgd, docs/ssd-sgd.md#ssd-sgd).
 
 Papers: OD-SGD, Xu, Dong, Xu, Liao, arXiv:2005.06728 (reference CynthiaProtector/OD-SGD);
-SSD-SGD, arXiv:2012.05396 (reference main-520/SSD-SGD). Spec §3.3 and §4.3 give the
+SSD-SGD, arXiv:2012.05396 (reference main-520/SSD-SGD). docs/od-sgd.md#collective-equivalent and docs/ssd-sgd.md#collective-equivalent give the
 collective equivalent implemented here: every rank keeps a replica of the global model w_g and
 runs the (user's) global optimizer on it redundantly, with rank-identical allreduce results.
 
-Closed form after warm-up (§4.1), with k = ``delay`` and W = ``warmup_steps``:
+Closed form after warm-up (docs/ssd-sgd.md#update-rule), with k = ``delay`` and W = ``warmup_steps``:
 
     w_g(t+1)   = U_g(w_g(t), gbar(t))                        every step (round t)
     b(t)       = w_g(t)  if (t - W) % k == 0  else  w_loc(t)  (base switch)
@@ -29,19 +29,19 @@ replica, which is S-SGD bit-for-bit (T-OD-3).
 Warm-up: W synchronous steps on the model. The switch (at the start of step W) copies the
 model's weights into the replica; the optimizer's state (momentum, Adam moments, step counts)
 becomes the replica's state as it is, because the wrapped optimizer keeps stepping with its own
-state, now on the replica (the spec's pitfall "the warm-up must copy the optimizer state").
+state, now on the replica (the pitfall "the warm-up must copy the optimizer state", docs/od-sgd.md#pitfalls).
 
 Which weights the model holds: w (the local weights w_loc) during training; the replica lives in
 the scheduler (``global_weights()``); :meth:`finalize` drains and sets the model to w_g.
 Buffers that are not parameters (BatchNorm running statistics) are not registered, so they stay
-per-worker and are neither replicated nor averaged, as in the MXNet references (§3.3 point 6).
+per-worker and are neither replicated nor averaged, as in the MXNet references (docs/od-sgd.md#collective-equivalent).
 
 Conventions: the global update is the user's (PyTorch-form) optimizer and the local SGD is in
-PyTorch form too; the references' MXNet form (lr inside the momentum, §0, §11.5) is not offered.
+PyTorch form too; the references' MXNet form (lr inside the momentum, docs/wrapper.md#momentum-form, docs/wrapper.md#lr-conventions) is not offered.
 The two agree for a constant learning rate.
 
 GLU (SSD-SGD's "global gradient for local update"): the paper's equation could not be read and
-the released kernel cannot be taken literally (§4.1 caution), so this implements the spec's
+the released kernel cannot be taken literally (docs/ssd-sgd.md#glu-reference-code), so this implements the
 **recommended faithful-in-spirit form**:
 
     w_loc(t+1) = b(t) - lr_loc * (s_loc * g_i(t) + c * g_glob),
@@ -53,31 +53,41 @@ direction of the last period, in gradient units. g_glob is 0 until two switches 
 """
 from __future__ import annotations
 
+import hashlib
 from collections import deque
-from typing import Any
+from typing import Any, Callable
+
+import numpy as np
 
 from ..engine.rounds import Round
 from ..errors import RankMismatchError
-from .base import RoundPlan, Scheduler
+from ..reduce.base import Reducer
+from .base import RoundPlan, RoundPort, Scheduler
 from .config import DelayConfig
 from .local_opt import LocalOptimizer
-from .ops import digest, require_update_ops
 
-__all__ = ["DelayedScheduler"]
+__all__ = ["DelayedScheduler", "digest"]
 
 Tensor = Any
+
+
+def digest(ops: Any, tensors: list) -> str:
+    """sha256 over the tensors' bytes, in the order given (replica consistency checks)."""
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(np.ascontiguousarray(ops.to_numpy(t)).tobytes())
+    return h.hexdigest()
 
 
 class DelayedScheduler(Scheduler):
     """OD-SGD (delay 1), SSD-SGD (delay k) and the delay-disabled replica path (delay 0)."""
 
-    def __init__(self, config: DelayConfig, engine: Any):
-        super().__init__(config, engine)
+    def __init__(self, config: DelayConfig, port: RoundPort):
+        super().__init__(config, port)
         self.name = config.kind
-        self.ops = require_update_ops(engine.ops, f"Schedule.{config.kind}()")
         self.k = config.delay
         self.warmup = config.warmup_steps
-        scale = config.local_scale if config.local_scale is not None else 1.0 / engine.comm.size
+        scale = config.local_scale if config.local_scale is not None else 1.0 / port.comm.size
         self.local = LocalOptimizer(self.ops, config.local_optimizer, config.local_momentum, scale, config.dc_lambda)
         self.fifo: deque[Round] = deque()
         self.replica: dict[str, Tensor] | None = None
@@ -96,29 +106,30 @@ class DelayedScheduler(Scheduler):
 
     def round_plan(self) -> RoundPlan:
         if self.in_warmup():
-            return RoundPlan(self.engine.reducer, None)  # the synchronous path, names unchanged
+            return RoundPlan(self.port.reducer, None)  # the synchronous path, names unchanged
         return RoundPlan(self.reducer_for(self.step), f"r{self.step}")
 
-    def reducer_for(self, step: int) -> Any:
+    def reducer_for(self, step: int) -> Reducer:
         """The reducer of round ``step`` (CD-SGD alternates ternary and full precision)."""
-        return self.engine.reducer
+        return self.port.reducer
 
     @property
     def names(self) -> list[str]:
-        return self.engine.registered_names
+        return self.port.names
 
     # -- the step -----------------------------------------------------------------------------
-    def on_step(self) -> None:
+    def on_step(self, closure: Callable[[], Any] | None = None, synchronize: bool = True) -> None:
+        self._no_closure(closure)
         t = self.step
         if self.in_warmup(t):
-            self._warmup_step()
+            self._sync_step()
             return
         if self.replica is None:
             self._switch()
         host = self.host
         grads = host.grads()
-        rnd = self.engine.close_round(fetch=grads.get)
-        rnd.meta = host.hyper()
+        rnd = self.port.close_round(fetch=grads.get)
+        rnd.hyper = host.hyper()
         self.fifo.append(rnd)
         if self.k == 0:
             self._apply_through(t)
@@ -147,9 +158,9 @@ class DelayedScheduler(Scheduler):
         """Wait for and apply, in order, every round whose step is <= last_step."""
         while self.fifo and self.fifo[0].step <= last_step:
             rnd = self.fifo.popleft()
-            grads = self.engine.finish_round(rnd)
-            self.host.apply_optimizer(grads, weights=self.replica, hyper=rnd.meta)
-            self.engine.release_round(rnd)
+            grads = self.port.finish_round(rnd)
+            self.host.apply_optimizer(grads, weights=self.replica, hyper=rnd.hyper)
+            self.port.release_round(rnd)
             self.applied += 1
 
     def _local_update(self, base: dict[str, Tensor] | None, grads: dict[str, Tensor | None]) -> None:
@@ -199,7 +210,7 @@ class DelayedScheduler(Scheduler):
         every = self.config.check_replica_every
         if not every or self.step % every:
             return
-        everyone = self.engine.comm.allgather_object(self.replica_digest(), name=f"replica.check@{self.step}")
+        everyone = self.port.comm.allgather_object(self.replica_digest(), name=f"replica.check@{self.step}")
         if len(set(everyone)) > 1:
             bad = [r for r, d in enumerate(everyone) if d != everyone[0]]
             raise RankMismatchError(
@@ -226,11 +237,7 @@ class DelayedScheduler(Scheduler):
 
     def abandon(self) -> None:
         while self.fifo:
-            rnd = self.fifo.popleft()
-            for p in rnd.pending.values():
-                rnd.reducer.finish(p, self.engine.ctx)
-            rnd.pending.clear()
-            self.engine.release_round(rnd)
+            self.port.abandon_round(self.fifo.popleft())
 
     def global_weights(self) -> dict[str, Tensor] | None:
         self.drain()
@@ -246,8 +253,8 @@ class DelayedScheduler(Scheduler):
                 "local": self.local.state_dict(), "glu_prev": self._glu_prev, "glu_dir": self._glu_dir,
                 "glu_mark": self._glu_mark}
 
-    def load_state_dict(self, state: dict) -> None:
-        self._check_kind(state)
+    def load_state_dict(self, state: dict, step: int) -> None:
+        super().load_state_dict(state, step)
         self.abandon()
         w = self.host.weights()
         ops = self.ops

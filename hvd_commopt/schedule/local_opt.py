@@ -1,4 +1,4 @@
-"""The local optimizer U_loc of OD-SGD / SSD-SGD / CD-SGD (spec §3.1, §4.1, §5.1).
+"""The local optimizer U_loc of OD-SGD / SSD-SGD / CD-SGD (docs/od-sgd.md#update-rule, docs/ssd-sgd.md#update-rule, docs/cd-sgd.md#update-rule).
 
     w_loc(t+1) = U_loc(b(t), s_loc * g_i(t))
 
@@ -6,10 +6,10 @@ b(t) is the base chosen by the scheduler (the global replica w_g(t) on base-swit
 current local weights otherwise); g_i(t) is this worker's own gradient, evaluated at the current
 local weights w_c = w_loc(t).
 
-**SGD** (``local_optimizer="sgd"``), in PyTorch's form (spec §0), with its own momentum buffer
-that is never reset when the base jumps to the replica (the reference's behaviour, §3.5):
+**SGD** (``local_optimizer="sgd"``), in PyTorch's form (docs/wrapper.md#momentum-form), with its own momentum buffer
+that is never reset when the base jumps to the replica (the reference's behaviour, docs/od-sgd.md#pitfalls):
 
-    d = s*g [+ c*g_glob (GLU, §4.1)] + wd*b;   m = mu*m + d (m = d at the first step);   w = b - lr*m
+    d = s*g [+ c*g_glob (GLU, docs/ssd-sgd.md#glu-recommended-form)] + wd*b;   m = mu*m + d (m = d at the first step);   w = b - lr*m
 
 The operations and their order are exactly ``torch.optim.SGD``'s single-tensor kernel
 (``grad.add(param, alpha=wd)``, ``buf.mul_(mu).add_(d)``, ``param.add_(d, alpha=-lr)``), so with
@@ -17,7 +17,7 @@ equal hyper-parameters and s = 1 the local and the global update are bit-identic
 
 **DC-ASGD** (``local_optimizer="dcasgd"``), re-derived from its definition (Zheng et al., "Asynchronous
 SGD with Delay Compensation", ICML 2017) rather than from the fork's kernel, whose ``lr/wd/lam``
-arguments are swapped (spec §3.1 caution). A gradient evaluated at w_c and applied at b is
+arguments are swapped (docs/od-sgd.md#dcasgd-reference-bug). A gradient evaluated at w_c and applied at b is
 compensated by the diagonal Hessian approximation lambda*g⊙g:
 
     g~ = g + lambda * g ⊙ g ⊙ (b - w_c)      (g = s*g_i)
@@ -41,7 +41,7 @@ class LocalOptimizer:
     """U_loc with its own state (momentum buffers keyed by tensor name).
 
     Args:
-        ops: TensorOps + UpdateOps of the adapter.
+        ops: the adapter's TensorOps.
         kind: "sgd" or "dcasgd".
         momentum: mu (0 = no buffer).
         scale: s_loc, the factor on the worker's own gradient (1/P in the reference).

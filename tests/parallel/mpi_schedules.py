@@ -1,4 +1,4 @@
-"""Rank-side checks of the schedules (issue 4); run by test_parallel_schedules.py under
+"""Rank-side checks of the schedules; run by test_parallel_schedules.py under
 ``mpirun -np P python -m pytest``. Every rank asserts; skipped at size 1."""
 import copy
 import dataclasses
@@ -9,10 +9,11 @@ import pytest
 import torch
 
 import torch_plugin as hco
-from hvd_commopt import Schedule
+from hvd_commopt import NumpyOps, Schedule
+from hvd_commopt.compress import ErrorFeedback, TernaryCompressor
+from hvd_commopt.reduce import DenseAllreduce
 from hvd_commopt.reduce.base import ReduceContext
-from hvd_commopt.schedule import NumpyUpdateOps
-from hvd_commopt.schedule.cd import TernaryAllreduce
+from tests.reducers import start
 
 hco.init()
 torch.set_num_threads(1)
@@ -130,7 +131,7 @@ def test_T_CD_1_correction_every_step_equals_od():
 
 def test_T_SSD_2_replica_independent_of_k_for_a_fixed_gradient_sequence():
     """Gradients that do not depend on the weights (loss linear in them): w_g is the same for every
-    k and equals the synchronous result, bit-for-bit (the same collectives: §11.12)."""
+    k and equals the synchronous result, bit-for-bit (the same collectives: docs/wrapper.md#bit-exactness-scope)."""
     def run(schedule):
         torch.manual_seed(3)
         w = torch.nn.Parameter(torch.randn(50))
@@ -149,13 +150,13 @@ def test_T_SSD_2_replica_independent_of_k_for_a_fixed_gradient_sequence():
 
 
 def test_T_CD_4_int8_allreduce_equals_fp32_dequantize_then_sum():
-    ops = NumpyUpdateOps()
+    ops = NumpyOps()
     comm = hco.runtime.communicator()
-    red = TernaryAllreduce(0.5, P)
+    red = DenseAllreduce(TernaryCompressor(0.5, P), ErrorFeedback())
     ctx = ReduceContext(comm, ops, 1.0, 1.0 / P)
     g = np.random.RandomState(R).randn(1001).astype(np.float32)
-    pend = red.start("bucket0:t@r3", g.copy(), ctx)
-    assert pend.state[1].dtype == np.int8
+    pend = start(red, "bucket0:t", g.copy(), ctx, step=3, tag="r3")
+    assert pend.state.payload.dtype == np.int8
     out = red.finish(pend, ctx)
     signs = comm.allgather_object((np.sign(g) * (np.abs(g) >= 0.5)).astype(np.float32), name="test.signs")
     ref = np.zeros(1001, np.float32)

@@ -1,4 +1,4 @@
-"""End-to-end check of ``python -m benchmarks.run --quick`` (issue 7): the harness, not the speed.
+"""End-to-end check of ``python -m benchmarks.run --quick``: the harness, not the speed.
 
 Two MPI ranks on loopback (``--net loopback``: no root needed, and fast), a handful of variants
 on the small deep MLP plus one epoch of time-to-accuracy on digits. Checks that every artefact the

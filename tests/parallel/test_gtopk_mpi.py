@@ -1,4 +1,4 @@
-"""Rank-side checks of the sparse reducers under a real ``mpirun -np P`` (spec §8.9 T-GT-1..6).
+"""Rank-side checks of the sparse reducers under a real ``mpirun -np P`` (docs/gtopk.md#invariants).
 
 Launched by tests/parallel/test_run_gtopk.py for P in {2, 3, 4, 5, 6, 8}; every rank runs these
 tests and any failing rank fails the job. Outside mpirun (or at size 1) the module is skipped.
@@ -15,6 +15,7 @@ if _launch.launcher not in ("openmpi", "mpich") or _launch.size < 2:
     pytest.skip("runs under mpirun -np >= 2 (see tests/parallel/test_run_gtopk.py)", allow_module_level=True)
 
 import os  # noqa: E402
+import weakref  # noqa: E402
 
 if os.environ.get("HVD_COMMOPT_BACKEND") in ("gloo", "nccl"):
     import torch_plugin  # noqa: E402,F401  (registers the torch.distributed backends)
@@ -24,6 +25,7 @@ from hvd_commopt import Compression, NumpyOps  # noqa: E402
 from hvd_commopt.compress.randomk import randomk_indices  # noqa: E402
 from hvd_commopt.reduce import DenseAllreduce, ReduceContext  # noqa: E402
 from hvd_commopt.reduce.gtopk import gtopk_simulate  # noqa: E402
+from tests.reducers import reduce_once, start  # noqa: E402
 
 comm = hvd.init()
 P, R = comm.size, comm.rank
@@ -44,12 +46,18 @@ def gather_rows(x):
     return out.reshape(P, -1)
 
 
+_ROUNDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def step_with(red, name, x, post):
+    """One round of bucket ``name`` (rounds counted per reducer and bucket, as the engine's steps)."""
+    rounds = _ROUNDS.setdefault(red, {})
+    step = rounds[name] = rounds.get(name, -1) + 1
     ctx = ReduceContext(comm, ops, 1.0, post)
     residual = getattr(red, "residual", lambda *a: None)  # DenseAllreduce keeps none
     before = residual(ops, name, x)
     before = np.zeros_like(x) if before is None else before.copy()
-    p = red.start(name, x.copy(), ctx)
+    p = start(red, name, x.copy(), ctx, step=step)
     out = red.finish(p, ctx)
     after = residual(ops, name, x)
     return before, out, (np.zeros_like(x) if after is None else after.copy()), p.bytes_sent
@@ -81,7 +89,7 @@ def test_gtopk_equals_oracle_identical_and_conserves(algorithm):
         assert len(np.unique(I)) == len(I) <= k                           # T-GT-2
         assert np.array_equal(gather_rows(out), np.broadcast_to(out, (P, n)))  # T-GT-1
         expect = acc.copy()
-        expect[leaves[R][0][alive[R]]] = 0                                # survival mask (§8.2)
+        expect[leaves[R][0][alive[R]]] = 0                                # survival mask (docs/gtopk.md#recursive-doubling)
         assert np.array_equal(after, expect)
         if algorithm == "recursive_doubling":
             assert sent == gtopk_bytes(k)                                 # 2k words per round + fold/unfold
@@ -195,7 +203,7 @@ def test_torch_gtopk_equals_oracle_on_any_backend(algorithm):
         x = torch.from_numpy(local_data(s, n))
         before = red.residual(tops, "b", x)
         acc = x + (torch.zeros_like(x) if before is None else before)
-        p = red.start("b", x.clone(), ctx)
+        p = start(red, "b", x.clone(), ctx, step=s)
         out = red.finish(p, ctx)
         accs = rows(acc)
         leaves = [(i, v) for v, i in (tops.topk_abs(accs[r], k) for r in range(P))]
@@ -208,5 +216,5 @@ def test_torch_gtopk_equals_oracle_on_any_backend(algorithm):
         if algorithm == "recursive_doubling":
             assert p.bytes_sent == gtopk_bytes(k)
         for dtype in (torch.bfloat16,):  # half-precision values on the wire (uint16 bits on hosts)
-            h = red.finish(red.start("h", x.clone().to(dtype), ctx), ctx)
+            h = reduce_once(red, "h", x.clone().to(dtype), ctx, step=s)
             assert h.dtype == dtype and torch.equal(rows(h.float()), h.float().expand(P, n))

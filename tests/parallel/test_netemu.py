@@ -1,4 +1,4 @@
-"""Tests for benchmarks/netemu.py, the emulated bandwidth-limited cluster (issue 7).
+"""Tests for benchmarks/netemu.py, the emulated bandwidth-limited cluster.
 
 The namespace tests need root, iproute2 and namespace support; where those are missing they skip
 with the reason the tool itself reports. The loopback tests run anywhere MPI/torch are installed.

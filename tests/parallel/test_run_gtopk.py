@@ -2,7 +2,7 @@
 
 Each case launches ``mpirun -np P python -m pytest tests/parallel/test_gtopk_mpi.py``; every rank
 asserts (oracle equality, identical ranks, conservation, traffic) and a failing rank fails the
-job. P covers powers of two and the fold/unfold path for the others (spec §8.5, T-GT-4).
+job. P covers powers of two and the fold/unfold path for the others (docs/gtopk.md#t-gt-4).
 """
 import pytest
 

@@ -352,7 +352,7 @@ def _run_schedule(schedule, graph, comm=None, steps=6, momentum=0.0, batches=Non
 
 @pytest.mark.parametrize("graph", [False, True])
 def test_od_sgd_at_size_one_equals_sgd_bit_for_bit(graph):
-    """Spec T-OD-1: P = 1, no momentum, local lr = lr, s_loc = 1: OD-SGD is plain SGD."""
+    """T-OD-1 (docs/od-sgd.md#t-od-1): P = 1, no momentum, local lr = lr, s_loc = 1: OD-SGD is plain SGD."""
     from hvd_commopt import Schedule
     ref, _ = _run_schedule(None, False)
     od = Schedule.od(warmup_steps=2, local_lr=0.1, local_momentum=0.0, local_scale=1.0)

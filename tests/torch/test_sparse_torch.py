@@ -1,5 +1,5 @@
 """Sparse compression with TorchOps: same results as NumpyOps, the optimizer API, checkpoints,
-and convergence on the digits data (issue 3)."""
+and convergence on the digits data."""
 from __future__ import annotations
 
 import copy
@@ -15,11 +15,12 @@ import torch_plugin as hco  # noqa: E402
 from hvd_commopt import Compression, NumpyOps, run_ranks  # noqa: E402
 from hvd_commopt.reduce import ReduceContext  # noqa: E402
 from torch_plugin.ops import TorchOps  # noqa: E402
+from tests.reducers import reduce_once  # noqa: E402
 
 nops, tops = NumpyOps(), TorchOps()
 
 
-# -- the TensorOps added for issue 3 ------------------------------------------------------------
+# -- the sparse TensorOps ---------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
 def test_new_tensor_ops_match_numpy(dtype):
     rng = np.random.default_rng(0)
@@ -71,7 +72,7 @@ def run_with(ops, P, factory, data, steps):
         for s in range(steps):
             x = data[comm.rank, s]
             flat = torch.from_numpy(x.copy()) if ops is tops else x.copy()
-            y = red.finish(red.start("bucket0:w", flat, ctx), ctx)
+            y = reduce_once(red, "bucket0:w", flat, ctx, step=s)
             r = red.residual(ops, "bucket0:w", flat)
             out.append((np.array(ops.to_numpy(y)), None if r is None else np.array(ops.to_numpy(r))))
         return out
@@ -107,7 +108,7 @@ def test_half_precision_buckets(kind, dtype):
         ctx = ReduceContext(comm, tops, 1.0, 1.0 / comm.size)
         red = FACTORIES[kind]()
         flat = torch.from_numpy(base[comm.rank, 0].copy()).to(dtype)
-        y = red.finish(red.start("b", flat, ctx), ctx)
+        y = reduce_once(red, "b", flat, ctx)
         return y, red.residual(tops, "b", flat)
 
     outs = run_ranks(P, body)
@@ -183,7 +184,8 @@ def test_optimizer_ranks_agree_and_checkpoint_round_trips(kind, threshold):
     assert sum(b["bytes_sent"] for b in stats["per_bucket"].values()) == stats["bytes_sent"]
 
 
-# -- convergence (issue 3): digits, 2 ranks, density 0.01 with error feedback ---------------------
+# -- convergence: digits, 2 ranks, density 0.01 with error feedback ---------------------
+@pytest.mark.slow
 def test_convergence_on_digits_within_one_point_of_dense():
     datasets = pytest.importorskip("sklearn.datasets")
     X, y = datasets.load_digits(return_X_y=True)

@@ -5,10 +5,9 @@ import copy
 
 import numpy as np
 
-from hvd_commopt.engine import CommEngine, TensorSpec
-from hvd_commopt.schedule import NumpyUpdateOps
+from hvd_commopt import NumpyOps, TensorSpec, build_engine
 
-OPS = NumpyUpdateOps()
+OPS = NumpyOps()
 SPECS = [TensorSpec("w", (5, 3), "float32"), TensorSpec("b", (3,), "float32"), TensorSpec("v", (3, 2), "float32")]
 
 
@@ -35,6 +34,8 @@ def loss_grads(p: dict[str, np.ndarray], x: np.ndarray, y: np.ndarray) -> dict[s
 class NumpyHost:
     """ScheduleHost over a dict of arrays; the "wrapped optimizer" is torch-form momentum SGD."""
 
+    holds_weights = True
+
     def __init__(self, params: dict[str, np.ndarray], lr: float = 0.1, momentum: float = 0.0, wd: float = 0.0):
         self.w = {k: v.copy() for k, v in params.items()}
         self.g: dict[str, np.ndarray | None] = {k: None for k in params}
@@ -49,11 +50,19 @@ class NumpyHost:
         if value is not self.w[name]:
             np.copyto(self.w[name], value)
 
+    def swap_weights(self, new):
+        old, self.w = self.w, dict(new)
+        return old
+
     def grads(self): return dict(self.g)
+
+    def set_grads(self, grads):
+        self.g = dict(self.g, **grads)
+
     def hyper(self): return dict(self.group)
     def param_hyper(self, name, key, default=None): return self.group.get(key, default)
 
-    def apply_optimizer(self, grads=None, weights=None, hyper=None):
+    def apply_optimizer(self, grads=None, weights=None, hyper=None, closure=None):
         h = hyper if hyper is not None else self.group
         W = weights if weights is not None else self.w
         G = grads if grads is not None else self.g
@@ -73,7 +82,7 @@ class NumpyHost:
 
 
 def sgd_step(W, G, state, h):
-    """torch.optim.SGD's single-tensor arithmetic with NumpyUpdateOps (so local == global ops)."""
+    """torch.optim.SGD's single-tensor arithmetic with NumpyOps (so local == global ops)."""
     for n in W:
         d = OPS.clone(G[n])
         if h["weight_decay"]:
@@ -87,7 +96,7 @@ def sgd_step(W, G, state, h):
 
 
 def make_engine(comm, schedule, host, fusion_threshold=None, compression=None):
-    eng = CommEngine(comm, OPS, schedule=schedule, fusion_threshold=fusion_threshold, compression=compression)
+    eng = build_engine(comm, OPS, schedule=schedule, fusion_threshold=fusion_threshold, compression=compression)
     eng.register(SPECS)
     eng.attach_host(host)
     return eng
@@ -97,7 +106,7 @@ def one_step(eng, host, rank, step, identical=False, grads=None):
     """Backward (gradients into the host and the hooks), then optimizer.step()."""
     g = grads if grads is not None else loss_grads(host.w, *batch(rank, step, identical=identical))
     host.g = g
-    for name in eng.tensor_names:
+    for name in eng.backward_names:
         eng.grad_ready(name, g[name])
     eng.run_step()
     return g

@@ -1,4 +1,4 @@
-"""Calibration mechanics (spec §1.2): measure on every rank, fit on rank 0, broadcast the fit."""
+"""Calibration mechanics (docs/cost-models.md#fitted-allreduce-model): measure on every rank, fit on rank 0, broadcast the fit."""
 from __future__ import annotations
 
 import json

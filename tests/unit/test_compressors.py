@@ -1,4 +1,4 @@
-"""Compressors that never communicate: fp16/bf16 casts, top-k, random-k, DGC (spec §2.1, §2.2)."""
+"""Compressors that never communicate: fp16/bf16 casts, top-k, random-k, DGC (docs/topk.md#update-rule, docs/dgc.md#update-rule)."""
 from __future__ import annotations
 
 import math
@@ -11,9 +11,11 @@ from hvd_commopt.compress import (BF16Compressor, DensitySpec, DGCCompressor, DG
                                   NoneCompressor, RandomKCompressor, TopKCompressor)
 from hvd_commopt.compress.dgc import warmup_ratio
 from hvd_commopt.compress.randomk import randomk_indices
-from hvd_commopt.compress.topk import tensor_name_of
+from hvd_commopt.buckets import Bucket, TensorSpec
+from hvd_commopt.compress.error_feedback import ErrorFeedback
 from hvd_commopt.engine import make_reducer
 from hvd_commopt.reduce import DenseAllreduce, GTopK, ReduceContext, SparseAllgather
+from tests.reducers import bucket, reduce_once
 
 ops = NumpyOps()
 
@@ -52,7 +54,7 @@ def test_cast_allreduce_average_three_ranks(comp):
     def body(comm):
         red = make_reducer(comp)
         ctx = ReduceContext(comm, ops, 1.0, 1.0 / comm.size)
-        out = red.finish(red.start("b", data[comm.rank].copy(), ctx), ctx)
+        out = reduce_once(red, "b", data[comm.rank].copy(), ctx)
         return out
 
     outs = run_ranks(3, body)
@@ -79,28 +81,31 @@ def test_density_dict_and_callable_validation():
         Compression.topk({})
     spec = DensitySpec(lambda name, n: 0.0)
     with pytest.raises(ConfigError, match=r"\(0, 1\]"):
-        spec("bucket0:x", 10)
+        spec(bucket("bucket0:x"), 10)
 
 
 def test_density_spec_resolution():
+    def engine_bucket(index, *names):  # a bucket as the engine builds it: named after its first tensor
+        return Bucket.of(index, [TensorSpec(n, (10,), "float32") for n in names])
+
     spec = DensitySpec({"fc.weight": 0.5, "bucket3:conv+2": 0.25, "default": 0.01})
-    assert spec("bucket0:fc.weight", 100) == 0.5
-    assert spec("bucket3:conv+2", 100) == 0.25
-    assert spec("bucket1:other", 100) == 0.01
-    assert tensor_name_of("bucket12:layer.1.weight+3") == "layer.1.weight"
-    assert tensor_name_of("plain") == "plain"
+    assert spec(engine_bucket(0, "fc.weight"), 100) == 0.5
+    assert engine_bucket(3, "conv", "a", "b").name == "bucket3:conv+2"
+    assert spec(engine_bucket(3, "conv", "a", "b"), 100) == 0.25
+    assert spec(engine_bucket(1, "other"), 100) == 0.01
+    assert spec(engine_bucket(12, "fc.weight", "x", "y", "z"), 100) == 0.5  # by its first tensor
     with pytest.raises(ConfigError, match="default"):
-        DensitySpec({"a": 0.5})("bucket0:b", 10)
-    assert DensitySpec(lambda name, n: 1.0 if n < 100 else 0.1)("x", 10) == 1.0
+        DensitySpec({"a": 0.5})(engine_bucket(0, "b"), 10)
+    assert DensitySpec(lambda name, n: 1.0 if n < 100 else 0.1)(bucket("x"), 10) == 1.0
 
 
 def test_k_per_bucket_rule():
     c = TopKCompressor(0.01)
-    assert c.k_for("b", 1000) == 10
-    assert c.k_for("b", 150) == 1      # int(1.5) = 1
-    assert c.k_for("b", 3) == 1        # a layer smaller than 1/density still sends one
-    assert TopKCompressor(1.0).k_for("b", 7) == 7
-    assert DGCCompressor(0.01).k_for("b", 150) == 2  # DGC: ceil
+    assert c.k_for(1000) == 10
+    assert c.k_for(150) == 1      # int(1.5) = 1
+    assert c.k_for(3) == 1        # a layer smaller than 1/density still sends one
+    assert TopKCompressor(1.0).k_for(7) == 7
+    assert DGCCompressor(0.01).k_for(150) == 2  # DGC: ceil
 
 
 # -- top-k ------------------------------------------------------------------------------------
@@ -117,13 +122,13 @@ def test_topk_is_exact_with_ties_to_lower_index():
     np.testing.assert_array_equal(vals, x[ref])
 
 
-def test_topk_compress_decompress():
+def test_topk_select_scatters_back_to_the_selected_entries():
     c = TopKCompressor(0.1)
     x = rand(100)
-    payload, ctx = c.compress(ops, x)
-    y = c.decompress(ops, payload, ctx)
+    vals, idx = c.select(ops, x)
+    y = ops.scatter_add(ops.zeros(100, "float32"), idx, vals)
     assert np.count_nonzero(y) == 10 and y.dtype == x.dtype
-    np.testing.assert_array_equal(y[payload[1]], x[payload[1]])
+    np.testing.assert_array_equal(y[idx], x[idx])
     assert c.collective == "sparse"
 
 
@@ -138,19 +143,18 @@ def test_randomk_indices_shared_seed():
     assert not np.array_equal(a, randomk_indices(8, "bucket0:w", 3, 10_000, 100))   # other seed
 
 
-def test_randomk_bare_compressor_allreduces_through_dense_reducer():
-    """collective == 'allreduce': make_reducer accepts it; every rank draws the same indices."""
+def test_randomk_without_memory_allreduces_the_same_indices():
+    """collective == 'allreduce': every rank draws the same indices, so the k values are summed."""
     data = [rand(1000, seed=r) for r in range(3)]
 
     def body(comm):
-        red = make_reducer(RandomKCompressor(0.05, seed=1))
-        assert isinstance(red, DenseAllreduce)
+        red = SparseAllgather(RandomKCompressor(0.05, seed=1), ErrorFeedback(enabled=False))
         ctx = ReduceContext(comm, ops, 1.0, 1.0 / comm.size)
-        return [red.finish(red.start("b", data[comm.rank].copy(), ctx), ctx) for _ in range(2)]
+        return [reduce_once(red, "b", data[comm.rank].copy(), ctx, step=s) for s in range(2)]
 
     outs = run_ranks(3, body)
     for step in range(2):
-        idx = randomk_indices(1, "", step, 1000, 50)
+        idx = randomk_indices(1, "b", step, 1000, 50)
         ref = np.zeros(1000, np.float32)
         ref[idx] = sum(d[idx] for d in data) / 3
         for o in outs:
@@ -159,8 +163,9 @@ def test_randomk_bare_compressor_allreduces_through_dense_reducer():
 
 
 def test_make_reducer_checks_the_collective():
-    with pytest.raises(ConfigError, match="sparse exchange"):
-        make_reducer(TopKCompressor(0.1))
+    for selector in (TopKCompressor(0.1), RandomKCompressor(0.1)):
+        with pytest.raises(ConfigError, match="sparse exchange"):
+            make_reducer(selector)
     with pytest.raises(ConfigError, match="not an allreduce"):
         DenseAllreduce(DGCCompressor(0.1))
     with pytest.raises(ConfigError, match="sparse compressor"):
@@ -189,17 +194,17 @@ def test_dgc_warmup_follows_the_code_not_the_readme():
 
 def test_dgc_epoch_from_steps_or_set_epoch():
     c = DGCCompressor(0.001, warmup_epochs=5, steps_per_epoch=10)
-    assert c.ratio("b", 10**6, step=0) == pytest.approx(0.001 ** (1 / 6))
-    assert c.ratio("b", 10**6, step=25) == pytest.approx(0.001 ** (3 / 6))
+    assert c.ratio(None, 10**6, step=0) == pytest.approx(0.001 ** (1 / 6))
+    assert c.ratio(None, 10**6, step=25) == pytest.approx(0.001 ** (3 / 6))
     c.set_epoch(9)
-    assert c.ratio("b", 10**6, step=0) == 0.001
+    assert c.ratio(None, 10**6, step=0) == 0.001
     with pytest.raises(ConfigError, match="steps_per_epoch"):
-        DGCCompressor(0.001, warmup_epochs=5).ratio("b", 100)
+        DGCCompressor(0.001, warmup_epochs=5).ratio(None, 100)
     with pytest.raises(ConfigError, match="one ratio per warm-up epoch"):
         DGCCompressor(0.001, warmup_epochs=5, warmup_coeff=[0.1, 0.01])
     red = Compression.dgc(0.001, warmup_epochs=2, steps_per_epoch=1)
     red.set_epoch(1)
-    assert red.compressor.ratio("b", 100) == pytest.approx(0.001 ** (2 / 3))
+    assert red.compressor.ratio(None, 100) == pytest.approx(0.001 ** (2 / 3))
 
 
 def test_dgc_sampling_parameters_match_reference():
@@ -214,7 +219,7 @@ def test_dgc_select_near_k_and_large_values():
     x = rand(200_000, seed=5)
     c = DGCCompressor(0.001)
     for step in range(3):
-        vals, idx = c.select(ops, x, "bucket0:w", step)
+        vals, idx = c.select(ops, x, bucket("bucket0:w"), step)
         k = 200
         assert 0.8 * k <= len(idx) <= k
         assert np.all(np.diff(idx) > 0)
@@ -225,7 +230,7 @@ def test_dgc_select_near_k_and_large_values():
 
 def test_dgc_select_with_full_sampling_is_exact_topk():
     x = rand(20_000, seed=6)
-    vals, idx = DGCCompressor(0.01, sample_ratio=1.0).select(ops, x, "b", 0)
+    vals, idx = DGCCompressor(0.01, sample_ratio=1.0).select(ops, x, bucket("b"), 0)
     _, ref = ops.topk_abs(x, 200)
     np.testing.assert_array_equal(idx, ref)
 

@@ -1,4 +1,4 @@
-"""Cost models: AlphaBeta fit and serialisation, closed-form collective costs (spec §1.1, §1.2, §8.4, §8.5)."""
+"""Cost models: AlphaBeta fit and serialisation, closed-form collective costs (docs/cost-models.md#closed-form-costs, docs/cost-models.md#fitted-allreduce-model, docs/gtopk.md#costs, docs/gtopk.md#non-power-of-two)."""
 from __future__ import annotations
 
 import json
@@ -35,7 +35,7 @@ def test_time_rejects_negative_size():
 
 @pytest.mark.parametrize("alpha,beta", [(9.08e-4, 7.40e-10), (2.36e-4, 4.06e-10), (0.0, 1e-9), (1e-3, 0.0)])
 def test_fit_recovers_exact_model(alpha, beta):
-    sizes = [8192 * 4 * i for i in range(1, 64)]  # the reference's sizes (spec §1.2)
+    sizes = [8192 * 4 * i for i in range(1, 64)]  # the reference's sizes (docs/cost-models.md#fitted-allreduce-model)
     times = [alpha + beta * s for s in sizes]
     fit = AlphaBeta.fit(sizes, times)
     assert fit.alpha == pytest.approx(alpha, rel=1e-9, abs=1e-15)
@@ -108,7 +108,7 @@ def test_allgather_formulas():
 
 
 def test_topk_matches_readme_formula():
-    # README (spec §1.1): α log P + 2(P−1) k β_word, with β_word = 4 bytes · β
+    # README (docs/cost-models.md#closed-form-costs): α log P + 2(P−1) k β_word, with β_word = 4 bytes · β
     k, p = 1000, 8
     readme = LINK.alpha * math.log2(p) + 2 * (p - 1) * k * (4 * LINK.beta)
     assert topk_allgather_time(k, p, LINK, algorithm="recursive_doubling", fused=True) == pytest.approx(readme)
@@ -123,10 +123,10 @@ def test_gtopk_costs():
     assert gtopk_time(k, 8, LINK) == pytest.approx(3 * rnd)  # README α log P + 2k log P β
     assert gtopk_time(k, 2, LINK) == pytest.approx(rnd)
     assert gtopk_time(k, 1, LINK) == 0.0
-    # §8.5: P = 6 -> m = 4: fold + 2 rounds + unfold (+ k-bit mask)
+    # docs/gtopk.md#non-power-of-two: P = 6 -> m = 4: fold + 2 rounds + unfold (+ k-bit mask)
     assert gtopk_time(k, 6, LINK) == pytest.approx(4 * rnd + math.ceil(k / 8) * LINK.beta)
     assert gtopk_time(k, 3, LINK) == pytest.approx(3 * rnd + math.ceil(k / 8) * LINK.beta)
-    # §8.4 tree: reduce + broadcast
+    # docs/gtopk.md#costs tree: reduce + broadcast
     assert gtopk_time(k, 8, LINK, algorithm="tree") == pytest.approx(6 * rnd)
     with pytest.raises(ValueError, match="recursive_doubling"):
         gtopk_time(k, 8, LINK, algorithm="ring")
@@ -134,7 +134,7 @@ def test_gtopk_costs():
 
 def test_sparse_k():
     assert sparse_k(4000, 0.01) == 10
-    assert sparse_k(40, 0.001) == 1  # at least one entry (spec §11.9)
+    assert sparse_k(40, 0.001) == 1  # at least one entry (docs/wrapper.md#k-per-bucket)
     assert sparse_k(0, 0.001) == 0
     assert sparse_k(4000, 1.0) == 1000
     with pytest.raises(ValueError, match="density"):

@@ -9,6 +9,7 @@ import pytest
 from hvd_commopt import Compression, ConfigError, NumpyOps, run_ranks
 from hvd_commopt.compress import DGCCompressor, DGCMemory, ErrorFeedback, TopKCompressor
 from hvd_commopt.reduce import ReduceContext
+from tests.reducers import bucket, reduce_once
 
 ops = NumpyOps()
 
@@ -27,7 +28,7 @@ def test_invariant_bit_exact_over_steps(dtype, density):
         acc = ef.compensate(ops, "b", g.copy())
         np.testing.assert_array_equal(acc, g + residual)  # acc = grad + residual (same float op)
         acc_copy = acc.copy()
-        vals, idx = comp.select(ops, acc, "b", step)
+        vals, idx = comp.select(ops, acc, bucket("b"), step)
         ef.update(ops, "b", acc, idx)
         residual = ef.residual(ops, "b", acc).copy()
         sent = np.zeros_like(acc_copy)
@@ -73,7 +74,7 @@ def test_dgc_velocity_invariant_and_masks():
     for step, g in enumerate(grads(5, 2000)):
         v = mem.compensate(ops, "b", g.copy())
         v_before = v.copy()
-        vals, idx = comp.select(ops, v, "b", step)
+        vals, idx = comp.select(ops, v, bucket("b"), step)
         mem.update(ops, "b", v, idx)
         v_after = mem.residual(ops, "b", g)
         sent = np.zeros_like(v_before)
@@ -89,7 +90,7 @@ def test_state_dict_round_trip_continues_identically():
 
     def step(ef, g, i):
         acc = ef.compensate(ops, "b", g.copy())
-        vals, idx = comp.select(ops, acc, "b", i)
+        vals, idx = comp.select(ops, acc, bucket("b"), i)
         ef.update(ops, "b", acc, idx)
         return vals, idx
 
@@ -132,15 +133,15 @@ def test_reducer_checkpoint_round_trip_three_ranks(factory):
         red = factory()
         for s in range(3):
             for b in ("b0", "b1"):
-                red.finish(red.start(b, data[comm.rank, s].copy(), ctx), ctx)
+                reduce_once(red, b, data[comm.rank, s].copy(), ctx, step=s)
         sd = pickle.loads(pickle.dumps(red.state_dict()))
         red2 = factory()
         red2.load_state_dict(sd)
         outs = []
         for s in range(3, 6):
             for b in ("b0", "b1"):
-                o1 = red.finish(red.start(b, data[comm.rank, s].copy(), ctx), ctx)
-                o2 = red2.finish(red2.start(b, data[comm.rank, s].copy(), ctx), ctx)
+                o1 = reduce_once(red, b, data[comm.rank, s].copy(), ctx, step=s)
+                o2 = reduce_once(red2, b, data[comm.rank, s].copy(), ctx, step=s)
                 outs.append((o1, o2))
         return outs
 

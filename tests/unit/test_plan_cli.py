@@ -10,7 +10,7 @@ import pytest
 from hvd_commopt import plan as plan_cli
 from hvd_commopt.fusion.cost_model import AlphaBeta, CostModel
 
-PROFILE = [  # the spec §7.5 counterexample, in backward order
+PROFILE = [  # the docs/mgwfbp.md#t-mg-4, in backward order
     {"name": "fc.weight", "bytes": 4 * 63522, "backward_s": 0.81},
     {"name": "mid.weight", "bytes": 4 * 56, "backward_s": 0.27},
     {"name": "conv1.weight", "bytes": 4 * 14199, "backward_s": 0.87},

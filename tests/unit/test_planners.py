@@ -1,4 +1,4 @@
-"""Planners: MG-WFBP greedy (§7.1), exact DP (§7.6), OMGS (§9.2), auto choice; spec §7.5 T-MG-1..4, §9.4."""
+"""Planners: MG-WFBP greedy (docs/mgwfbp.md#greedy), exact DP (docs/mgwfbp.md#exact-dp), OMGS (docs/lags-omgs.md#omgs), auto choice; docs/mgwfbp.md#invariants, docs/lags-omgs.md#invariants."""
 from __future__ import annotations
 
 import numpy as np
@@ -18,7 +18,7 @@ def _t(plan, sizes, tb, cost, **kw) -> float:
 
 
 def _spec_instance(rng: np.random.Generator):
-    """The random instances of spec §7.5 T-MG-4: L in [2, 9], tb ~ U(0.01, 1), α and β from grids
+    """The random instances of docs/mgwfbp.md#t-mg-4: L in [2, 9], tb ~ U(0.01, 1), α and β from grids
     (β per 4-byte element, so per byte β/4)."""
     n = int(rng.integers(2, 10))
     sizes = (4 * rng.integers(1, 100_000, n)).tolist()
@@ -30,7 +30,7 @@ def _spec_instance(rng: np.random.Generator):
 # -- MG-WFBP greedy -------------------------------------------------------------------------------
 
 def test_spec_worked_example():
-    """Spec §7.5 T-MG-4 counterexample: forward p = [14199, 56, 63522], tb = [0.87, 0.27, 0.81],
+    """docs/mgwfbp.md#t-mg-4 counterexample: forward p = [14199, 56, 63522], tb = [0.87, 0.27, 0.81],
     α = 0.5, β = 1e-5 per element. Greedy {2,1},{0} ends at 2.858; optimum {2},{1,0} at 2.593."""
     sizes = [4 * x for x in (63522, 56, 14199)]  # backward order
     tb = [0.81, 0.27, 0.87]
@@ -67,7 +67,7 @@ def test_tmg2_one_bucket_when_alpha_dominates():
 
 
 def test_tmg3_greedy_never_worse_than_wfbp_or_single():
-    """Spec §7.5 T-MG-3 (empirical in the spec; holds on these seeded instances)."""
+    """docs/mgwfbp.md#t-mg-3 (empirical; holds on these seeded instances)."""
     rng = np.random.default_rng(13)
     for _ in range(1500):
         sizes, tb, ab = _spec_instance(rng)
@@ -112,7 +112,7 @@ def test_tmg4_optimal_equals_brute_force_and_report_greedy_gap(capsys):
         if g > opt_end * (1 + 1e-12):
             worse += 1
             worst = max(worst, g / opt_end - 1)
-    with capsys.disabled():  # report-only, as spec §7.5 T-MG-4 asks
+    with capsys.disabled():  # report-only (docs/mgwfbp.md#t-mg-4)
         print(f"\n[T-MG-4] greedy strictly worse than optimum in {worse}/{len(instances)} instances, "
               f"max relative gap {worst:.1%}")
 
@@ -133,10 +133,10 @@ def test_brute_force_refuses_large_inputs():
     assert plan_optimal([], [], AlphaBeta(1.0, 0.0)) == []
 
 
-# -- OMGS (§9.2) and the Pareto DP (§9.4) ---------------------------------------------------------
+# -- OMGS (docs/lags-omgs.md#omgs) and the Pareto DP (docs/lags-omgs.md#omgs-exact-dp) ---------------------------------------------------------
 
 def _sparse_model(p: int = 16, a: float = 1.1e-2, b: float = 1.7e-8):
-    """Reference-like GbE allgather model (spec §9.2: b is per gathered byte, ours per rank)."""
+    """Reference-like GbE allgather model (docs/lags-omgs.md#omgs-inputs, ours per rank)."""
     cm = CostModel(AlphaBeta(1e-3, 1e-9), AlphaBeta(a, b * p), None, ranks=p)
     return cm.comm_time_fn("topk", density=0.001)
 

@@ -1,17 +1,18 @@
-"""Scheduler state machine and the spec's invariants (T-OD, T-SSD, T-CD, T-CoCoD), on in-process
+"""Scheduler state machine and their invariants (T-OD, T-SSD, T-CD, T-CoCoD of docs/README.md#invariant-ids), on in-process
 ranks with NumPy tensors (no framework)."""
 import copy
 
 import numpy as np
 import pytest
 
-from hvd_commopt import Compression, NumpyOps, Schedule, run_ranks
-from hvd_commopt.engine import CommEngine
+from hvd_commopt import Compression, Schedule, build_engine, run_ranks
+from hvd_commopt.compress import ErrorFeedback, TernaryCompressor, wire_dtype_for
 from hvd_commopt.errors import ConfigError, RankMismatchError
+from hvd_commopt.reduce import DenseAllreduce
 from hvd_commopt.reduce.base import Pending, Reducer
 from hvd_commopt.schedule import CDScheduler
-from hvd_commopt.schedule.cd import TernaryAllreduce, bucket_key, wire_dtype_for
 from hvd_commopt.schedule.local_opt import LocalOptimizer
+from tests.reducers import start
 from tests.unit.schedule_helpers import (OPS, NumpyHost, batch, init_params, loss_grads, make_engine,
                                          mean_in_rank_order, one_step, sgd_step)
 
@@ -90,16 +91,12 @@ class FakeSparse(Reducer):
 def test_unsupported_combinations_are_refused(schedule, compression, match):
     def body(comm):
         with pytest.raises(ConfigError, match=match):
-            CommEngine(comm, OPS, schedule=schedule, compression=compression)
+            build_engine(comm, OPS, schedule=schedule, compression=compression)
     run_ranks(1, body)
 
 
-def test_fp16_with_od_is_allowed_and_ops_without_update_primitives_are_refused():
-    def body(comm):
-        CommEngine(comm, OPS, schedule=Schedule.od(), compression=Compression.fp16)
-        with pytest.raises(ConfigError, match="update primitives"):
-            CommEngine(comm, NumpyOps(), schedule=Schedule.od())
-    run_ranks(1, body)
+def test_fp16_with_od_is_allowed():
+    run_ranks(1, lambda comm: build_engine(comm, OPS, schedule=Schedule.od(), compression=Compression.fp16))
 
 
 # -- the state machine --------------------------------------------------------------------------
@@ -118,9 +115,9 @@ def test_ssd_state_machine_rounds_names_and_base_switches():
         names = []
         orig = eng.reducer.start
 
-        def spy(name, flat, ctx):
-            names.append(name)
-            return orig(name, flat, ctx)
+        def spy(bucket, rnd, flat, ctx):
+            names.append(rnd.wire(bucket))
+            return orig(bucket, rnd, flat, ctx)
         eng.reducer.start = spy
         for t in range(9):
             one_step(eng, host, comm.rank, t)
@@ -314,7 +311,10 @@ def test_T_CD_2_T_CD_3_quantizer_conservation_and_values():
         r = (rs.randint(-8, 9, 1000) / 8).astype(np.float32)    # dyadic: every operation exact
         g = (rs.randint(-8, 9, 1000) / 16).astype(np.float32)
         total = r + g
-        r_new, s = OPS.ternarize_(total.copy(), theta, "int8")
+        s, dtype = TernaryCompressor(theta, 2).compress(OPS, total)
+        ef = ErrorFeedback()
+        ef.update_quantized(OPS, "b", total.copy(), TernaryCompressor(theta, 2).decompress(OPS, s, dtype))
+        r_new = ef.residual(OPS, "b", total)
         assert s.dtype == np.int8 and set(np.unique(s)) <= {-1, 0, 1}        # q in {-theta, 0, theta}
         np.testing.assert_array_equal(r_new + s.astype(np.float32) * np.float32(theta), total)  # r' + q == r + g
         assert np.all((s == 1) == (total >= theta)) and np.all((s == -1) == (total <= -theta))
@@ -325,14 +325,13 @@ def test_T_CD_4_int8_sum_equals_fp32_dequantize_then_sum(theta, exact):
     P = 5
 
     def body(comm):
-        red = TernaryAllreduce(theta, comm.size)
+        red = DenseAllreduce(TernaryCompressor(theta, comm.size), ErrorFeedback())
         ctx_post = 1.0 / comm.size
         from hvd_commopt.reduce.base import ReduceContext
         ctx = ReduceContext(comm, OPS, 1.0, ctx_post)
         g = np.random.RandomState(comm.rank).randn(257).astype(np.float32)
-        pend = red.start("bucket0:x@r7", g.copy(), ctx)
-        host = pend.state[1]
-        assert host.dtype == np.int8 and pend.handles[0].name == "bucket0:x@r7"
+        pend = start(red, "bucket0:x", g.copy(), ctx, step=7, tag="r7")
+        assert pend.state.payload.dtype == np.int8 and pend.handles[0].name == "bucket0:x@r7"
         s = np.sign(g) * (np.abs(g) >= theta)
         out = red.finish(pend, ctx)
         return out, s.astype(np.float32), pend.bytes_sent
@@ -349,10 +348,9 @@ def test_T_CD_4_int8_sum_equals_fp32_dequantize_then_sum(theta, exact):
         assert sent == int(2 * (P - 1) / P * 257)  # one byte per element on the wire
 
 
-def test_int8_overflow_guard_and_bucket_keys():
+def test_int8_overflow_guard():
     assert wire_dtype_for(127) == "int8" and wire_dtype_for(128) == "int16"
     assert wire_dtype_for(40000) == "int32"
-    assert bucket_key("bucket3:fc.w+2@r117") == "bucket3:fc.w+2" and bucket_key("bucket0:a") == "bucket0:a"
 
 
 @pytest.mark.parametrize("flush", [False, True])
@@ -364,9 +362,9 @@ def test_T_CD_5_residual_on_correction_steps(flush):
         s: CDScheduler = eng.scheduler
         seen = []
         for t in range(8):
-            before = {k: v.copy() for k, v in s.ternary.residuals.items()}
+            before = {k: v.copy() for k, v in s.ternary.memory.residuals().items()}
             one_step(eng, host, comm.rank, t)
-            after = s.ternary.residuals
+            after = s.ternary.memory.residuals()
             if t >= 1 and t % 3 == 0:  # a correction round (t = 3, 6)
                 seen.append(t)
                 for k in after:
@@ -403,7 +401,7 @@ def test_T_CoCoD_2_T_CoCoD_4_conservation_and_first_sync():
         for t in range(7):
             g = loss_grads(host.w, *batch(comm.rank, t))
             host.g = g
-            for n in eng.tensor_names:
+            for n in eng.backward_names:
                 eng.grad_ready(n, g[n])
             before_step = {k: v.copy() for k, v in host.w.items()}
             eng.run_step()

@@ -1,4 +1,4 @@
-"""DAG simulator (spec §10, §7.5 timeline): closed-form cases and invariants."""
+"""DAG simulator (docs/dag-model.md#task-graph, docs/mgwfbp.md#timeline-model): closed-form cases and invariants."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,17 +1,18 @@
 """Sparse reducers on in-process ranks (NumpyOps): Top-k allgather, random-k, DGC, gTop-k.
 
-Spec §2.1 (e), §8.6, §8.9 (T-GT-1..6), §9.4, §11.13.
+docs/topk.md#invariants, docs/gtopk.md#what-it-equals, docs/gtopk.md#invariants, docs/lags-omgs.md#invariants, docs/wrapper.md#degenerate-case-tests.
 """
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from hvd_commopt import CommEngine, Compression, NumpyOps, TensorSpec, run_ranks
+from hvd_commopt import Compression, NumpyOps, TensorSpec, build_engine, run_ranks
 from hvd_commopt.compress import TopKCompressor
 from hvd_commopt.compress.randomk import randomk_indices
 from hvd_commopt.reduce import DenseAllreduce, GTopK, ReduceContext, SparseAllgather
 from hvd_commopt.reduce.gtopk import gtopk_simulate, merge
+from tests.reducers import start
 
 ops = NumpyOps()
 SIZES = [2, 3, 4, 5, 6, 7, 8]
@@ -37,7 +38,7 @@ def run(P, factory, data, steps, post="average", name="b", size=None):
             x = data[comm.rank, s]
             before = getattr(red, "residual", lambda *a: None)(ops, name, x)
             before = np.zeros_like(x) if before is None else before.copy()
-            p = red.start(name, x.copy(), ctx)
+            p = start(red, name, x.copy(), ctx, step=s)
             out = red.finish(p, ctx)
             after = getattr(red, "residual", lambda *a: None)(ops, name, x)
             after = np.zeros_like(x) if after is None else after.copy()
@@ -61,7 +62,7 @@ def scatter(n, idx, vals, dtype=np.float32):
     return y
 
 
-# -- density 1 equals dense (T-GT-6, §2.1 (e), §11.13) ----------------------------------------
+# -- density 1 equals dense (T-GT-6, docs/topk.md#invariants, docs/wrapper.md#degenerate-case-tests) ----------------------------------------
 @pytest.mark.parametrize("factory", [lambda: Compression.topk(1.0), lambda: Compression.gtopk(1.0),
                                      lambda: Compression.randomk(1.0),
                                      lambda: Compression.dgc(1.0, momentum=0.0)])
@@ -262,7 +263,7 @@ def test_layer_smaller_than_k_and_fewer_nonzeros_than_k():
         assert np.array_equal(recs[0][0][1], total)
 
 
-# -- traffic formulas (issue 3, part 5) --------------------------------------------------------
+# -- traffic formulas -----------------------------------------------------------------------------
 def gtopk_bytes(P, r, k, word=8, mask=1):
     m = 1 << (P.bit_length() - 1)
     rem = P - m
@@ -291,7 +292,7 @@ def test_traffic_formulas(P):
         assert all(gtopk[r][0][3] == (P.bit_length() - 1) * 2 * k * 4 for r in range(P))
 
 
-# -- LAGS through the engine (issue 3, part 4) ------------------------------------------------
+# -- LAGS through the engine --------------------------------------------------------------------
 SPECS = [TensorSpec("w1", (40, 25), "float32"), TensorSpec("b1", (3,), "float32"),
          TensorSpec("w2", (10, 40), "float32")]
 
@@ -301,9 +302,9 @@ class SpyTopK(SparseAllgather):
         super().__init__(TopKCompressor(density))
         self.log = log
 
-    def start(self, name, flat, ctx):
-        self.log.append(f"start:{name}")
-        return super().start(name, flat, ctx)
+    def start(self, bucket, rnd, flat, ctx):
+        self.log.append(f"start:{rnd.wire(bucket)}")
+        return super().start(bucket, rnd, flat, ctx)
 
 
 def test_lags_per_layer_buckets_pipelined_from_hooks_with_per_layer_density():
@@ -314,13 +315,13 @@ def test_lags_per_layer_buckets_pipelined_from_hooks_with_per_layer_density():
 
     def body(comm):
         log = []
-        eng = CommEngine(comm, ops, compression=SpyTopK(log, density), fusion_threshold=0)
+        eng = build_engine(comm, ops, compression=SpyTopK(log, density), fusion_threshold=0)
         eng.register(SPECS)
-        assert [b.names for b in eng.buckets] == [["w2"], ["b1"], ["w1"]]  # one bucket per layer
-        for name in eng.tensor_names:  # backward order: w2, b1, w1
+        assert [list(b.names) for b in eng.buckets] == [["w2"], ["b1"], ["w1"]]  # one bucket per layer
+        for name in eng.backward_names:  # backward order: w2, b1, w1
             log.append(f"ready:{name}")
             eng.grad_ready(name, grads[comm.rank, name].copy())
-        out = eng.synchronize()
+        out = eng.reduce_step()
         return log, out, eng.last_stats.per_bucket
 
     results = run_ranks(P, body)
@@ -350,13 +351,13 @@ def test_whole_model_single_bucket_is_global_topk(factory):
              for r in range(P) for i, s in enumerate(SPECS)}
 
     def body(comm):
-        eng = CommEngine(comm, ops, compression=factory(), fusion_threshold=1 << 30)
+        eng = build_engine(comm, ops, compression=factory(), fusion_threshold=1 << 30)
         eng.register(SPECS)
         assert len(eng.buckets) == 1
         for _ in range(2):
-            for name in eng.tensor_names:
+            for name in eng.backward_names:
                 eng.grad_ready(name, grads[comm.rank, name].copy())
-            out = eng.synchronize()
+            out = eng.reduce_step()
         nnz = sum(np.count_nonzero(v) for v in out.values())
         return nnz, eng.state_dict(), out
 
@@ -367,7 +368,7 @@ def test_whole_model_single_bucket_is_global_topk(factory):
     for r in range(1, P):
         for name in res[0][2]:
             assert np.array_equal(res[r][2][name], res[0][2][name])
-    assert res[0][1]["reducer"]["steps"] == {"bucket0:w2+2": 2}
+    assert res[0][1]["step"] == 2 and list(res[0][1]["reducer"]["memory"]["residuals"]) == ["bucket0:w2+2"]
 
 
 @pytest.mark.parametrize("factory", [lambda: Compression.gtopk(0.03), lambda: Compression.topk(0.03)])
@@ -382,12 +383,12 @@ def test_delayed_rounds_share_bucket_state_and_conserve_mass(factory):
         red = factory()
         outs, prev = [], None
         for s in range(steps):
-            p = red.start(f"bucket0:w@r{s}", data[comm.rank, s].copy(), ctx)
+            p = start(red, "bucket0:w", data[comm.rank, s].copy(), ctx, step=s, tag=f"r{s}")
             if prev is not None:
                 outs.append(red.finish(prev, ctx))
             prev = p
         outs.append(red.finish(prev, ctx))
-        assert list(red.state_dict()["steps"]) == ["bucket0:w"]
+        assert list(red.state_dict()["memory"]["residuals"]) == ["bucket0:w"]
         return outs, red.residual(ops, "bucket0:w", data[0, 0]).copy()
 
     res = run_ranks(P, body)

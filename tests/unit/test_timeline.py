@@ -1,4 +1,4 @@
-"""Tests for hvd_commopt/timeline.py, the Chrome-trace writer (issue 7), and its communicator hook."""
+"""Tests for hvd_commopt/timeline.py, the Chrome-trace writer, and its communicator hook."""
 from __future__ import annotations
 
 import json
@@ -102,17 +102,17 @@ def test_communicator_records_each_collective(tmp_path) -> None:
 
 
 def test_engine_records_ready_compress_and_wait(tmp_path) -> None:
-    from hvd_commopt import NumpyOps
-    from hvd_commopt.engine import CommEngine, TensorSpec
+    from hvd_commopt import NumpyOps, build_engine
+    from hvd_commopt.engine import TensorSpec
 
     timeline.start(str(tmp_path / "e.json"), rank=0)
 
     def body(comm):
-        eng = CommEngine(comm, NumpyOps(), fusion_threshold=0)
+        eng = build_engine(comm, NumpyOps(), fusion_threshold=0)
         eng.register([TensorSpec("a", (3,), "float32"), TensorSpec("b", (2,), "float32")])
         for n, k in (("b", 2), ("a", 3)):
             eng.grad_ready(n, np.ones(k, dtype=np.float32))
-        return eng.synchronize()["a"].tolist()
+        return eng.reduce_step()["a"].tolist()
 
     assert run_ranks(2, body) == [[1.0, 1.0, 1.0]] * 2
     ev = _events(timeline.stop())

@@ -1,4 +1,4 @@
-"""fusion="mgwfbp"/"optimal"/"auto": profile -> calibrate -> plan on rank 0 -> broadcast (issue 5).
+"""fusion="mgwfbp"/"optimal"/"auto": profile -> calibrate -> plan on rank 0 -> broadcast.
 
 In-process ranks (run_ranks) with NumpyOps; a fake clock per rank wherever timing matters, so
 the profiles (and what each rank would plan from its own) are chosen by the test.
@@ -10,13 +10,12 @@ import json
 import numpy as np
 import pytest
 
-from hvd_commopt import Compression, NumpyOps, Schedule, run_ranks
-from hvd_commopt.engine import CommEngine, TensorSpec
+from hvd_commopt import Compression, NumpyOps, Schedule, build_engine, run_ranks
+from hvd_commopt.engine import TensorSpec
+from hvd_commopt.engine.profiler import StepProfiler
+from hvd_commopt.engine.tuner import FusionOptions, FusionTuner, format_report
 from hvd_commopt.errors import ConfigError
 from hvd_commopt.fusion import AlphaBeta, CostModel, plan_mgwfbp, plan_optimal, plan_threshold, simulate
-from hvd_commopt.fusion.profiler import StepProfiler
-from hvd_commopt.fusion.tuner import FusionOptions, FusionTuner, format_report
-from hvd_commopt.schedule import NumpyUpdateOps
 
 NUMEL = [300, 20, 1000, 10, 500, 40]            # registration (forward) order
 SPECS = [TensorSpec(f"l{i}.w", (n,), "float32") for i, n in enumerate(NUMEL)]
@@ -43,7 +42,7 @@ def grads_for(rank: int, step: int, specs=SPECS) -> dict:
 def make_engine(comm, fusion, clock=None, specs=SPECS, threshold=0, compression=None, **options):
     opts = dict(warmup_steps=1, profile_steps=3, measure_steps=2, cost_model=COST)
     opts.update(options)
-    eng = CommEngine(comm, NumpyOps(), fusion=fusion, fusion_threshold=threshold, compression=compression,
+    eng = build_engine(comm, NumpyOps(), fusion=fusion, fusion_threshold=threshold, compression=compression,
                      fusion_options=opts)
     if clock is not None:
         eng.tuner.clock = clock
@@ -54,16 +53,16 @@ def make_engine(comm, fusion, clock=None, specs=SPECS, threshold=0, compression=
 def run_step(eng, clock, tb, grads, fwd=FWD):
     """One step on the fake clock: forward, then gradients in backward order tb apart."""
     clock.t += fwd
-    for name, dt in zip(eng.tensor_names, tb):
+    for name, dt in zip(eng.backward_names, tb):
         clock.t += dt
         eng.grad_ready(name, grads[name])
-    return eng.synchronize()
+    return eng.reduce_step()
 
 
 def run_until_planned(eng, clock, tb, rank, extra=0):
     n = eng.tuner.options.warmup_steps + eng.tuner.options.profile_steps + extra
     for s in range(n):
-        run_step(eng, clock, tb, grads_for(rank, s, [eng._specs[nm] for nm in eng.registered_names]))
+        run_step(eng, clock, tb, grads_for(rank, s, [eng._specs[nm] for nm in eng.names]))
 
 
 # -- profiler -----------------------------------------------------------------------------------
@@ -121,7 +120,7 @@ def test_plan_identical_on_all_ranks_although_profiles_differ(rank0_tb, other_tb
         tb = rank0_tb if comm.rank == 0 else other_tb
         run_until_planned(eng, clock, tb, comm.rank)
         own = eng.tuner._profiler.profile()   # what this rank would have planned from alone
-        return eng.plan, [b.names for b in eng.buckets], eng.fusion_report, own
+        return eng.plan, [list(b.names) for b in eng.buckets], eng.fusion_report, own
     out = run_ranks(3, body)
     plans = [o[0] for o in out]
     assert plans[0] == plans[1] == plans[2]
@@ -190,7 +189,7 @@ def test_replans_when_the_tensor_set_changes_and_keeps_the_plan_otherwise():
         assert rep["phase"] == "warmup" and rep["chosen"] == "threshold" and "predicted_s" not in rep
         assert eng.plan == plan_threshold([s.nbytes for s in reversed(specs2)], 0)
         run_until_planned(eng, clock, SLOW if comm.rank == 0 else FAST, comm.rank)
-        return first, eng.plan, eng.tuner.plans_made, [b.names for b in eng.buckets]
+        return first, eng.plan, eng.tuner.plans_made, [list(b.names) for b in eng.buckets]
     out = run_ranks(2, body)
     assert out[0] == out[1]
     first, second, made, names = out[0]
@@ -327,7 +326,7 @@ def test_static_strategies_and_argument_checks():
     with pytest.raises(ConfigError, match="profile_steps >= 1"):
         FusionOptions(profile_steps=0)
     with pytest.raises(ConfigError, match="synchronous"):
-        run_ranks(1, lambda c: CommEngine(c, NumpyUpdateOps(), fusion="auto", schedule=Schedule.od()))
+        run_ranks(1, lambda c: build_engine(c, NumpyOps(), fusion="auto", schedule=Schedule.od()))
     assert FusionOptions.coerce(FusionOptions(profile_steps=4), verbose=True) == FusionOptions(profile_steps=4,
                                                                                               verbose=True)
     assert "bucket" in format_report(rep)

@@ -1,4 +1,4 @@
-"""Per-tensor gradient-ready profile of real training steps: the simulator's inputs (spec §1.2, §7.1).
+"""Per-tensor gradient-ready profile of real training steps: the simulator's inputs (docs/cost-models.md#fitted-allreduce-model, docs/mgwfbp.md#greedy).
 
 Reference: MG-WFBP's ``profiling.py: benchmark`` hooks every parameter's gradient, synchronises
 the GPU and times 5 warm-up + 50 measured iterations to get each layer's backward time ``tb``.
@@ -12,7 +12,7 @@ Definitions, for one profiled step ``s`` (positions in the engine's backward ord
   the previous step's optimizer update, ``zero_grad``, data loading, forward and the first
   backward operations; it is reported as ``forward_s``. Splitting it further needs hooks the
   engine does not have, and the split does not matter: shifting every ready time by a constant
-  shifts the whole DAG (spec §10), so the plan and the predicted period are unchanged.
+  shifts the whole DAG (docs/dag-model.md#task-graph), so the plan and the predicted period are unchanged.
 * ``a[i]`` = when position ``i``'s gradient was handed in (the last ``grad_ready`` of the step, so
   with ``backward_passes_per_step > 1`` the pass that launches it). A tensor with no gradient in
   the step is packed by ``synchronize()``: it gets the step's last arrival.
@@ -43,7 +43,7 @@ class Profile:
 
     Attributes:
         names, sizes_bytes: the tensors, in the engine's backward order.
-        backward_times: the spec's ``tb`` per tensor (module docstring).
+        backward_times: ``tb`` per tensor (docs/mgwfbp.md#inputs) (module docstring).
         forward_s: median time from the end of the previous step to the first gradient.
         period_s: median measured iteration time (end of step to end of step).
         steps: how many steps the medians are over.

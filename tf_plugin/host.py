@@ -1,15 +1,20 @@
-"""TensorFlow side of the core's schedules (OD/SSD/CD-SGD, CoCoD, local SGD): the update
-primitives and the ScheduleHost (see :mod:`hvd_commopt.schedule.base` for the division of labour;
-this mirrors ``torch_plugin.schedule``).
+"""TensorFlow side of the step: the :class:`~hvd_commopt.host.ScheduleHost` of the Keras wrapper
+(see :mod:`hvd_commopt.host` for the division of labour; this mirrors ``torch_plugin.host``).
 
 The host's one substantial primitive is :meth:`KerasScheduleHost.apply_optimizer`: "run the
-user's wrapped Keras optimizer once on these weights with these gradients". To step the *global
-replica* instead of the model it assigns the replica's values into the model's variables for the
-duration of the wrapped ``apply``, reads the result back into the replica and restores the
-model's values. The optimizer's slots (momentum, Adam moments), keyed by variable, are therefore
-the replica's optimizer state, exactly as in the PyTorch host, and the global update U_g is the
-user's own optimizer whatever it is. TF variables cannot swap buffers as ``p.data`` does, so
-this costs two copies of the weights per applied round (assign in, assign back).
+user's wrapped Keras optimizer once on these weights with these gradients".
+
+* On the **model's own weights** the run is *deferred*: the host records the gradients, and the
+  wrapper applies them with the wrapped optimizer right after the core's step returns, inside the
+  traced ``train_step`` when ``model.fit`` traced it (one in-graph ``apply``, as fast as the plain
+  optimizer). Anything later in the same step that reads or writes the weights (model
+  averaging, a replica update) first flushes the recorded update eagerly, so the order of
+  operations is exactly the scheduler's.
+* On the **global replica** (delayed schedules) it assigns the replica's values into the model's
+  variables for the duration of the wrapped ``apply``, reads the result back into the replica and
+  restores the model's values. The optimizer's slots (momentum, Adam moments), keyed by
+  variable, are therefore the replica's optimizer state, exactly as in the PyTorch host. TF
+  variables cannot swap buffers as ``p.data`` does, so this costs two copies of the weights.
 
 All of it runs eagerly: from eager code, or inside the one ``tf.py_function`` per step that the
 Keras wrapper inserts into a traced ``train_step`` (see :mod:`tf_plugin.bridge`); the replica,
@@ -23,43 +28,14 @@ from typing import Any, Sequence
 import numpy as np
 import tensorflow as tf
 
-from .ops import TF_DTYPES, TFOps, _t
+from .ops import _t
 
-__all__ = ["TFUpdateOps", "KerasScheduleHost"]
+__all__ = ["KerasScheduleHost"]
 
 
 def _snapshot(v) -> tf.Tensor:
     """The value of a tf.Variable or a Keras 3 Variable (which has no ``read_value``)."""
     return tf.identity(tf.convert_to_tensor(v))
-
-
-class TFUpdateOps(TFOps):
-    """TFOps plus hvd_commopt.schedule.UpdateOps (functional: new tensors, or assign into a
-    ``tf.Variable`` destination)."""
-
-    def copy_(self, dst, src):
-        src = _t(src)
-        if isinstance(dst, tf.Variable):
-            dst.assign(tf.reshape(tf.cast(src, dst.dtype), dst.shape))
-            return dst
-        dst = _t(dst)
-        return tf.identity(tf.reshape(tf.cast(src, dst.dtype), tf.shape(dst)))
-
-    def axpy_(self, y, alpha, x):
-        # y + (alpha*x): with alpha = -lr this is bit-identical to Keras SGD's
-        # ``variable.assign_sub(lr * g)`` (negation is exact).
-        y, x = tf.convert_to_tensor(_t(y)), _t(x)
-        return y + tf.constant(alpha, dtype=y.dtype) * x
-
-    def mul(self, a, b):
-        return tf.convert_to_tensor(_t(a)) * _t(b)
-
-    def ternarize_(self, r, theta, dtype):
-        r = tf.convert_to_tensor(_t(r))
-        wire = TF_DTYPES[dtype]
-        th = tf.constant(theta, dtype=r.dtype)
-        s = tf.cast(r >= th, wire) - tf.cast(r <= -th, wire)
-        return r - th * tf.cast(s, r.dtype), s
 
 
 class KerasScheduleHost:
@@ -71,28 +47,52 @@ class KerasScheduleHost:
         variables: the model variables the optimizer updates.
     """
 
+    holds_weights = True
+
     def __init__(self, optimizer: Any, names: Sequence[str], variables: Sequence[Any]):
         self.opt = optimizer
         self.names = list(names)
         self.vars = dict(zip(self.names, variables))
         self._grads: dict[str, Any] = {n: None for n in self.names}
+        self._deferred: dict[str, Any] | None = None  # a model update to apply after the step
 
-    def set_grads(self, grads: dict[str, Any]) -> None:
-        """This step's local gradients g_i(t) (called by the wrapper before ``run_step``)."""
-        self._grads = dict(grads)
+    # -- the deferred model update ------------------------------------------------------------
+    def take_deferred(self) -> dict[str, Any] | None:
+        """The model update recorded in this step (gradients by name), or None; the wrapper
+        applies it with the wrapped optimizer."""
+        out, self._deferred = self._deferred, None
+        return out
+
+    def _flush(self) -> None:
+        if self._deferred is not None:
+            grads, self._deferred = self._deferred, None
+            self._apply(grads, None, None)
 
     # -- ScheduleHost ------------------------------------------------------------------------
+    def set_grads(self, grads: dict[str, Any]) -> None:
+        """This step's local gradients g_i(t) (called by the wrapper before the step)."""
+        self._grads = dict(grads)
+
+    def grads(self) -> dict[str, Any]:
+        return dict(self._grads)
+
     def weights(self) -> dict[str, tf.Tensor]:
+        self._flush()
         return {n: tf.convert_to_tensor(v) for n, v in self.vars.items()}
 
     def assign(self, name: str, value: Any) -> None:
+        self._flush()
         v = self.vars[name]
         if value is v:
             return
         v.assign(tf.reshape(tf.cast(_t(value), v.dtype), v.shape))
 
-    def grads(self) -> dict[str, Any]:
-        return dict(self._grads)
+    def swap_weights(self, new: dict[str, Any]) -> dict[str, Any]:
+        self._flush()
+        old = {n: _snapshot(v) for n, v in self.vars.items()}
+        for n, v in self.vars.items():
+            v.assign(tf.reshape(tf.cast(_t(new[n]), v.dtype), v.shape))
+        return old
 
     def _lr_var(self):
         lr = getattr(self.opt, "_learning_rate", None)
@@ -112,10 +112,22 @@ class KerasScheduleHost:
         # local update does not take it; set the schedule's local_weight_decay= explicitly.
         return default
 
-    def apply_optimizer(self, grads: dict | None = None, weights: dict | None = None, hyper: Any = None) -> None:
+    def apply_optimizer(self, grads: dict | None = None, weights: dict | None = None, hyper: Any = None,
+                        closure=None) -> None:
+        if closure is not None:
+            raise ValueError("Keras optimizers take no closure")
+        use = grads if grads is not None else self._grads
+        if weights is None and not hyper:  # the model's own update: deferred (module docstring)
+            self._flush()
+            self._deferred = dict(use)
+            return None
+        self._flush()
+        self._apply(use, weights, hyper)
+        return None
+
+    def _apply(self, use: dict, weights: dict | None, hyper: Any) -> None:
         names, opt = self.names, self.opt
         variables = [self.vars[n] for n in names]
-        use = grads if grads is not None else self._grads
         g = [None if use.get(n) is None else tf.reshape(tf.cast(_t(use[n]), self.vars[n].dtype), self.vars[n].shape)
              for n in names]
         saved = None

@@ -1,7 +1,7 @@
 """Per-step cost of tf_plugin's ``tf.function`` strategy (one ``tf.py_function`` per step).
 
-    python -m tf_plugin.benchmark                       # size 1: the adapter's own overhead
-    python -m hvd_commopt.run -np 2 python -m tf_plugin.benchmark   # plus the real allreduce
+    python -m benchmarks.tf_overhead                       # size 1: the adapter's own overhead
+    python -m hvd_commopt.run -np 2 python -m benchmarks.tf_overhead   # plus the real allreduce
 
 For each model size it times a traced training step (forward, backward, SGD update) four ways:
 

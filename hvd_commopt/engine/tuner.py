@@ -1,12 +1,12 @@
-"""``fusion=``: the engine's bucketing strategy, planned at run time from a profile (issue 5).
+"""``fusion=``: the engine's bucketing strategy, planned at run time from a profile.
 
-Papers: MG-WFBP (Shi, Chu, Li, INFOCOM 2019 / TPDS 2021; spec §7), OMGS-SGD for sparse buckets
-(Shi et al., INFOCOM 2020; §9.2), the DAG model of S-SGD (§10). Strategies:
+Papers: MG-WFBP (Shi, Chu, Li, INFOCOM 2019 / TPDS 2021; docs/mgwfbp.md#mgwfbp), OMGS-SGD for sparse buckets
+(Shi et al., INFOCOM 2020; docs/lags-omgs.md#omgs), the DAG model of S-SGD (docs/dag-model.md#task-graph). Strategies:
 
 * ``"threshold"``: Horovod's fusion threshold (``fusion_threshold`` bytes); ``"none"``: one
   tensor per bucket (WFBP). Static, nothing is measured.
-* ``"mgwfbp"``: the reference greedy (§7.1); OMGS (§9.2) when the reducer sparsifies.
-* ``"optimal"``: the exact DP of the same model (§7.6; the Pareto DP of §9.4 when sparse).
+* ``"mgwfbp"``: the reference greedy (docs/mgwfbp.md#greedy); OMGS (docs/lags-omgs.md#omgs) when the reducer sparsifies.
+* ``"optimal"``: the exact DP of the same model (docs/mgwfbp.md#exact-dp; the Pareto DP of docs/lags-omgs.md#omgs-exact-dp when sparse).
 * ``"auto"``: every candidate of :func:`~hvd_commopt.fusion.auto.candidate_plans`, keeping the
   one the simulator predicts fastest.
 
@@ -27,7 +27,7 @@ planned strategies go through these phases:
 
 Choices:
 
-* **Rank 0 plans, everyone follows** (B-Caffe's ``MPI_Bcast`` of the merge set; §7.5 T-MG-6).
+* **Rank 0 plans, everyone follows** (B-Caffe's ``MPI_Bcast`` of the merge set; docs/mgwfbp.md#t-mg-6).
   Profiles differ between ranks (noise, stragglers); planning on each rank from its own would
   give different buckets, different collectives, and a hang.
 * **Never on one rank only**: every transition happens at a step count (``synchronize`` is
@@ -56,15 +56,18 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from .. import env
+from ..calibrate import calibrate
 from ..errors import ConfigError
-from .auto import candidate_plans, choose_plan
-from .cost_model import AlphaBeta, CostModel
-from .exact import plan_optimal
-from .mgwfbp import plan_mgwfbp
-from .omgs import plan_omgs
-from .pricing import fit_select_s, is_sparse, price, reducer_density
+from ..fusion.auto import candidate_plans, choose_plan
+from ..fusion.cost_model import AlphaBeta, CostModel
+from ..fusion.exact import plan_optimal
+from ..fusion.mgwfbp import plan_mgwfbp
+from ..fusion.omgs import plan_omgs
+from ..fusion.pricing import PER_LAYER_DENSITY, fit_select_s
+from ..fusion.threshold import plan_per_tensor, plan_single, plan_threshold
+from ..reduce.base import Reducer
+from ..reduce.dense import DenseAllreduce
 from .profiler import Profile, StepProfiler
-from .threshold import plan_per_tensor, plan_single, plan_threshold
 
 __all__ = ["FusionTuner", "FusionOptions", "STRATEGIES", "PLANNED", "format_report"]
 
@@ -145,26 +148,27 @@ class FusionTuner:
         strategy: one of :data:`STRATEGIES`.
         comm: the engine's communicator (calibration and the plan broadcast).
         threshold_bytes: the threshold plan's cap (the engine's ``fusion_threshold``).
-        reducer: the engine's reducer (prices the buckets; see :mod:`.pricing`).
+        reducer: the engine's reducer (prices its buckets itself, ``Reducer.price``); None = dense.
         ops: the engine's tensor ops (native-buffer calibration, top-k timing).
         options: :class:`FusionOptions` or a dict of its fields.
         clock: seconds, monotonic; injectable for tests.
         log: where the report line goes (default: stdout).
     """
 
-    def __init__(self, strategy: str, comm: Any, *, threshold_bytes: int, reducer: Any = None,
+    def __init__(self, strategy: str, comm: Any, *, threshold_bytes: int, reducer: Reducer | None = None,
                  ops: Any = None, options: Any = None, clock: Callable[[], float] = time.perf_counter,
                  log: Callable[[str], None] | None = None):
         if strategy not in STRATEGIES:
             raise ConfigError(f"fusion must be one of {STRATEGIES}, got {strategy!r}")
         self.strategy = strategy
-        self.comm, self.threshold_bytes, self.reducer, self.ops = comm, int(threshold_bytes), reducer, ops
+        self.comm, self.threshold_bytes, self.ops = comm, int(threshold_bytes), ops
+        self.reducer = reducer if reducer is not None else DenseAllreduce()
         self.options = FusionOptions.coerce(options)
         self.clock = clock
         self.log = log or _print
         self.verbose = env.verbose() if self.options.verbose is None else bool(self.options.verbose)
-        if self.planned:
-            reducer_density(reducer)  # per-layer densities are refused now, not after profiling
+        if self.planned and self.reducer.sparse and self.reducer.density is None:
+            raise ConfigError(PER_LAYER_DENSITY)  # refused now, not after profiling
         self.phase = "static"
         self.plan: list[list[int]] = []
         self.plans_made = 0
@@ -273,7 +277,6 @@ class FusionTuner:
         return self.plan
 
     def _calibrate(self) -> CostModel:
-        from ..calibrate import calibrate  # late: calibrate imports the communicator package
         comm = self.comm
         if comm.size == 1:
             return CostModel(AlphaBeta(0.0, 0.0), AlphaBeta(0.0, 0.0), None, ranks=1)
@@ -293,11 +296,10 @@ class FusionTuner:
         prof = self._profile = self._profiler.profile()
         sizes, tb, fwd = list(prof.sizes_bytes), list(prof.backward_times), prof.forward_s
         select_s = opts.select_s
-        sparse = is_sparse(self.reducer)
+        sparse = self.reducer.sparse
         if sparse and select_s is None and self.ops is not None and self._like is not None:
-            select_s = fit_select_s(self.ops, self._like, reducer_density(self.reducer),
-                                    max(sizes) // 4, self.clock)
-        pr = price(self.reducer, cm, select_s)
+            select_s = fit_select_s(self.ops, self._like, self.reducer.density, max(sizes) // 4, self.clock)
+        pr = self.reducer.price(cm, select_s)
         sel = pr.select_time
         thr = plan_threshold(sizes, self.threshold_bytes)
         linear_cost = pr.alpha_beta if pr.exact_linear else pr.comm_time

@@ -1,5 +1,4 @@
-"""PyTorch side of the schedules: the update primitives and the ScheduleHost (see
-:mod:`hvd_commopt.schedule.base` for the division of labour).
+"""PyTorch side of the step: the :class:`~hvd_commopt.host.ScheduleHost` the core schedulers drive.
 
 The host's one substantial primitive is :meth:`TorchScheduleHost.apply_optimizer`: "run the
 user's wrapped optimizer once on these weights with these gradients". To step the *global
@@ -16,32 +15,9 @@ from typing import Any
 
 import torch
 
-from .ops import TORCH_DTYPES, TorchOps
+from hvd_commopt import timeline as _timeline
 
-__all__ = ["TorchUpdateOps", "TorchScheduleHost"]
-
-
-class TorchUpdateOps(TorchOps):
-    """TorchOps plus hvd_commopt.schedule.UpdateOps (the kernels torch.optim.SGD itself uses)."""
-
-    def copy_(self, dst, src):
-        with torch.no_grad():
-            return dst.copy_(src)
-
-    def axpy_(self, y, alpha, x):
-        with torch.no_grad():
-            return y.add_(x, alpha=alpha)
-
-    def mul(self, a, b):
-        with torch.no_grad():
-            return a * b
-
-    def ternarize_(self, r, theta, dtype):
-        with torch.no_grad():
-            wire = TORCH_DTYPES[dtype]
-            s = (r >= theta).to(wire) - (r <= -theta).to(wire)
-            r.sub_(s.to(r.dtype).mul_(theta))  # r - theta*(+-1): exactly MXNet's r -= theta / r += theta
-            return r, s
+__all__ = ["TorchScheduleHost"]
 
 
 def _snapshot(value: Any) -> Any:
@@ -55,6 +31,8 @@ def _snapshot(value: Any) -> Any:
 
 class TorchScheduleHost:
     """A wrapped optimizer and its named parameters, as the core schedulers see them."""
+
+    holds_weights = True
 
     def __init__(self, optimizer: torch.optim.Optimizer, named: list[tuple[str, torch.Tensor]]):
         self.opt = optimizer
@@ -71,8 +49,25 @@ class TorchScheduleHost:
         with torch.no_grad():
             p.data.copy_(value)
 
+    def swap_weights(self, new: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        old = {}
+        with torch.no_grad():
+            for n, p in self.params.items():
+                old[n] = p.data
+                p.data = new[n]
+        return old
+
     def grads(self) -> dict[str, torch.Tensor | None]:
         return {n: p.grad for n, p in self.params.items()}
+
+    def set_grads(self, grads: dict[str, torch.Tensor]) -> None:
+        with torch.no_grad():
+            for n, g in grads.items():
+                p = self.params[n]
+                if p.grad is None:
+                    p.grad = g.detach().clone()
+                else:
+                    p.grad.copy_(g)
 
     def hyper(self) -> list[dict]:
         return [{k: _snapshot(v) for k, v in g.items() if k != "params"} for g in self.opt.param_groups]
@@ -81,7 +76,8 @@ class TorchScheduleHost:
         v = self._group_of[id(self.params[name])].get(key, default)
         return float(v) if isinstance(v, torch.Tensor) else v
 
-    def apply_optimizer(self, grads: dict | None = None, weights: dict | None = None, hyper: Any = None) -> None:
+    def apply_optimizer(self, grads: dict | None = None, weights: dict | None = None, hyper: Any = None,
+                        closure=None) -> Any:
         opt, params = self.opt, self.params
         saved_data: dict[str, torch.Tensor] = {}
         saved_grad: dict[str, torch.Tensor | None] = {}
@@ -92,22 +88,19 @@ class TorchScheduleHost:
                     for n, p in params.items():
                         saved_data[n] = p.data
                         p.data = weights[n]
-                if grads is not None:
-                    for n, p in params.items():
-                        g = grads[n]
-                        if weights is not None:  # temporarily: the local gradient is restored below
-                            saved_grad[n] = p.grad
-                            p.grad = g
-                        elif p.grad is None:     # as the synchronous path: reduced grads stay in .grad
-                            p.grad = g.detach().clone()
-                        else:
-                            p.grad.copy_(g)
+                if grads is not None and weights is not None:
+                    for n, p in params.items():  # temporarily: the local gradient is restored below
+                        saved_grad[n] = p.grad
+                        p.grad = grads[n]
+                elif grads is not None:  # as the synchronous path: reduced grads stay in .grad
+                    self.set_grads(grads)
                 if hyper is not None:
                     saved_hyper = []
                     for group, h in zip(opt.param_groups, hyper):
                         saved_hyper.append({k: group[k] for k in h if k in group})
                         group.update(h)
-            opt._hco_base.step(opt)
+            with _timeline.span("update", "update"):  # no-op unless a timeline is recording
+                return opt._hco_base.step(opt, closure)
         finally:
             with torch.no_grad():
                 if saved_hyper is not None:

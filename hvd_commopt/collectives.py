@@ -1,0 +1,102 @@
+"""Tensor collectives with Horovod's semantics, written once for both adapters.
+
+The adapters' ``allreduce`` / ``allgather`` / ``broadcast`` / ``broadcast_parameters`` only
+flatten their framework's tensors, call these, and reshape the result (and, in TensorFlow, wrap
+the call for ``tf.function``). So both frameworks give the same answers, the same errors, and
+the same compression rules: ``allreduce(t, compression=fp16)`` goes through the same
+:class:`~hvd_commopt.reduce.dense.DenseAllreduce` as the gradients, which divides by P before
+the half-precision sum so it cannot overflow.
+
+All tensors here are flat (1-D) framework tensors handled through the adapter's
+:class:`~hvd_commopt.tensor_ops.TensorOps`.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from .buckets import Bucket, TensorSpec
+from .comm.communicator import Communicator
+from .compress.base import Compressor
+from .engine.specs import verify_same_tensors
+from .errors import ConfigError
+from .reduce.base import Average, ReduceContext, RoundInfo, check_op
+from .reduce.dense import DenseAllreduce
+from .tensor_ops import TensorOps
+
+__all__ = ["allreduce", "allgather", "broadcast", "broadcast_tensors"]
+
+Tensor = Any
+
+_FLOATING = ("float64", "float32", "float16", "bfloat16")
+
+
+def allreduce(comm: Communicator, ops: TensorOps, flat: Tensor, *, op: str = Average,
+              compression: Compressor | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+              name: str = "allreduce") -> Tensor:
+    """The average (default) or sum of ``flat`` over all ranks; ``flat`` may be overwritten.
+
+    Integer tensors are summed exactly and averaged by floor division (compression and the
+    scale factors apply to floating tensors).
+    """
+    check_op(op)
+    if compression is not None and not isinstance(compression, Compressor):
+        raise ConfigError(f"the tensor allreduce takes a dense compression (Compression.none/fp16/bf16), got "
+                          f"{compression!r}; sparse compression is for DistributedOptimizer's gradients")
+    dtype = ops.dtype_name(flat)
+    bucket = Bucket.single(name, ops.numel(flat), dtype)
+    if dtype not in _FLOATING:
+        out = DenseAllreduce().reduce(bucket, RoundInfo(), flat, ReduceContext(comm, ops))
+        return ops.floor_divide(out, comm.size) if op == Average and comm.size > 1 else out
+    post = postscale_factor / comm.size if op == Average else postscale_factor
+    ctx = ReduceContext(comm, ops, prescale=float(prescale_factor), postscale=float(post))
+    return DenseAllreduce(compression).reduce(bucket, RoundInfo(), flat, ctx)
+
+
+def allgather(comm: Communicator, ops: TensorOps, flat: Tensor, rest: tuple[int, ...], name: str = "allgather") -> Tensor:
+    """Every rank's ``flat`` concatenated in rank order. ``flat`` holds a tensor of shape
+    ``(d0,) + rest``; ``d0`` may differ across ranks, ``rest`` and the dtype may not.
+
+    Raises:
+        ConfigError: the trailing shapes or dtypes differ across ranks (on every rank).
+    """
+    if comm.size == 1:
+        return flat
+    dtype = ops.dtype_name(flat)
+    seen = comm.allgather_object((tuple(rest), dtype), name=f"{name}.shape")
+    if any(s != seen[0] for s in seen):
+        desc = ", ".join(f"rank {r}: (*{', '.join(map(str, s[0]))}) {s[1]}" for r, s in enumerate(seen))
+        raise ConfigError(f"allgather '{name}': tensors must agree beyond dim 0 in shape and dtype; got {desc}")
+    return comm.wait(comm.allgather_tensor_async(ops, flat, name))[0]
+
+
+def broadcast(comm: Communicator, ops: TensorOps, flat: Tensor, root: int = 0, name: str = "broadcast") -> Tensor:
+    """Root's ``flat`` on every rank (``flat`` may be overwritten)."""
+    if comm.size == 1:
+        comm.check_rank(root, "root")
+        return flat
+    return comm.wait(comm.broadcast_tensor_async(ops, flat, root, name))
+
+
+def broadcast_tensors(comm: Communicator, ops: TensorOps, specs: Sequence[TensorSpec], flats: Sequence[Tensor],
+                      root: int = 0, what: str = "set of tensors to broadcast", label: str = "broadcast") -> list[Tensor]:
+    """Root's values of many tensors, one fused broadcast per (dtype, device); flat results in
+    the order given. The names, shapes and dtypes are checked across ranks first, so a model
+    that differs fails with a clear :class:`~hvd_commopt.errors.RankMismatchError` instead of a
+    mismatched broadcast."""
+    verify_same_tensors(comm, list(specs), what=what)
+    comm.check_rank(root, "root")
+    if comm.size == 1:
+        return list(flats)
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i, f in enumerate(flats):
+        groups.setdefault((ops.dtype_name(f), ops.device_name(f)), []).append(i)
+    out: list[Tensor] = [None] * len(flats)
+    for (dtype, _dev), idx in sorted(groups.items()):
+        fused = ops.cat([flats[i] for i in idx])
+        fused = comm.wait(comm.broadcast_tensor_async(ops, fused, root, f"{label}.{dtype}"))
+        off = 0
+        for i in idx:
+            n = ops.numel(flats[i])
+            out[i] = ops.slice(fused, off, off + n)
+            off += n
+    return out

@@ -1,0 +1,134 @@
+"""What every sparse reducer shares: select-with-memory, the density-1 path, the index dtype.
+
+:class:`SparseReducer` is the base of the sparse allreduces (Top-k allgather, gTop-k): a selector
+(:class:`~hvd_commopt.compress.topk.SparseCompressor`) composed with a memory
+(:class:`~hvd_commopt.compress.memory.Memory`). Per bucket and round, :meth:`SparseReducer.select`
+is the common prologue::
+
+    acc          = prescale·flat + residual          memory.compensate
+    (vals, idx)  = compressor.select(acc)            exact top-k / random-k / DGC threshold
+    residual     = acc, zeroed at idx                memory.update (bit-exact partition)
+
+and the subclass exchanges (vals, idx) its own way.
+
+Choices:
+
+* The memory update happens in ``start``, not in ``finish``: the bucket buffer is free again
+  as soon as ``start`` returns and nothing depends on when ``finish`` runs (delayed schedules
+  may finish a step after the next one started).
+* Indices travel as int32 while the bucket has fewer than 2^31 elements, else int64 (never as
+  floats: docs/gtopk.md#horovod-mapping, docs/wrapper.md#index-dtype).
+* A bucket whose k equals its size (density 1) is reduced by a dense allreduce of ``acc``
+  (``dense_when_full``): the same result as a sparse exchange of everything, with the traffic
+  and the summation order of dense S-SGD, so "density 1 equals dense" holds bit for bit
+  (docs/wrapper.md#bit-exactness-scope). The residual becomes zero.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..buckets import Bucket
+from ..compress.memory import Memory
+from ..compress.topk import SparseCompressor
+from ..errors import ConfigError
+from .base import Pending, ReduceContext, Reducer, RoundInfo
+
+__all__ = ["SparseReducer", "WholeBucket", "index_dtype_for", "prescaled", "dense_start", "dense_finish"]
+
+INDEX_DTYPES = ("int32", "int64")
+
+
+def index_dtype_for(n: int, requested: str | None = None) -> str:
+    """The wire dtype of indices into a bucket of n elements (int32 unless it cannot hold them)."""
+    if requested is None:
+        return "int32" if n < 2 ** 31 else "int64"
+    if requested not in INDEX_DTYPES:
+        raise ConfigError(f"index_dtype must be one of {INDEX_DTYPES} or None (automatic), got {requested!r}; "
+                          f"indices are never sent as floats (exact only below 2^24)")
+    if requested == "int32" and n >= 2 ** 31:
+        raise ConfigError(f"a bucket of {n} elements needs int64 indices; use index_dtype='int64' or None")
+    return requested
+
+
+def prescaled(flat: Any, ctx: ReduceContext) -> Any:
+    """The bucket times the context's prescale factor (the prologue every sparse reducer shares)."""
+    return ctx.ops.scale(flat, ctx.prescale) if ctx.prescale != 1.0 else flat
+
+
+@dataclass
+class WholeBucket:
+    """A sparse reducer's bucket sent whole (density 1)."""
+
+    x: Any
+    key: str
+
+
+def dense_start(memory: Memory, bucket: Bucket, rnd: RoundInfo, flat: Any, ctx: ReduceContext) -> Pending:
+    """Density-1 path shared by the sparse reducers: allreduce(sum) of ``flat + residual``."""
+    name = rnd.wire(bucket)
+    x = memory.compensate_dense(ctx.ops, bucket.name, flat)
+    if ctx.comm.size == 1:
+        return Pending(name, WholeBucket(x, bucket.name))
+    return Pending(name, WholeBucket(x, bucket.name), (ctx.comm.allreduce_tensor_async(ctx.ops, x, "sum", f"{name}.dense"),))
+
+
+def dense_finish(memory: Memory, pending: Pending, ctx: ReduceContext) -> Any:
+    st: WholeBucket = pending.state
+    x = ctx.comm.wait(pending.handles[0]) if pending.handles else st.x
+    if ctx.postscale != 1.0:
+        x = ctx.ops.scale(x, ctx.postscale)
+    return memory.finish_dense(ctx.ops, st.key, x)
+
+
+class SparseReducer(Reducer):
+    """A selector plus a memory; subclasses exchange the selection (see the module docstring).
+
+    Args:
+        compressor: the selection.
+        memory: what is remembered of the unsent part (error feedback, DGC's momentum).
+        index_dtype: "int32", "int64" or None (int32 when it can hold every index).
+        dense_when_full: reduce buckets with k == n by a dense allreduce.
+    """
+
+    sparse = True
+
+    def __init__(self, compressor: SparseCompressor, memory: Memory, index_dtype: str | None = None,
+                 dense_when_full: bool = True):
+        index_dtype_for(0, index_dtype)  # validate early
+        self.compressor = compressor
+        self.memory = memory
+        self.index_dtype = index_dtype
+        self.dense_when_full = bool(dense_when_full)
+
+    def select(self, bucket: Bucket, rnd: RoundInfo, flat: Any, ctx: ReduceContext) -> Pending | tuple[Any, Any, int]:
+        """The prologue: the bucket sent whole (a started dense :class:`Pending`) when its k is
+        its size, else ``(values, indices, n)`` of this rank's selection, the memory updated."""
+        ops = ctx.ops
+        flat = prescaled(flat, ctx)
+        n = ops.numel(flat)
+        if self.dense_when_full and self.compressor.k_for(n, bucket, rnd.step) >= n:
+            return dense_start(self.memory, bucket, rnd, flat, ctx)
+        acc = self.memory.compensate(ops, bucket.name, flat)
+        vals, idx = self.compressor.select(ops, acc, bucket, rnd.step)
+        self.memory.update(ops, bucket.name, acc, idx)
+        return vals, idx, n
+
+    def config(self) -> dict:
+        return {"reducer": self.name, "compressor": self.compressor.config(), "memory": self.memory.config(),
+                "index_dtype": self.index_dtype, "dense_when_full": self.dense_when_full}
+
+    @property
+    def density(self) -> float | None:
+        return self.compressor.density.constant
+
+    def residual(self, ops: Any, key: str, like: Any) -> Any | None:
+        """The memory's residual (velocity for DGC) of the bucket named ``key``; None = zero."""
+        return self.memory.residual(ops, key, like)
+
+    def state_dict(self) -> dict:
+        return {"memory": self.memory.state_dict(), "compressor": self.compressor.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.memory.load_state_dict(dict(state.get("memory", {})))
+        self.compressor.load_state_dict(dict(state.get("compressor", {})))
