@@ -1,0 +1,50 @@
+"""The core's layers import downwards only: no cycle between the engine and the schedulers, no
+compressor that knows the engine, pure planners. Checked on the source (every import statement,
+late ones inside functions included)."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+CORE = Path(__file__).resolve().parents[2] / "hvd_commopt"
+
+# package -> packages (of hvd_commopt) it must never import
+FORBIDDEN = {
+    "engine": {"schedule", "builder", "collectives", "runtime"},
+    "compress": {"engine", "reduce", "schedule", "comm", "fusion", "builder"},
+    "reduce": {"engine", "schedule", "builder", "runtime"},
+    "fusion": {"engine", "reduce", "compress", "schedule", "comm", "builder", "calibrate"},
+    "comm": {"engine", "reduce", "compress", "schedule", "fusion", "numpy_ops", "builder"},
+    "schedule": {"builder", "runtime", "collectives"},
+}
+
+
+def _imports(path: Path) -> set[str]:
+    """The first component under hvd_commopt of every module ``path`` imports."""
+    pkg = path.relative_to(CORE).parts[:-1]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolve against the file's package
+                base = list(pkg[: len(pkg) - node.level + 1])
+                parts = base + (node.module.split(".") if node.module else [])
+                if not parts:  # "from .. import x" at the top of the package
+                    parts = [a.name for a in node.names]
+            elif node.module and node.module.startswith("hvd_commopt."):
+                parts = node.module.split(".")[1:]
+            else:
+                continue
+            out.add(parts[0])
+        elif isinstance(node, ast.Import):
+            out |= {a.name.split(".")[1] for a in node.names if a.name.startswith("hvd_commopt.")}
+    return out
+
+
+def test_layers_import_downwards_only() -> None:
+    bad = []
+    for layer, banned in FORBIDDEN.items():
+        for f in (CORE / layer).rglob("*.py"):
+            hit = _imports(f) & banned
+            if hit:
+                bad.append(f"{f.relative_to(CORE)} imports {sorted(hit)}")
+    assert not bad, bad
