@@ -16,6 +16,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from ..common import ROOT  # noqa: E402
+
 from .report import BASELINES, best_ours  # noqa: E402
 
 __all__ = ["plot_run", "plot_timeline_compare", "plot_summary"]
@@ -92,8 +94,9 @@ def _tta(ax: Any, job: dict, title: str) -> None:
 
 
 def _load_events(path: str) -> list[dict]:
+    """A trace's events; ``path`` relative to the repository (as reports store it) or absolute."""
     try:
-        return [e for e in json.loads(Path(path).read_text()) if e.get("ph") in ("X", "i")]
+        return [e for e in json.loads((ROOT / path).read_text()) if e.get("ph") in ("X", "i")]
     except (OSError, ValueError):
         return []
 

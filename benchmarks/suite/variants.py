@@ -1,12 +1,7 @@
 """The algorithms the suite compares, each a named variant built by one small function.
 
-Why a registry of builders: other engineers land features (sparse compression, schedules, fusion
-planners) while this suite exists. Each builder checks that its feature is in the tree (by
-``hasattr`` on :class:`Compression` / :class:`Schedule`, or by inspecting
-``DistributedOptimizer``'s signature) and raises :class:`Skip` with the reason when it is not, so
-the report says "skipped: <reason>" today and the variant runs, unchanged, once the feature lands.
 A builder that fails with the library's ``ConfigError`` (a combination the library refuses) is
-also reported as skipped, with the library's message.
+reported as skipped, with the library's message (:class:`Skip`).
 
 Every builder runs on every rank with the same arguments, so skips are identical on all ranks and
 the collective set-up calls (``DistributedOptimizer`` verifies the model across ranks) line up.
@@ -14,7 +9,6 @@ the collective set-up calls (``DistributedOptimizer`` verifies the model across 
 from __future__ import annotations
 
 import contextlib
-import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -78,7 +72,7 @@ class Runner:
         return int(self.opt.comm_stats.get("bytes_sent", 0))
 
     def drain(self) -> None:
-        if self.ours and hasattr(self.opt, "drain") and not _synchronous(self.opt):
+        if self.ours:
             self.opt.drain()
 
     def tuning(self) -> bool:
@@ -87,56 +81,22 @@ class Runner:
         return bool(rep) and rep.get("phase") in ("warmup", "profile", "settle", "measure")
 
     def finalize(self) -> None:
-        if self.ours and hasattr(self.opt, "finalize"):
+        if self.ours:
             self.opt.finalize()
 
     @contextlib.contextmanager
     def eval_weights(self) -> Iterator[None]:
         """The weights to evaluate: the global replica under delayed schedules, else the model."""
-        if self.ours and hasattr(self.opt, "use_global_weights"):
+        if self.ours:
             with self.opt.use_global_weights():
                 yield
         else:
             yield
 
 
-def _synchronous(opt: Any) -> bool:
-    eng = getattr(opt, "comm_engine", None)
-    sched = getattr(eng, "scheduler", None)
-    return True if sched is None else bool(getattr(sched, "synchronous", True))
-
-
-# -- feature checks ----------------------------------------------------------------------------------
 def _hco():
     import torch_plugin as hco
     return hco
-
-
-def _dopt_params() -> set[str]:
-    return set(inspect.signature(_hco().DistributedOptimizer).parameters)
-
-
-def _need_compression(name: str) -> Callable:
-    c = _hco().Compression
-    if not hasattr(c, name):
-        raise Skip(f"Compression.{name} not in the tree yet (hvd_commopt/compression.py)")
-    return getattr(c, name)
-
-
-def _need_schedule(name: str) -> Callable:
-    hco = _hco()
-    if "schedule" not in _dopt_params():
-        raise Skip("DistributedOptimizer has no schedule= argument yet")
-    sched = getattr(hco, "Schedule", None)
-    if sched is None or not hasattr(sched, name):
-        raise Skip(f"Schedule.{name} not in the tree yet (hvd_commopt/schedule/)")
-    return getattr(sched, name)
-
-
-def _need_fusion() -> None:
-    if "fusion" not in _dopt_params():
-        raise Skip("DistributedOptimizer has no fusion= argument yet (the planners exist in "
-                   "hvd_commopt/fusion/, the optimizer option has not landed)")
 
 
 # -- builders ----------------------------------------------------------------------------------------
@@ -217,7 +177,6 @@ def _fusion_kw(ctx: Ctx, planner: str) -> dict[str, Any]:
 
 def b_fusion(kind: str) -> Callable[[nn.Module, Ctx], Runner]:
     def build_(model: nn.Module, ctx: Ctx) -> Runner:
-        _need_fusion()
         return _ours(kind, model, ctx, **_fusion_kw(ctx, kind))
     return build_
 
@@ -225,7 +184,7 @@ def b_fusion(kind: str) -> Callable[[nn.Module, Ctx], Runner]:
 def b_sparse(kind: str, layerwise: bool = False, planner: str | None = None,
              name: str | None = None) -> Callable[[nn.Module, Ctx], Runner]:
     def build_(model: nn.Module, ctx: Ctx) -> Runner:
-        factory = _need_compression(kind)
+        factory = getattr(_hco().Compression, kind)
         kw: dict[str, Any] = {}
         momentum = None
         if kind == "dgc":  # DGC applies momentum itself: the wrapped optimizer runs without it
@@ -236,7 +195,6 @@ def b_sparse(kind: str, layerwise: bool = False, planner: str | None = None,
         if layerwise:
             kw["fusion_threshold"] = 0  # one bucket per layer: LAGS (layer-wise selection, sent from the hooks)
         if planner is not None:
-            _need_fusion()
             kw.update(_fusion_kw(ctx, planner))
         label = name or {("topk", True): "lags", ("topk", False): "topk"}.get((kind, layerwise), kind)
         return _ours(label, model, ctx, momentum=momentum, compression=comp, **kw)
@@ -245,7 +203,7 @@ def b_sparse(kind: str, layerwise: bool = False, planner: str | None = None,
 
 def b_schedule(kind: str) -> Callable[[nn.Module, Ctx], Runner]:
     def build_(model: nn.Module, ctx: Ctx) -> Runner:
-        factory = _need_schedule(kind)
+        factory = getattr(_hco().Schedule, kind)
         if kind in ("cocod", "local_sgd"):
             sched = factory(period=ctx.period, warmup_steps=ctx.warmup_steps)
         elif kind == "ssd" and ctx.mode == "tta":
@@ -264,7 +222,7 @@ def b_schedule(kind: str) -> Callable[[nn.Module, Ctx], Runner]:
 
 
 def b_fp16(model: nn.Module, ctx: Ctx) -> Runner:
-    return _ours("fp16", model, ctx, compression=_need_compression("fp16"))
+    return _ours("fp16", model, ctx, compression=_hco().Compression.fp16)
 
 
 # name -> (builder, one-line description)

@@ -24,12 +24,15 @@ import statistics
 import sys
 import time
 import traceback
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 
 from hvd_commopt import timeline
+
+from ..common import ROOT
 
 from . import variants as V
 from .rankenv import RankEnv, setup
@@ -161,7 +164,9 @@ def run(args: argparse.Namespace) -> dict:
             timeline.instant("traced step", "step")
             timed_step(r, x, y)
             r.drain()
-            traces[name] = timeline.stop() or ""
+            path = timeline.stop() or ""
+            # stored relative to the repository, so a report does not carry this machine's paths
+            traces[name] = str(Path(path).resolve().relative_to(ROOT)) if path.startswith(str(ROOT)) else path
     env.barrier()
     job_tx = env.gather(env.tx_bytes() - tx_start)
     lo_shared = env.iface == "lo"  # one counter for every rank (and any other local traffic)

@@ -1,12 +1,11 @@
-"""Unit tests of the benchmark suite's pieces (benchmarks/suite): feature-detected skips, the
-analytic DDP/PowerSGD traffic, and the markdown report, without launching ranks."""
+"""Unit tests of the benchmark suite's pieces (benchmarks/suite): refused variants become skips,
+the analytic DDP/PowerSGD traffic, and the markdown report, without launching ranks."""
 from __future__ import annotations
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-import torch_plugin as hco  # noqa: E402
 from benchmarks.suite import report  # noqa: E402
 from benchmarks.suite import variants as V  # noqa: E402
 
@@ -15,18 +14,16 @@ def _ctx() -> V.Ctx:
     return V.Ctx(mode="throughput", rank=0, size=2)
 
 
-def test_missing_features_are_skips_with_reasons(monkeypatch) -> None:
+def test_refused_variants_are_skips_with_reasons() -> None:
+    from hvd_commopt import run_ranks
     model = torch.nn.Linear(4, 3)
 
-    def old_signature(optimizer, named_parameters=None, compression=None, fusion_threshold=None):
-        raise AssertionError("must not be called")
-    monkeypatch.setattr(hco, "DistributedOptimizer", old_signature)
-    for name, words in (("mgwfbp", "fusion="), ("omgs", "fusion="), ("od", "schedule=")):
-        with pytest.raises(V.Skip, match=words):
-            V.build(name, model, _ctx())
-    monkeypatch.delattr(hco.Compression, "gtopk", raising=False)
-    with pytest.raises(V.Skip, match=r"Compression\.gtopk not in the tree"):
-        V.build("gtopk", model, _ctx())
+    def body(comm):
+        with pytest.raises(V.Skip, match="refused by the library"):
+            V._ours("x", model, _ctx(), communicator=comm, schedule="not a schedule")
+    run_ranks(1, body)
+    with pytest.raises(V.Skip, match="no Gloo process group"):
+        V.build("ssgd_gloo", model, _ctx())
     with pytest.raises(KeyError, match="unknown variant"):
         V.build("nope", model, _ctx())
     assert set(V.QUICK) <= set(V.VARIANTS) and set(V.DEFAULT) == set(V.VARIANTS) - {"ssgd_gloo"}
