@@ -5,7 +5,7 @@ import sys
 import numpy as np
 import pytest
 
-from hvd_commopt import env, runtime
+from hvd_commopt import env, run, runtime
 from hvd_commopt.errors import ConfigError
 
 _LAUNCH_VARS = ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "HOROVOD_RANK",
@@ -68,3 +68,29 @@ def test_second_init_with_other_settings_is_refused_same_settings_are_idempotent
     assert runtime.communicator() is comm
     runtime.shutdown()
     assert runtime.init(timeout_s=5).timeout_s == 5.0
+
+
+def _build(argv):
+    args = run._parser().parse_args(["--mpirun", "/x/mpirun"] + argv)
+    return run.build_command(args, {"PATH": "/bin"})
+
+
+def test_launcher_runs_a_python_script_with_its_own_interpreter(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    cmd, _ = _build(["-np", "2", str(script), "--lr", "1"])
+    assert cmd[-4:] == [sys.executable, str(script), "--lr", "1"]
+    cmd, _ = _build(["-np", "2", "python3", str(script)])  # an explicit interpreter is kept
+    assert cmd[-2:] == ["python3", str(script)]
+
+
+def test_launcher_refuses_a_missing_script_and_a_bad_timeout(tmp_path, capsys):
+    with pytest.raises(ConfigError, match=r"script 'nope\.py' not found .*give its path"):
+        _build(["-np", "2", "nope.py"])
+    cmd, _ = _build(["-np", "2", "-H", "a:1,b:1", "remote.py"])  # may exist only on the hosts
+    assert cmd[-2:] == [sys.executable, "remote.py"]
+    for bad in ("0", "-5", "nan", "inf"):
+        with pytest.raises(ConfigError, match="--timeout must be a finite number of seconds > 0"):
+            _build(["-np", "2", "--timeout", bad, "python", "t.py"])
+    assert run.main(["--mpirun", "/x/mpirun", "-np", "2", "--dry-run", "nope.py"]) == 2
+    assert "script 'nope.py' not found" in capsys.readouterr().err
