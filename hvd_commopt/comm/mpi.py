@@ -123,21 +123,34 @@ class MPIBackend(Backend):
             return None, (f"stuck in collective #{seq} {op} '{name}'; this MPI library has no "
                           f"MPI_THREAD_MULTIPLE, so the backend cannot tell which ranks are missing")
         states = self._query_peers()
-        missing, parts = [], []
+        missing, parts, other = [], [], False
         for r in range(self._size):
             if r == self._rank:
                 continue
             st = states.get(r)
+            at = st and (st["where"] or st["last"])
+            last = f"collective #{at[0]} {at[1]} '{at[2]}'" if at else "no collective"
             if st is None:
-                missing.append(r)
                 parts.append(f"rank {r} did not answer (dead, or blocked outside hvd_commopt)")
-            elif st["where"] is None or st["where"][0] != seq:
-                missing.append(r)
-                at = st["where"] or st["last"]
-                state = "is in" if st["where"] else "is idle; its last finished was"
-                parts.append(f"rank {r} {state} collective #{at[0]} {at[1]} '{at[2]}'" if at
+            elif st["where"] is None:
+                parts.append(f"rank {r} is idle; its last finished was {last}" if st["last"]
                              else f"rank {r} has run no collective")
-        detail = "; ".join(parts) if parts else "every rank is inside it (a slow or stuck network?)"
+            elif tuple(st["where"][1:]) != (op, name):
+                # Compared by kind and name, not by sequence number: two ranks can both be in
+                # their 5th collective and still not be in the same one (a Top-k allgather on
+                # one, a dense allreduce on the other), and MPI then waits forever.
+                other = True
+                parts.append(f"rank {r} is in a different one, {last}")
+            else:
+                continue  # inside the same collective
+            missing.append(r)
+        if not parts:
+            detail = "every rank is inside it (a slow or stuck network?)"
+        else:
+            detail = "; ".join(parts)
+            if other:
+                detail += (" (ranks issue different collectives: a compression, fusion or schedule "
+                           "setting, the model, or the code path differs across ranks)")
         return missing, f"stuck in collective #{seq} {op} '{name}': {detail}"
 
     def _query_peers(self) -> dict[int, dict]:
