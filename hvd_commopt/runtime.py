@@ -3,13 +3,16 @@
 Backend choice, in order: the ``backend`` argument, ``HVD_COMMOPT_BACKEND``, then the launcher:
 ``mpirun``/``mpiexec``/our launcher -> ``mpi``; ``torchrun`` -> the adapter's torch.distributed
 backend (``gloo``); no launcher -> ``local`` (size 1, no MPI needed, so ``python train.py`` works).
+
+With more than one rank, ``init()`` also makes an uncaught exception on any rank end the whole
+job within seconds, naming the failed rank on the others (:mod:`hvd_commopt.faults`).
 """
 from __future__ import annotations
 
 import atexit
 import threading
 
-from . import env
+from . import env, faults
 from .comm import Communicator, create_backend
 from .errors import ConfigError, HvdCommoptError, LaunchEnvironmentError
 
@@ -67,6 +70,13 @@ def init(backend: str | None = None, timeout_s: float | None = None) -> Communic
         if launch.launcher == "none" and name == "local" and be.size != 1:
             raise LaunchEnvironmentError("internal: the local backend must have size 1")
         _comm, _backend = Communicator(be, timeout), name
+        # atexit runs the last registered first: registered after the backend's own handler, the
+        # shutdown drains the queued collectives and closes the backend (the MPI backend's "left"
+        # notice must come after all of them) before that handler stops it at exit.
+        atexit.unregister(shutdown)
+        atexit.register(shutdown)
+        if be.size > 1:
+            faults.install(lambda: _comm)
         return _comm
 
 

@@ -24,6 +24,7 @@ from .. import timeline as _timeline
 from ..errors import CollectiveTimeoutError, ConfigError, HvdCommoptError
 from .base import REDUCE_OPS, Backend
 from .handle import Handle
+from ..errors import RankFailedError
 
 __all__ = ["Communicator", "TrafficCounter", "CountingLink"]
 
@@ -68,6 +69,9 @@ def _nbytes(buf: Any) -> int:
 
 
 _STOP = object()
+# How often a waiting thread asks the backend whether a peer has failed or left. Waking five
+# times a second costs nothing measurable; it bounds how late a dead peer is reported.
+_PEER_CHECK_S = 0.2
 
 
 class CountingLink:
@@ -194,8 +198,20 @@ class Communicator:
         # A backend that enforces the deadline itself names the missing ranks exactly; give it a
         # moment to do so before this thread diagnoses on its own.
         limit = self.timeout_s + (2.0 if self.backend.enforces_deadline else 0.0)
+        end = time.monotonic() + limit
+        # In slices: a peer that failed or ended its script will never join this collective, and
+        # waiting out the timeout would keep the whole job alive for it (300 s by default).
+        while not handle._done.wait(min(_PEER_CHECK_S, max(end - time.monotonic(), 0.0))):
+            if time.monotonic() >= end:
+                break
+            failed = self.backend.peer_failure()
+            if failed is not None:
+                err = RankFailedError(f"rank {self.rank}: {handle.op} '{handle.name}' cannot complete: "
+                                      f"{failed[1]}", failed_rank=failed[0], op=handle.op, name=handle.name)
+                self._broken = err
+                raise err
         try:
-            return handle.wait(limit)
+            return handle.wait(0)
         except CollectiveTimeoutError as e:
             if handle.poll():  # the backend itself timed out and already named the ranks
                 raise

@@ -5,7 +5,7 @@ import sys
 import numpy as np
 import pytest
 
-from hvd_commopt import env, run, runtime
+from hvd_commopt import env, faults, run, runtime
 from hvd_commopt.errors import ConfigError
 
 _LAUNCH_VARS = ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "HOROVOD_RANK",
@@ -68,6 +68,11 @@ def test_second_init_with_other_settings_is_refused_same_settings_are_idempotent
     assert runtime.communicator() is comm
     runtime.shutdown()
     assert runtime.init(timeout_s=5).timeout_s == 5.0
+
+
+def test_single_rank_keeps_the_default_excepthook(fresh_runtime):
+    runtime.init()
+    assert sys.excepthook is not faults._excepthook
 
 
 def _build(argv):
