@@ -198,20 +198,9 @@ class Communicator:
         # A backend that enforces the deadline itself names the missing ranks exactly; give it a
         # moment to do so before this thread diagnoses on its own.
         limit = self.timeout_s + (2.0 if self.backend.enforces_deadline else 0.0)
-        end = time.monotonic() + limit
-        # In slices: a peer that failed or ended its script will never join this collective, and
-        # waiting out the timeout would keep the whole job alive for it (300 s by default).
-        while not handle._done.wait(min(_PEER_CHECK_S, max(end - time.monotonic(), 0.0))):
-            if time.monotonic() >= end:
-                break
-            failed = self.backend.peer_failure()
-            if failed is not None:
-                err = RankFailedError(f"rank {self.rank}: {handle.op} '{handle.name}' cannot complete: "
-                                      f"{failed[1]}", failed_rank=failed[0], op=handle.op, name=handle.name)
-                self._broken = err
-                raise err
+        limit = self._wait_watching_peers(handle, limit)
         try:
-            return handle.wait(0)
+            return handle.wait(limit)
         except CollectiveTimeoutError as e:
             if handle.poll():  # the backend itself timed out and already named the ranks
                 raise
@@ -224,6 +213,23 @@ class Communicator:
                 op=handle.op, name=handle.name, missing_ranks=missing)
             self._broken = err
             raise err from None
+
+    def _wait_watching_peers(self, handle: Handle, limit: float) -> float:
+        """Wait up to ``limit`` s for ``handle``, in slices, asking the backend between them
+        whether a peer failed or ended its script: then the collective can never complete, and
+        waiting out the timeout would keep the whole job alive for it (300 s by default).
+        Returns the time left of ``limit``; raises RankFailedError naming the peer."""
+        end = time.monotonic() + limit
+        while not handle._done.wait(min(_PEER_CHECK_S, max(end - time.monotonic(), 0.0))):
+            if time.monotonic() >= end:
+                return 0.0
+            failed = self.backend.peer_failure()
+            if failed is not None:
+                err = RankFailedError(f"rank {self.rank}: {handle.op} '{handle.name}' cannot complete: "
+                                      f"{failed[1]}", failed_rank=failed[0], op=handle.op, name=handle.name)
+                self._broken = err
+                raise err
+        return max(end - time.monotonic(), 0.0)
 
     # -- collectives --------------------------------------------------------------------------
     def allreduce_async_(self, buf: Any, op: str = "sum", name: str = "allreduce") -> Handle:
