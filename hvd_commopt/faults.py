@@ -44,7 +44,8 @@ _get_comm: Callable[[], Any] = lambda: None  # noqa: E731
 
 
 def install(get_comm: Callable[[], Any]) -> None:
-    """Chain the job-ending hook in front of the current ``sys.excepthook`` (once)."""
+    """Replace ``sys.excepthook`` (once) by a hook that calls the current one (the traceback as
+    usual, or a custom hook's output), then ends the job."""
     global _previous, _get_comm
     _get_comm = get_comm
     if sys.excepthook is not _excepthook:
