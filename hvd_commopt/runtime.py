@@ -3,20 +3,24 @@
 Backend choice, in order: the ``backend`` argument, ``HVD_COMMOPT_BACKEND``, then the launcher:
 ``mpirun``/``mpiexec``/our launcher -> ``mpi``; ``torchrun`` -> the adapter's torch.distributed
 backend (``gloo``); no launcher -> ``local`` (size 1, no MPI needed, so ``python train.py`` works).
+
+With more than one rank, ``init()`` also makes an uncaught exception on any rank end the whole
+job within seconds, naming the failed rank on the others (:mod:`hvd_commopt.faults`).
 """
 from __future__ import annotations
 
 import atexit
 import threading
 
-from . import env
+from . import env, faults
 from .comm import Communicator, create_backend
-from .errors import HvdCommoptError, LaunchEnvironmentError
+from .errors import ConfigError, HvdCommoptError, LaunchEnvironmentError
 
 __all__ = ["init", "shutdown", "is_initialized", "communicator", "rank", "size", "local_rank", "local_size"]
 
 _lock = threading.Lock()
 _comm: Communicator | None = None
+_backend: str | None = None  # the backend name init() chose
 
 
 def _default_backend(launch: env.LaunchInfo) -> str:
@@ -32,14 +36,29 @@ def _default_backend(launch: env.LaunchInfo) -> str:
 def init(backend: str | None = None, timeout_s: float | None = None) -> Communicator:
     """Initialise once per process (later calls return the same communicator).
 
+    Args:
+        backend: "mpi", "gloo", "nccl" or "local"; default: HVD_COMMOPT_BACKEND, else the launcher's.
+        timeout_s: seconds a collective may wait (a number or a ``datetime.timedelta``); default:
+            HVD_COMMOPT_TIMEOUT, else 300.
+
+    A later call with no arguments, or the same ones, returns the running communicator (as
+    Horovod's ``init()`` does, so a library and the script may both call it). A later call asking
+    for a *different* backend or timeout raises ConfigError rather than silently keeping the first
+    (the user would believe a 5 s timeout is in force) or switching mid-run (collectives already
+    queued, and the torch process group, keep the first): call ``shutdown()`` first.
+
     Raises:
+        ConfigError: a bad ``timeout_s`` or ``HVD_COMMOPT_TIMEOUT``, or settings that differ from
+            the running ones.
         LaunchEnvironmentError: the launcher's variables disagree with the backend's view of the
             world (for instance ``mpirun -np 2`` with a stale ``WORLD_SIZE=4``).
     """
-    global _comm
+    global _comm, _backend
     with _lock:
         if _comm is not None:
+            _check_same(backend, timeout_s)
             return _comm
+        timeout = env.collective_timeout_s(timeout_s)  # checked before any MPI starts
         launch = env.detect_launch()
         name = env.backend_name(backend) or _default_backend(launch)
         be = create_backend(name)
@@ -50,8 +69,28 @@ def init(backend: str | None = None, timeout_s: float | None = None) -> Communic
                 f"launcher, or choose the backend matching it with HVD_COMMOPT_BACKEND.")
         if launch.launcher == "none" and name == "local" and be.size != 1:
             raise LaunchEnvironmentError("internal: the local backend must have size 1")
-        _comm = Communicator(be, env.collective_timeout_s(timeout_s))
+        _comm, _backend = Communicator(be, timeout), name
+        # atexit runs the last registered first: registered after the backend's own handler, the
+        # shutdown drains the queued collectives and closes the backend (the MPI backend's "left"
+        # notice must come after all of them) before that handler stops it at exit.
+        atexit.unregister(shutdown)
+        atexit.register(shutdown)
+        if be.size > 1:
+            faults.install(lambda: _comm)
         return _comm
+
+
+def _check_same(backend: str | None, timeout_s) -> None:
+    fix = ("init() keeps the first call's settings: pass them to the first init() (or set "
+           "HVD_COMMOPT_BACKEND / HVD_COMMOPT_TIMEOUT), or call shutdown() before init() with new ones")
+    if timeout_s is not None:
+        asked = env.collective_timeout_s(timeout_s)
+        if asked != _comm.timeout_s:
+            raise ConfigError(f"init(timeout_s={timeout_s!r}) but hvd_commopt is already initialised "
+                              f"with timeout_s={_comm.timeout_s:g}; {fix}")
+    if backend is not None and backend != _backend:
+        raise ConfigError(f"init(backend={backend!r}) but hvd_commopt is already initialised with "
+                          f"backend {_backend!r}; {fix}")
 
 
 def is_initialized() -> bool:
@@ -65,11 +104,11 @@ def communicator() -> Communicator:
 
 
 def shutdown() -> None:
-    global _comm
+    global _comm, _backend
     with _lock:
         if _comm is not None:
             _comm.shutdown()
-            _comm = None
+            _comm, _backend = None, None
 
 
 atexit.register(shutdown)

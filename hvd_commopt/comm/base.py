@@ -17,6 +17,8 @@ Buffers are whatever ``buffer_kind`` says: ``"numpy"`` for host arrays (MPI, in-
 from __future__ import annotations
 
 import abc
+import os
+import sys
 from typing import Any
 
 __all__ = ["Backend", "REDUCE_OPS"]
@@ -74,6 +76,22 @@ class Backend(abc.ABC):
     def diagnose(self) -> tuple[list[int] | None, str]:
         """After a wait timed out: (ranks known not to have arrived or None, an explanation)."""
         return None, f"the {self.name} backend cannot tell which ranks are missing"
+
+    def peer_failure(self) -> tuple[int, str] | None:
+        """(rank, explanation) once a peer is known to have failed or left while this rank still
+        needs it, so that a wait can stop before its timeout; None while nothing is known.
+        Backends without a side channel to hear it from return None (the timeout still applies)."""
+        return None
+
+    def announce_failure(self, text: str) -> None:
+        """Tell the peers that this rank is failing with ``text`` (no-op without a side channel)."""
+
+    def abort_job(self, code: int) -> None:
+        """End this process now so that the launcher ends the job: skip the exit handlers, which
+        would wait for peers (or in MPI_Finalize) that are themselves waiting for this rank."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
     def close(self) -> None:
         """Release resources. Idempotent."""

@@ -12,6 +12,12 @@
   error says the backend cannot tell.)
 * After a timeout the stream of collectives is dead (MPI cannot cancel a collective), so the
   process aborts the MPI job at exit instead of hanging in ``MPI_Finalize``.
+* Failures travel on the same status communicator, so a peer does not wait out the timeout for
+  a rank that will never come: a rank dying of an uncaught exception sends a "failed" notice
+  (:meth:`announce_failure`, from the runtime's excepthook) and a rank that ends its script
+  sends a "left" notice (:meth:`close`). A waiting rank's :meth:`peer_failure` turns either into
+  a :class:`~hvd_commopt.errors.RankFailedError` naming the rank (``Communicator.wait`` asks it
+  every 0.2 s), within a second instead of after the timeout; its excepthook then ends the job.
 * float16 and bfloat16 (carried as uint16 bit patterns) have no MPI sum. They are reduced by a
   ring allreduce written here (reduce-scatter then allgather over ``Sendrecv``, half precision
   on the wire, float32 accumulation): the same traffic as MPI's ring, 2(P-1) vectorised steps.
@@ -33,8 +39,16 @@ from .base import Backend
 
 __all__ = ["MPIBackend", "import_mpi"]
 
-_QUERY, _REPLY = 11, 12
+_QUERY, _REPLY, _NOTICE = 11, 12, 13
 _GRACE_S = 3.0
+_POLL_S = 0.05
+# A peer that finished the collective this rank is in may leave before this rank's MPI call
+# returns (one round trip later); only a call still blocked this long after the notice means
+# the peer left without it.
+_LEFT_CONFIRM_S = 1.0
+# How long a failing rank waits before MPI_Abort, so that peers waiting for it can print which
+# rank failed (they raise RankFailedError and abort the job themselves, usually well before).
+_REPORT_S = 2.0
 
 
 def import_mpi():
@@ -87,12 +101,17 @@ class MPIBackend(Backend):
         self._where: tuple[int, str, str] | None = None  # (seq, op, name) while inside one
         self._last: tuple[int, str, str] | None = None
         self._broken = False
+        self._gone: dict[int, tuple[str, dict, float]] = {}  # peer -> (kind, notice, time heard)
+        self._notices: list = []  # our notices' requests (completed before MPI_Finalize)
+        self._left = False
+        self._failed_at: float | None = None
         self._stop = threading.Event()
         self._can_query = MPI.Query_thread() >= MPI.THREAD_MULTIPLE
+        self._responder: threading.Thread | None = None
         if self._can_query and self._size > 1:
             self._responder = threading.Thread(target=self._respond, name="hvd_commopt-mpi-status", daemon=True)
             self._responder.start()
-        atexit.register(self._abort_if_broken)
+        atexit.register(self._at_exit)
 
     @property
     def rank(self): return self._rank
@@ -122,21 +141,36 @@ class MPIBackend(Backend):
             return None, (f"stuck in collective #{seq} {op} '{name}'; this MPI library has no "
                           f"MPI_THREAD_MULTIPLE, so the backend cannot tell which ranks are missing")
         states = self._query_peers()
-        missing, parts = [], []
+        missing, parts, other = [], [], False
         for r in range(self._size):
             if r == self._rank:
                 continue
             st = states.get(r)
+            at = st and (st["where"] or st["last"])
+            last = f"collective #{at[0]} {at[1]} '{at[2]}'" if at else "no collective"
             if st is None:
-                missing.append(r)
                 parts.append(f"rank {r} did not answer (dead, or blocked outside hvd_commopt)")
-            elif st["where"] is None or st["where"][0] != seq:
-                missing.append(r)
-                at = st["where"] or st["last"]
-                state = "is in" if st["where"] else "is idle; its last finished was"
-                parts.append(f"rank {r} {state} collective #{at[0]} {at[1]} '{at[2]}'" if at
+            elif st.get("left"):
+                parts.append(f"rank {r} has ended its script (its last was {last})")
+            elif st["where"] is None:
+                parts.append(f"rank {r} is idle; its last finished was {last}" if st["last"]
                              else f"rank {r} has run no collective")
-        detail = "; ".join(parts) if parts else "every rank is inside it (a slow or stuck network?)"
+            elif tuple(st["where"][1:]) != (op, name):
+                # Compared by kind and name, not by sequence number: two ranks can both be in
+                # their 5th collective and still not be in the same one (a Top-k allgather on
+                # one, a dense allreduce on the other), and MPI then waits forever.
+                other = True
+                parts.append(f"rank {r} is in a different one, {last}")
+            else:
+                continue  # inside the same collective
+            missing.append(r)
+        if not parts:
+            detail = "every rank is inside it (a slow or stuck network?)"
+        else:
+            detail = "; ".join(parts)
+            if other:
+                detail += (" (ranks issue different collectives: a compression, fusion or schedule "
+                           "setting, the model, or the code path differs across ranks)")
         return missing, f"stuck in collective #{seq} {op} '{name}': {detail}"
 
     def _query_peers(self) -> dict[int, dict]:
@@ -158,21 +192,91 @@ class MPIBackend(Backend):
         MPI, st = self.MPI, self.MPI.Status()
         while not self._stop.is_set():
             try:
+                heard = False
                 if self._status.Iprobe(source=MPI.ANY_SOURCE, tag=_QUERY, status=st):
-                    src = st.Get_source()
+                    src, heard = st.Get_source(), True
                     self._status.recv(source=src, tag=_QUERY)
-                    self._status.isend({"where": self._where, "last": self._last}, dest=src, tag=_REPLY)
-                else:
-                    time.sleep(0.05)
+                    self._status.isend({"where": self._where, "last": self._last, "left": self._left},
+                                       dest=src, tag=_REPLY)
+                if self._status.Iprobe(source=MPI.ANY_SOURCE, tag=_NOTICE, status=st):
+                    src, heard = st.Get_source(), True
+                    note = self._status.recv(source=src, tag=_NOTICE)
+                    if src not in self._gone or note["kind"] == "failed":
+                        self._gone[src] = (note["kind"], note, time.monotonic())
+                if not heard:
+                    time.sleep(_POLL_S)
             except Exception:  # noqa: BLE001 - MPI finalised underneath us at exit
                 return
 
-    def _abort_if_broken(self) -> None:
-        self._stop.set()
+    # -- failures and exit --------------------------------------------------------------------
+    def _notify(self, kind: str, text: str = "") -> None:
+        if not self._can_query or self._size == 1:
+            return
+        note = {"kind": kind, "text": text, "where": self._where, "last": self._last, "count": self._seq}
+        for r in range(self._size):
+            if r != self._rank:
+                self._notices.append(self._status.isend(note, dest=r, tag=_NOTICE))
+
+    def announce_failure(self, text: str) -> None:
+        """Send every peer a "failed" notice carrying ``text`` (the exception, one line)."""
+        if self._failed_at is None:
+            self._failed_at = time.monotonic()
+            self._notify("failed", text)
+
+    def peer_failure(self) -> tuple[int, str] | None:
+        """A peer that sent "failed", or one that "left" while this rank is (still) blocked in a
+        collective, means the stream of collectives can never complete: (that rank, why)."""
+        if not self._gone:
+            return None
+        where, now = self._where, time.monotonic()
+        for r, (kind, note, heard) in sorted(self._gone.items()):
+            at = note["where"] or note["last"]
+            at = f"collective #{at[0]} {at[1]} '{at[2]}'" if at else "no collective"
+            if kind == "failed":
+                state = "in" if note["where"] else "after"
+                detail = (f"rank {r} failed with {note['text']} ({state} {at}; its traceback is in its "
+                          f"output). Fix that error; this rank stops waiting for it")
+            elif where is not None and now - heard >= _LEFT_CONFIRM_S:
+                detail = (f"rank {r} ended its script (after {note['count']} collectives, the last "
+                          f"{at}) while this rank waits in collective #{where[0]} {where[1]} "
+                          f"'{where[2]}'. Every rank must run the same collectives: give every rank "
+                          f"the same number of steps (equal data shards, e.g. DistributedSampler "
+                          f"with drop_last=True) and the same calls after training")
+            else:
+                continue
+            self._broken = True
+            return r, detail
+        return None
+
+    def abort_job(self, code: int) -> None:
+        """MPI_Abort: mpirun then ends every rank. After a "failed" notice, first give the peers
+        up to _REPORT_S to print which rank failed (the first of them to abort ends the wait)."""
+        if self._failed_at is not None:
+            time.sleep(max(0.0, _REPORT_S - (time.monotonic() - self._failed_at)))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.MPI.COMM_WORLD.Abort(code)
+
+    def _at_exit(self) -> None:
         if self._broken:
-            sys.stderr.write(f"hvd_commopt: rank {self._rank}: aborting the MPI job after a collective timeout\n")
-            sys.stderr.flush()
-            self.MPI.COMM_WORLD.Abort(1)
+            self._stop.set()
+            sys.stderr.write(f"hvd_commopt: rank {self._rank}: aborting the MPI job: its collectives "
+                             f"cannot complete (see the error above)\n")
+            self.abort_job(1)
+        self.close()
+        # Not waiting here for the peers' "left" notices: MPI_Finalize waits for the peers anyway
+        # (legitimately, e.g. while rank 0 saves a checkpoint), and a peer that waits for this
+        # rank in a collective has been told and aborts the job, ending that wait too. Waiting in
+        # Python instead also delayed this process's own teardown (measured +0.8 s per job end).
+        self._stop.set()
+        if self._responder is not None:
+            self._responder.join(1.0)  # no MPI call of ours may overlap MPI_Finalize
+        # Our notices are small (sent eagerly, complete at once); none may be pending at Finalize.
+        # A peer's notice arriving after the responder stopped stays unreceived, which Finalize
+        # tolerates (it is discarded with the communicator).
+        end = time.monotonic() + 2.0
+        while self._notices and not self.MPI.Request.Testall(self._notices) and time.monotonic() < end:
+            time.sleep(0.01)
 
     # -- collectives --------------------------------------------------------------------------
     def allreduce_(self, buf, op, name, deadline):
@@ -253,4 +357,9 @@ class MPIBackend(Backend):
         return out
 
     def close(self) -> None:
-        self._stop.set()
+        """This rank is done with the backend: send the "left" notice (a peer still waiting for
+        this rank in a collective fails now, not at its timeout). The responder keeps answering
+        until exit. Idempotent."""
+        if not self._left:
+            self._left = True
+            self._notify("left")
