@@ -10,7 +10,7 @@ from .comm import Communicator, Handle, InProcWorld, run_ranks
 from .compression import Compression
 from .engine import CommEngine, TensorSpec
 from .errors import (CollectiveTimeoutError, ConfigError, HvdCommoptError, LaunchEnvironmentError,
-                     RankMismatchError)
+                     RankFailedError, RankMismatchError)
 from .host import GradientCapture, ScheduleHost
 from .numpy_ops import NumpyOps
 from .reduce import Average, Sum
@@ -23,6 +23,7 @@ __all__ = [
     "__version__", "init", "shutdown", "is_initialized", "communicator", "rank", "size", "local_rank",
     "local_size", "Communicator", "Handle", "InProcWorld", "run_ranks", "Compression", "CommEngine",
     "build_engine", "TensorSpec", "NumpyOps", "ScheduleHost", "GradientCapture", "Average", "Sum",
-    "HvdCommoptError", "CollectiveTimeoutError", "RankMismatchError", "LaunchEnvironmentError",
+    "HvdCommoptError", "CollectiveTimeoutError", "RankMismatchError", "RankFailedError",
+    "LaunchEnvironmentError",
     "ConfigError", "Schedule",
 ]

@@ -19,7 +19,8 @@ Collectives run eagerly, or as one ``tf.py_function`` per call site inside ``tf.
 from __future__ import annotations
 
 from hvd_commopt import Compression, Schedule, runtime
-from hvd_commopt.errors import CollectiveTimeoutError, ConfigError, HvdCommoptError, RankMismatchError
+from hvd_commopt.errors import (CollectiveTimeoutError, ConfigError, HvdCommoptError, RankFailedError,
+                                RankMismatchError)
 from hvd_commopt.reduce import Average, Sum
 
 from . import callbacks
@@ -32,7 +33,7 @@ from .tape import DistributedGradientTape
 __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "local_size",
            "DistributedGradientTape", "DistributedOptimizer", "Compression", "Schedule", "Average", "Sum",
            "allreduce", "allgather", "broadcast", "broadcast_variables", "broadcast_object", "callbacks",
-           "TFOps", "HvdCommoptError", "CollectiveTimeoutError", "RankMismatchError", "ConfigError"]
+           "TFOps", "HvdCommoptError", "CollectiveTimeoutError", "RankMismatchError", "RankFailedError", "ConfigError"]
 
 
 def init(backend: str | None = None, timeout_s: float | None = None):

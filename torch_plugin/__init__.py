@@ -9,7 +9,8 @@
 from __future__ import annotations
 
 from hvd_commopt import Compression, Schedule, runtime
-from hvd_commopt.errors import CollectiveTimeoutError, ConfigError, HvdCommoptError, RankMismatchError
+from hvd_commopt.errors import (CollectiveTimeoutError, ConfigError, HvdCommoptError, RankFailedError,
+                                RankMismatchError)
 
 from .comm import TorchDistBackend, register as _register_backends
 from .functions import (allgather, allreduce, allreduce_, broadcast, broadcast_, broadcast_object,
@@ -22,7 +23,7 @@ _register_backends()
 __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "local_size", "DistributedOptimizer",
            "Compression", "Schedule", "Average", "Sum", "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
            "allreduce", "allreduce_", "allgather", "broadcast", "broadcast_", "TorchOps", "TorchDistBackend",
-           "HvdCommoptError", "CollectiveTimeoutError", "RankMismatchError", "ConfigError"]
+           "HvdCommoptError", "CollectiveTimeoutError", "RankMismatchError", "RankFailedError", "ConfigError"]
 
 
 def init(backend: str | None = None, timeout_s: float | None = None):

