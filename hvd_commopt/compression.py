@@ -22,6 +22,7 @@ from typing import Sequence
 from .compress.cast import BF16Compressor, FP16Compressor, NoneCompressor
 from .compress.dgc import DGCCompressor, DGCMemory
 from .compress.error_feedback import ErrorFeedback
+from .compress.nonfinite import check_policy
 from .compress.randomk import RandomKCompressor
 from .compress.topk import Density, TopKCompressor
 from .reduce.gtopk import GTopK
@@ -39,7 +40,7 @@ class Compression:
 
     @staticmethod
     def topk(density: Density = 0.001, error_feedback: bool = True,
-             index_dtype: str | None = None) -> SparseAllgather:
+             index_dtype: str | None = None, nonfinite: str = "skip") -> SparseAllgather:
         """Top-k S-SGD (docs/topk.md#update-rule): exact top-k per bucket, allgather of (values, indices).
 
         Args:
@@ -47,21 +48,24 @@ class Compression:
                 callable (bucket_name, numel) -> density for per-layer (LAGS) densities.
             error_feedback: keep what was not sent in a residual added to the next gradient.
             index_dtype: "int32" / "int64" / None (int32 when possible).
+            nonfinite: "skip" or "raise", for a NaN/Inf gradient (docs/wrapper.md#nonfinite; every
+                constructor below takes it too).
         """
-        return SparseAllgather(TopKCompressor(density), ErrorFeedback(error_feedback), index_dtype)
+        return SparseAllgather(TopKCompressor(density), ErrorFeedback(error_feedback, nonfinite), index_dtype)
 
     @staticmethod
-    def randomk(density: Density = 0.001, seed: int = 0, error_feedback: bool = True) -> SparseAllgather:
+    def randomk(density: Density = 0.001, seed: int = 0, error_feedback: bool = True,
+                nonfinite: str = "skip") -> SparseAllgather:
         """Random-k with a seed shared by all ranks: the same k indices everywhere, so the k
         values are allreduced (no indices sent). ``seed`` must be equal on every rank."""
-        return SparseAllgather(RandomKCompressor(density, seed), ErrorFeedback(error_feedback))
+        return SparseAllgather(RandomKCompressor(density, seed), ErrorFeedback(error_feedback, nonfinite))
 
     @staticmethod
     def dgc(density: Density = 0.001, momentum: float = 0.9, nesterov: bool = False,
             momentum_masking: bool = True, clip_norm: float | None = None, sample_ratio: float = 0.01,
             warmup_epochs: int = 0, warmup_coeff: float | Sequence[float] | None = None,
             steps_per_epoch: int | None = None, seed: int = 0,
-            index_dtype: str | None = None) -> SparseAllgather:
+            index_dtype: str | None = None, nonfinite: str = "skip") -> SparseAllgather:
         """Deep Gradient Compression (docs/dgc.md#update-rule): sampled threshold, momentum correction and
         factor masking, optional local clipping, sparsity warm-up.
 
@@ -73,12 +77,14 @@ class Compression:
         comp = DGCCompressor(density, sample_ratio=sample_ratio, warmup_epochs=warmup_epochs,
                              warmup_coeff=warmup_coeff, steps_per_epoch=steps_per_epoch, seed=seed)
         mem = DGCMemory(momentum=momentum, nesterov=nesterov, momentum_masking=momentum_masking,
-                        clip_norm=clip_norm)
+                        clip_norm=clip_norm, nonfinite=nonfinite)
         return SparseAllgather(comp, mem, index_dtype)
 
     @staticmethod
     def gtopk(density: Density = 0.001, error_feedback: bool = True, index_dtype: str | None = None,
-              algorithm: str = "recursive_doubling") -> GTopK:
+              algorithm: str = "recursive_doubling", nonfinite: str = "skip") -> GTopK:
         """gTop-k S-SGD (docs/gtopk.md#gtopk): global top-k by recursive doubling, O(k log P) traffic, for
         any number of ranks; dropped local values return to the residual."""
-        return GTopK(density, error_feedback=error_feedback, index_dtype=index_dtype, algorithm=algorithm)
+        red = GTopK(density, error_feedback=error_feedback, index_dtype=index_dtype, algorithm=algorithm)
+        red.memory.nonfinite = check_policy(nonfinite)
+        return red

@@ -101,6 +101,8 @@ class NumpyOps:
     def nonzero(self, mask): return np.flatnonzero(mask).astype(np.int64, copy=False)
     def abs_ge(self, t, threshold): return np.abs(t) >= threshold
 
+    def all_finite(self, t): return bool(np.isfinite(t).all())
+
     def norm(self, t):
         acc = np.float64 if t.dtype == np.float64 else np.float32
         return float(np.sqrt(np.sum(np.square(t, dtype=acc), dtype=acc)))

@@ -245,6 +245,12 @@ class TFOps:
         t = tf.convert_to_tensor(_t(t))
         return tf.abs(t) >= tf.constant(threshold, dtype=t.dtype)
 
+    def all_finite(self, t):
+        t = tf.convert_to_tensor(_t(t))
+        if not t.dtype.is_floating:
+            return True
+        return bool(tf.reduce_all(tf.math.is_finite(t)))
+
     def norm(self, t):
         t = tf.convert_to_tensor(_t(t))
         acc = tf.float64 if t.dtype == tf.float64 else tf.float32

@@ -121,6 +121,8 @@ class TorchOps:
     def nonzero(self, mask): return torch.nonzero(mask).reshape(-1)
     def abs_ge(self, t, threshold): return t.abs() >= threshold
 
+    def all_finite(self, t): return bool(torch.isfinite(t).all())
+
     def norm(self, t):
         acc = torch.float64 if t.dtype == torch.float64 else torch.float32
         return float(torch.linalg.vector_norm(t, dtype=acc))

@@ -27,7 +27,9 @@ import numpy as np
 from ..errors import ConfigError
 from ..tensor_ops import TensorOps
 
-__all__ = ["TensorStore", "ErrorFeedback"]
+from .nonfinite import check_policy
+
+__all__ = ["TensorStore", "Snapshots", "ErrorFeedback"]
 
 
 class TensorStore:
@@ -81,6 +83,48 @@ class TensorStore:
         self._loaded = dict(state)
 
 
+class Snapshots:
+    """Copies of a :class:`TensorStore`'s entries taken before a round, so a round whose reduced
+    result is non-finite can be rolled back bit for bit (docs/wrapper.md#nonfinite). The copy
+    buffers are reused from round to round (no allocation per step)."""
+
+    def __init__(self, store: TensorStore):
+        self.store = store
+        self._saved: dict[str, tuple[int, Any]] = {}  # name -> (step, copy or None = nothing stored)
+        self._bufs: dict[str, Any] = {}
+
+    def take(self, ops: TensorOps, name: str, like: Any, step: int) -> None:
+        t = self.store.get(ops, name, like)
+        prev = self._saved.pop(name, None)
+        buf = prev[1] if prev is not None and prev[1] is not None else self._bufs.pop(name, None)
+        if t is None:
+            if buf is not None:
+                self._bufs[name] = buf
+            self._saved[name] = (step, None)
+            return
+        ok = buf is not None and ops.numel(buf) == ops.numel(t) and ops.dtype_name(buf) == ops.dtype_name(t)
+        self._saved[name] = (step, ops.copy_into(buf, 0, t) if ok else ops.clone(t))
+
+    def restore(self, name: str, step: int) -> bool:
+        """Put back the copy taken for ``step``; False when a later round has replaced it."""
+        saved = self._saved.get(name)
+        if saved is None or saved[0] != step:
+            return False
+        del self._saved[name]
+        old = self.store.live(name)
+        if saved[1] is None:
+            self.store.pop(name)
+        else:
+            self.store.set(name, saved[1])
+        if old is not None:
+            self._bufs[name] = old
+        return True
+
+    def clear(self) -> None:
+        self._saved.clear()
+        self._bufs.clear()
+
+
 def _host(ops: TensorOps, v: Any) -> np.ndarray:
     try:
         return np.asarray(ops.to_numpy(v))
@@ -93,11 +137,33 @@ class ErrorFeedback:
 
     Args:
         enabled: False makes it a no-op (plain sparsification: unsent values are dropped).
+        nonfinite: what a rank does when its bucket holds NaN/Inf: "skip" (default: the residual
+            is left as it was and the step is skipped on every rank) or "raise"
+            (docs/wrapper.md#nonfinite).
     """
 
-    def __init__(self, enabled: bool = True):
+    def __init__(self, enabled: bool = True, nonfinite: str = "skip"):
         self.enabled = bool(enabled)
+        self.nonfinite = check_policy(nonfinite)
         self._res = TensorStore("residual")
+        self._snaps = Snapshots(self._res)
+        self._skipped: set[str] = set()
+
+    def snapshot(self, ops: TensorOps, name: str, like: Any, step: int) -> None:
+        """Keep a copy of the residual before round ``step`` (for :meth:`rollback`)."""
+        self._skipped.discard(name)
+        if self.enabled:
+            self._snaps.take(ops, name, like, step)
+
+    def skip(self, name: str) -> None:
+        """This round leaves ``name`` untouched (its contribution was not finite): :meth:`restore`
+        ignores the marker selection sent in its place."""
+        self._skipped.add(name)
+
+    def rollback(self, ops: TensorOps, name: str, step: int) -> bool:
+        """The reduced bucket of round ``step`` was not finite: the residual goes back to its
+        snapshot. False when a later round already built on it (delayed schedules)."""
+        return self._snaps.restore(name, step) if self.enabled else True
 
     def compensate(self, ops: TensorOps, name: str, flat: Any) -> Any:
         """``flat + residual`` (into ``flat`` where the framework allows; use the result)."""
@@ -133,7 +199,7 @@ class ErrorFeedback:
         survive the merges (docs/gtopk.md#recursive-doubling, docs/gtopk.md#t-gt-5); :meth:`update` had zeroed them, so the
         addition is ``0 + v = v``, exact, and the invariant still holds bit for bit.
         """
-        if not self.enabled or ops.numel(idx) == 0:
+        if not self.enabled or ops.numel(idx) == 0 or name in self._skipped:
             return
         r = self._res.live(name)
         if r is None:
@@ -158,13 +224,14 @@ class ErrorFeedback:
         return {n: self._res.live(n) for n in self._res.names() if self._res.live(n) is not None}
 
     def config(self) -> dict:
-        return {"name": "error_feedback", "enabled": self.enabled}
+        return {"name": "error_feedback", "enabled": self.enabled, "nonfinite": self.nonfinite}
 
     def state_dict(self) -> dict:
         return {"residuals": self._res.state_dict()} if self.enabled else {}
 
     def load_state_dict(self, state: dict) -> None:
+        self._snaps.clear()
         self._res.load_state_dict(dict(state.get("residuals", {})))
 
     def __repr__(self) -> str:
-        return f"ErrorFeedback(enabled={self.enabled})"
+        return f"ErrorFeedback(enabled={self.enabled}, nonfinite={self.nonfinite!r})"

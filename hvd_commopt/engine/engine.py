@@ -320,7 +320,9 @@ class CommEngine:
         stats = StepStats(step=rnd.step)
         for b in self._buckets:
             pending = rnd.pending.pop(b.index)
-            out.update(b.views(self.ops, rnd.reducer.finish(pending, self.ctx)))
+            flat = rnd.reducer.finish(pending, self.ctx)
+            rnd.reducer.settle(b, rnd.info, flat, self.ctx)  # NaN/Inf: memory rolled back
+            out.update(b.views(self.ops, flat))
             comm_s = sum(h.comm_seconds for h in pending.handles)
             stats.per_bucket[b.name] = {"bytes_sent": pending.bytes_sent,
                                         "bytes_received": pending.bytes_received,
