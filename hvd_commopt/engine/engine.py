@@ -25,7 +25,7 @@ import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Protocol, Sequence
 
-from .. import env
+from .. import checkpoint, env
 from .. import timeline as _timeline
 from ..buckets import Bucket, TensorSpec, build_buckets
 from ..comm.communicator import Communicator
@@ -52,6 +52,9 @@ class StepScheduler(Protocol):
     name: str
     step: int
     drains_for_checkpoint: bool
+    rank_local_state: tuple[str, ...]
+    rank_local_weights: bool
+    rank_local_optimizer: bool
 
     def attach(self, host: ScheduleHost) -> None: ...
     @property
@@ -436,21 +439,44 @@ class CommEngine:
             self._reset_step()
 
     # -- checkpoint ---------------------------------------------------------------------------
-    def state_dict(self) -> dict:
-        """Step counter, reducer state and the schedule's state. A schedule that keeps rounds in
-        flight across steps drains them first (value-neutral), so no pending collective is saved;
-        it must be called between steps."""
+    def state_dict(self, rank_local: dict | None = None) -> dict:
+        """Step counter, schedule state, and every rank's per-rank state (residuals, DGC memory,
+        local weights, the schedule's local state, ``rank_local`` from the adapter) gathered into
+        rank 0's result (docs/wrapper.md#checkpoints). **A collective: call it on every rank**
+        (then save rank 0's), between steps. A schedule that keeps rounds in flight across steps
+        drains them first (value-neutral), so no pending collective is saved."""
         sched = self._sched()
         if sched.drains_for_checkpoint:
             self.drain()
-        return {"step": sched.step, "reducer": self.reducer.state_dict(), "schedule": sched.state_dict()}
+        sched_state = dict(sched.state_dict())
+        local = {"reducer": self.reducer.state_dict(),
+                 "schedule": {k: sched_state.pop(k) for k in sched.rank_local_state if k in sched_state}}
+        if sched.rank_local_weights and self.host is not None:
+            local["weights"] = dict(self.host.weights())
+        local.update(rank_local or {})
+        return checkpoint.gather(self.comm, self.ops, {"step": sched.step, "schedule": sched_state}, local)
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict) -> dict:
+        """Restore a checkpoint from :meth:`state_dict` (rank 0's, or this rank's own); this rank
+        takes its own part. Returns what the adapter gave as ``rank_local`` when saving ({} when
+        the per-rank state was reset: another world size, docs/wrapper.md#checkpoints)."""
         sched = self._sched()
         self.abandon()
         sched.abandon()
-        self.reducer.load_state_dict(state.get("reducer", {}))
-        sched.load_state_dict(state.get("schedule", {}), int(state.get("step", 0)))
+        shared, own, first = checkpoint.select(self.comm, state)
+        if own is None:  # keep what every rank shares (a compressor's epoch), drop the memory
+            self.reducer.load_state_dict(checkpoint.shared_of((first or {}).get("reducer"), ("memory",)))
+        else:
+            self.reducer.load_state_dict(own.get("reducer", {}))
+        sched_state = dict(shared.get("schedule", {}))
+        sched_state.update((own or {}).get("schedule", {}))
+        sched.load_state_dict(sched_state, int(shared.get("step", 0)))
+        own = own or {}
+        if own.get("weights") and self.host is not None:
+            w = self.host.weights()
+            for n, v in own["weights"].items():
+                self.host.assign(n, self.ops.copy_(w[n], v))
+        return {k: v for k, v in own.items() if k not in ("reducer", "schedule", "weights")}
 
     @property
     def fusion_report(self) -> dict | None:
