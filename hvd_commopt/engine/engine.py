@@ -128,6 +128,9 @@ class CommEngine:
         self._sync_on_step = True
         self._capture = GradientCapture()
         self.scheduler: StepScheduler | None = None
+        # other ranks' parts of the checkpoint loaded last, until the next step: rank 0 loads, then
+        # broadcast_optimizer_state sends them on (docs/wrapper.md#checkpoints)
+        self._held_parts: dict[int, dict] = {}
         self.tuner = FusionTuner(fusion, comm, threshold_bytes=self.fusion_threshold, reducer=self.reducer,
                                  ops=ops, options=fusion_options)
 
@@ -362,6 +365,7 @@ class CommEngine:
         strategy may switch to its new plan (same step on every rank).
         """
         sched = self._sched()
+        self._held_parts = {}  # the state moves on: a loaded checkpoint's parts are stale
         with self._lock, _timeline.span(f"{sched.name} step", "update"):
             loss = sched.on_step(closure, self._sync_on_step)
             new_plan = self.tuner.step_end()  # same step on every rank; the plan comes from rank 0
@@ -454,7 +458,11 @@ class CommEngine:
         if sched.rank_local_weights and self.host is not None:
             local["weights"] = dict(self.host.weights())
         local.update(rank_local or {})
-        return checkpoint.gather(self.comm, self.ops, {"step": sched.step, "schedule": sched_state}, local)
+        state = checkpoint.gather(self.comm, self.ops, {"step": sched.step, "schedule": sched_state}, local)
+        for r in state["ranks"]:  # loaded here, not stepped since: the checkpoint's parts stand
+            if r != self.comm.rank and r in self._held_parts:
+                state["ranks"][r] = self._held_parts[r]
+        return state
 
     def load_state_dict(self, state: dict) -> dict:
         """Restore a checkpoint from :meth:`state_dict` (rank 0's, or this rank's own); this rank
@@ -464,6 +472,8 @@ class CommEngine:
         self.abandon()
         sched.abandon()
         shared, own, first = checkpoint.select(self.comm, state)
+        self._held_parts = {} if own is None else {int(r): p for r, p in state.get("ranks", {}).items()
+                                                     if int(r) != self.comm.rank}
         if own is None:  # keep what every rank shares (a compressor's epoch), drop the memory
             self.reducer.load_state_dict(checkpoint.shared_of((first or {}).get("reducer"), ("memory",)))
         else:

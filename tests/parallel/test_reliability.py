@@ -10,3 +10,15 @@ pytest.importorskip("mpi4py")
 
 def test_dgc_nonfinite_under_mpirun():
     run_pytest_mpi(2, "tests/parallel/mpi_reliability.py", timeout=300, extra=["-k", "dgc_nan"])
+
+
+def test_horovod_idiom_checkpoints_resume_bit_exactly_under_mpirun():
+    run_pytest_mpi(2, "tests/parallel/mpi_reliability.py", timeout=500, extra=["-k", "horovod_idiom"])
+
+
+def test_two_rank_checkpoint_into_four_ranks(tmp_path):
+    env = {"HCO_TEST_CKPT": str(tmp_path / "ck.pt")}
+    run_pytest_mpi(2, "tests/parallel/mpi_reliability.py", timeout=300, env=env, extra=["-k", "save_for_resize"])
+    proc = run_pytest_mpi(4, "tests/parallel/mpi_reliability.py", timeout=300, env=env,
+                          extra=["-k", "load_resized", "-s"])
+    assert proc.stdout.count("resized load ok") == 4, proc.stdout
