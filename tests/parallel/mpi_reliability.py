@@ -95,6 +95,9 @@ CONFIGS = {
     "od": dict(compression=lambda: None,
                schedule=lambda: hco.Schedule.od(warmup_steps=2, local_lr=0.05, local_momentum=0.5)),
     "local_sgd": dict(compression=lambda: None, schedule=lambda: hco.Schedule.local_sgd(period=3)),
+    "cocod": dict(compression=lambda: None, schedule=lambda: hco.Schedule.cocod(period=2)),
+    "cd": dict(compression=lambda: None,
+               schedule=lambda: hco.Schedule.cd(warmup_steps=2, correction_every=3, local_lr=0.05)),
 }
 
 
