@@ -101,7 +101,11 @@ class NumpyOps:
     def nonzero(self, mask): return np.flatnonzero(mask).astype(np.int64, copy=False)
     def abs_ge(self, t, threshold): return np.abs(t) >= threshold
 
-    def all_finite(self, t): return bool(np.isfinite(t).all())
+    def all_finite(self, t):
+        # One summing pass: any NaN/Inf makes the sum non-finite; only then (or on an overflow of
+        # finite values) the exact element check runs.
+        with np.errstate(over="ignore", invalid="ignore"):
+            return bool(np.isfinite(np.sum(t))) or bool(np.isfinite(t).all())
 
     def norm(self, t):
         acc = np.float64 if t.dtype == np.float64 else np.float32

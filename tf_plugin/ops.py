@@ -249,7 +249,8 @@ class TFOps:
         t = tf.convert_to_tensor(_t(t))
         if not t.dtype.is_floating:
             return True
-        return bool(tf.reduce_all(tf.math.is_finite(t)))
+        # one summing pass; the exact element check only when the sum is not finite
+        return bool(tf.math.is_finite(tf.reduce_sum(t))) or bool(tf.reduce_all(tf.math.is_finite(t)))
 
     def norm(self, t):
         t = tf.convert_to_tensor(_t(t))

@@ -146,14 +146,32 @@ class ErrorFeedback:
         self.enabled = bool(enabled)
         self.nonfinite = check_policy(nonfinite)
         self._res = TensorStore("residual")
-        self._snaps = Snapshots(self._res)
+        # Rollback without a copy: the residual before a round stays in its buffer (_saved) and the
+        # round's update writes into a second one (_spare), so each bucket has two buffers.
+        self._saved: dict[str, tuple[int, Any]] = {}
+        self._spare: dict[str, Any] = {}
         self._skipped: set[str] = set()
 
     def snapshot(self, ops: TensorOps, name: str, like: Any, step: int) -> None:
-        """Keep a copy of the residual before round ``step`` (for :meth:`rollback`)."""
+        """Keep the residual before round ``step`` (for :meth:`rollback`); no copy is made."""
         self._skipped.discard(name)
-        if self.enabled:
-            self._snaps.take(ops, name, like, step)
+        if not self.enabled:
+            return
+        r = self._res.get(ops, name, like)
+        prev = self._saved.get(name)
+        if prev is not None and prev[1] is not None and prev[1] is not r:
+            self._spare[name] = prev[1]  # two rounds old: free for the next update
+        self._saved[name] = (step, r)
+
+    def _writable(self, ops: TensorOps, name: str, acc: Any) -> Any:
+        """A buffer holding a copy of ``acc`` for the new residual, never the snapshot's."""
+        r = self._res.get(ops, name, acc)
+        saved = self._saved.get(name)
+        if r is not None and saved is not None and saved[1] is r:
+            r = self._spare.pop(name, None)
+            if r is not None and ops.numel(r) != ops.numel(acc):
+                r = None
+        return ops.clone(acc) if r is None else ops.copy_into(r, 0, acc)
 
     def skip(self, name: str) -> None:
         """This round leaves ``name`` untouched (its contribution was not finite): :meth:`restore`
@@ -163,7 +181,20 @@ class ErrorFeedback:
     def rollback(self, ops: TensorOps, name: str, step: int) -> bool:
         """The reduced bucket of round ``step`` was not finite: the residual goes back to its
         snapshot. False when a later round already built on it (delayed schedules)."""
-        return self._snaps.restore(name, step) if self.enabled else True
+        if not self.enabled:
+            return True
+        saved = self._saved.get(name)
+        if saved is None or saved[0] != step:
+            return False
+        del self._saved[name]
+        cur = self._res.live(name)
+        if cur is not None and cur is not saved[1]:
+            self._spare[name] = cur
+        if saved[1] is None:
+            self._res.pop(name)
+        else:
+            self._res.set(name, saved[1])
+        return True
 
     def compensate(self, ops: TensorOps, name: str, flat: Any) -> Any:
         """``flat + residual`` (into ``flat`` where the framework allows; use the result)."""
@@ -176,8 +207,7 @@ class ErrorFeedback:
         """Residual := ``acc`` with the positions ``sent_idx`` set to zero (bit-exact partition)."""
         if not self.enabled:
             return
-        r = self._res.get(ops, name, acc)
-        r = ops.clone(acc) if r is None else ops.copy_into(r, 0, acc)  # reuse the buffer
+        r = self._writable(ops, name, acc)  # reuse a buffer
         self._res.set(name, ops.index_fill(r, sent_idx, 0.0))
 
     def update_quantized(self, ops: TensorOps, name: str, acc: Any, sent: Any) -> None:
@@ -188,8 +218,7 @@ class ErrorFeedback:
         """
         if not self.enabled:
             return
-        r = self._res.get(ops, name, acc)
-        r = ops.clone(acc) if r is None else ops.copy_into(r, 0, acc)
+        r = self._writable(ops, name, acc)
         self._res.set(name, ops.sub(r, sent))
 
     def restore(self, ops: TensorOps, name: str, idx: Any, vals: Any) -> None:
@@ -230,7 +259,8 @@ class ErrorFeedback:
         return {"residuals": self._res.state_dict()} if self.enabled else {}
 
     def load_state_dict(self, state: dict) -> None:
-        self._snaps.clear()
+        self._saved.clear()
+        self._spare.clear()
         self._res.load_state_dict(dict(state.get("residuals", {})))
 
     def __repr__(self) -> str:
