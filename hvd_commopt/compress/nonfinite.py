@@ -31,17 +31,13 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError, HvdCommoptError
+from ..errors import ConfigError, NonFiniteGradientError
 from ..tensor_ops import TensorOps
 
 __all__ = ["NONFINITE_POLICIES", "NonFiniteGradientError", "check_policy", "report", "marker",
            "carries_nonfinite"]
 
 NONFINITE_POLICIES = ("skip", "raise")
-
-
-class NonFiniteGradientError(HvdCommoptError):
-    """A rank's gradient for a compressed bucket holds NaN or Inf under ``nonfinite="raise"``."""
 
 
 def check_policy(policy: Any) -> str:

@@ -200,3 +200,24 @@ def test_load_resized():
     assert all(torch.equal(everyone[0], everyone[r]) for r in range(P))
     assert all(torch.isfinite(p).all() for p in model.parameters())
     print(f"rank {R}: resized load ok")
+
+
+def raise_on_nan():
+    """Script mode: nonfinite="raise" and a NaN on rank 0 at step 1; the job must end."""
+    model = make_model()
+    opt = hco.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(),
+                                   compression=Compression.topk(0.2, nonfinite="raise"))
+    for s in range(4):
+        x, y = batch(R, s)
+        if s == 1 and R == 0:
+            x[0, 0] = float("nan")
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    print(f"rank {R}: finished, which it must not")
+
+
+if __name__ == "__main__":
+    import sys
+    {"raise_on_nan": raise_on_nan}[sys.argv[1]]()
