@@ -13,7 +13,9 @@ rank to rank. So the engine's state is split in two:
   own, so per-rank files keep working.
 
 :func:`gather` is therefore a **collective**: every rank must call ``state_dict()`` (then rank 0
-saves), exactly as every rank calls ``broadcast_optimizer_state``. :func:`select` is local: each
+saves), exactly as every rank calls ``broadcast_optimizer_state``; when no state differs from rank
+to rank (synchronous SGD without error feedback) it communicates nothing, so Horovod's examples,
+which call ``state_dict()`` on rank 0 alone, work unchanged. :func:`select` is local: each
 rank picks its own part from whatever checkpoint it was given.
 
 World size: the checkpoint records it. Loading at another size keeps the shared state and
@@ -80,11 +82,29 @@ def gather(comm: Any, ops: TensorOps, shared: dict, local: dict) -> dict:
     if comm.size == 1:
         state["ranks"] = {0: local}
         return state
+    if _empty(local):
+        # Nothing differs from rank to rank (synchronous SGD without error feedback): no
+        # collective, so Horovod's idiom of calling state_dict() on rank 0 alone keeps working.
+        # Emptiness follows from the configuration and the step, both identical on every rank,
+        # so every rank takes the same branch (docs/wrapper.md#checkpoints).
+        state["ranks"] = {r: local for r in range(comm.size)}
+        return state
     parts = comm.allgather_object(to_host(ops, local),
                                   name="optimizer.state_dict (a collective: call it on every rank)")
     keep = range(comm.size) if comm.rank == 0 else (comm.rank,)
     state["ranks"] = {r: from_host(ops, parts[r]) for r in keep}
     return state
+
+
+def _empty(obj: Any) -> bool:
+    """True for None and for dicts/lists/tuples that hold nothing but empty containers."""
+    if obj is None:
+        return True
+    if isinstance(obj, dict):
+        return all(_empty(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return all(_empty(v) for v in obj)
+    return False
 
 
 def select(comm: Any, state: dict) -> tuple[dict, dict | None, dict | None]:

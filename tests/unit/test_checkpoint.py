@@ -134,3 +134,26 @@ def test_host_round_trip_keeps_structure_and_dtypes():
     back = from_host(ops, host)
     assert back["a"][0].dtype == np.float16 and back[3]["b"].shape == (2, 2)
     np.testing.assert_array_equal(back[3]["b"], obj[3]["b"])
+
+
+def test_without_per_rank_state_rank0_alone_may_call_state_dict():
+    """Synchronous SGD without error feedback: nothing differs across ranks, so state_dict()
+    communicates nothing and Horovod's `if rank == 0: save(opt.state_dict())` works; every rank
+    loads rank 0's file."""
+    def body(comm):
+        eng = build_engine(comm, ops, fusion_threshold=1 << 30)
+        eng.register(SPECS)
+        run_steps(eng, comm.rank, 0, 2)
+        sd = eng.state_dict() if comm.rank == 0 else None  # rank 1 runs no collective here
+        comm.barrier()
+        return sd
+    res = run_ranks(2, body)
+    sd0 = res[0]
+    assert sd0["world_size"] == 2 and sd0["step"] == 2 and sorted(sd0["ranks"]) == [0, 1]
+
+    def load(comm):
+        eng = build_engine(comm, ops, fusion_threshold=1 << 30)
+        eng.register(SPECS)
+        eng.load_state_dict(sd0)
+        return eng.state_dict()["step"]
+    assert run_ranks(2, load) == [2, 2]
