@@ -116,3 +116,32 @@ def test_equal_settings_pass_and_the_step_works():
 def test_verify_same_settings_is_free_at_size_one_and_compares_values_not_notes():
     run_ranks(1, lambda comm: verify_same_settings(comm, {"x": Setting(1)}))
     run_ranks(2, lambda comm: verify_same_settings(comm, {"x": Setting(7, "h", note=f"rank {comm.rank}")}))
+
+
+def test_a_later_plan_that_differs_is_refused_before_use_on_every_rank():
+    # docs/cross-rank-check.md#later-plans: the tuner's plan is broadcast by rank 0, so equal by
+    # construction; the guard is exercised by handing each rank a different "new" plan.
+    def body(comm):
+        eng = build_engine(comm, NumpyOps(), fusion_threshold=0)
+        eng.register(SPECS)
+        before = eng.plan
+        eng.tuner.step_end = lambda: [[0, 1, 2, 3]] if comm.rank == 0 else [[0, 1], [2, 3]]
+        grads = {s.name: np.ones(s.shape, np.float32).reshape(-1) for s in SPECS}
+        try:
+            eng.reduce_step(grads)
+        except RankMismatchError as e:
+            return str(e), eng.plan == before
+        return None, eng.plan == before
+    outs = run_ranks(2, body, timeout_s=20)
+    assert all(kept for _, kept in outs)  # the old plan stays in use
+    msg = _same_error_everywhere([m for m, _ in outs])
+    assert msg.startswith("bucket plan differs across ranks: rank 0: [[0, 1, 2, 3]]; rank 1: [[0, 1], [2, 3]] "
+                          "(fusion='threshold' planned differently on some rank)"), msg
+
+    def same(comm):  # an equal new plan is used
+        eng = build_engine(comm, NumpyOps(), fusion_threshold=0)
+        eng.register(SPECS)
+        eng.tuner.step_end = lambda: [[0, 1], [2, 3]]
+        eng.reduce_step({s.name: np.ones(s.shape, np.float32).reshape(-1) for s in SPECS})
+        return eng.plan
+    assert run_ranks(2, same, timeout_s=20) == [[[0, 1], [2, 3]]] * 2
