@@ -11,18 +11,12 @@ keras = pytest.importorskip("keras")
 import tf_plugin as hco  # noqa: E402
 from hvd_commopt import run_ranks  # noqa: E402
 from hvd_commopt.errors import ConfigError  # noqa: E402
+from tests.bad_args import BAD_WRAPPER_ARGS  # noqa: E402
 
 from .test_tf_adapter import data, init_weights, loss_fn  # noqa: E402
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"backward_passes_per_step": "2"}, r"backward_passes_per_step='2' must be a whole number >= 1"),
-    ({"backward_passes_per_step": 1.5}, r"backward_passes_per_step=1\.5 must be a whole number >= 1"),
-    ({"backward_passes_per_step": 0}, r"backward_passes_per_step=0 must be >= 1"),
-    ({"fusion_threshold": "25MB"}, r"fusion_threshold='25MB' is not a whole number of bytes: pass an int"),
-    ({"fusion_threshold": -1}, r"fusion_threshold=-1 is negative"),
-    ({"gradient_predivide_factor": "2"}, r"gradient_predivide_factor='2' must be a finite number > 0"),
-])
+@pytest.mark.parametrize("kwargs, match", BAD_WRAPPER_ARGS)
 def test_bad_arguments_are_refused_when_wrapping(kwargs, match):
     with pytest.raises(ConfigError, match=match):
         hco.DistributedGradientTape(tf.GradientTape(), **kwargs)

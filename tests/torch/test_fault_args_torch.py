@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 import torch_plugin as hco  # noqa: E402
 from hvd_commopt import run_ranks, runtime  # noqa: E402
 from hvd_commopt.errors import ConfigError  # noqa: E402
+from tests.bad_args import BAD_WRAPPER_ARGS  # noqa: E402
 
 from .test_optimizer import data, make_model  # noqa: E402
 
@@ -29,14 +30,7 @@ def size_one(monkeypatch):
     runtime.shutdown()
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"backward_passes_per_step": "2"}, r"backward_passes_per_step='2' must be a whole number >= 1"),
-    ({"backward_passes_per_step": 1.5}, r"backward_passes_per_step=1\.5 must be a whole number >= 1"),
-    ({"backward_passes_per_step": 0}, r"backward_passes_per_step=0 must be >= 1"),
-    ({"fusion_threshold": "25MB"}, r"fusion_threshold='25MB' is not a whole number of bytes: pass an int"),
-    ({"fusion_threshold": -1}, r"fusion_threshold=-1 is negative"),
-    ({"gradient_predivide_factor": "2"}, r"gradient_predivide_factor='2' must be a finite number > 0"),
-])
+@pytest.mark.parametrize("kwargs, match", BAD_WRAPPER_ARGS)
 def test_bad_wrapper_arguments_name_the_argument_and_the_fix(size_one, kwargs, match):
     model = make_model()
     with pytest.raises(ConfigError, match=match):
