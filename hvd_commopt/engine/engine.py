@@ -20,6 +20,7 @@ buffers (from a pool), so delayed schedules can keep several rounds in flight.
 """
 from __future__ import annotations
 
+import copy
 import threading
 import time
 import weakref
@@ -84,7 +85,11 @@ def _own(reducer: Reducer, engine: CommEngine) -> Reducer:
     with _OWNERS_LOCK:
         owner = _OWNERS.get(reducer)
         if owner is not None and owner() is not None:
-            reducer = reducer.fresh()
+            try:
+                reducer = reducer.fresh()
+            except (TypeError, copy.Error) as e:  # state that cannot be copied: refuse, with the fix
+                raise ConfigError(f"this compression object ({reducer!r}) is already used by another optimizer "
+                                  f"and cannot be copied ({e}); build one Compression.* object per optimizer") from e
         _OWNERS[reducer] = weakref.ref(engine)
     return reducer
 

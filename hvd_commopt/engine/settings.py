@@ -58,8 +58,8 @@ def engine_settings(engine: Any, plan: Sequence[Sequence[int]], buckets: Sequenc
     out["op"] = Setting(engine.op, SAME_ARG.format("op="))
     out["gradient_predivide_factor"] = Setting(engine.gradient_predivide_factor,
                                                SAME_ARG.format("gradient_predivide_factor="))
-    out["backward_passes_per_step"] = Setting(engine.backward_passes_per_step,
-                                              SAME_ARG.format("backward_passes_per_step="))
+    # backward_passes_per_step is not compared: each rank still closes one round per step, and a
+    # rank with less memory may accumulate more, smaller passes (docs/cross-rank-check.md#settings)
     if tuner.planned:
         o = tuner.options
         out["fusion_options"] = Setting(

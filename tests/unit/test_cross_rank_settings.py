@@ -74,13 +74,13 @@ def test_per_layer_density_callable_is_compared_by_the_k_it_gives():
                           "rank 1: [1, 51, 6, 1024]"), msg
 
 
-def test_schedule_predivide_and_backward_passes_differing():
+def test_schedule_and_predivide_differing_backward_passes_may_differ():
     msg = _same_error_everywhere(_outcomes(2, lambda r: {"schedule": Schedule.ssd(delay=2 + r)}))
     assert msg.startswith("schedule.delay differs across ranks: rank 0: 2; rank 1: 3 (pass the same schedule="), msg
     msg = _same_error_everywhere(_outcomes(2, lambda r: {"gradient_predivide_factor": 1.0 + r}))
     assert msg.startswith("gradient_predivide_factor differs across ranks: rank 0: 1.0; rank 1: 2.0"), msg
-    msg = _same_error_everywhere(_outcomes(2, lambda r: {"backward_passes_per_step": 1 + r}))
-    assert msg.startswith("backward_passes_per_step differs across ranks: rank 0: 1; rank 1: 2"), msg
+    # accumulation may differ (one round per step either way): not refused
+    assert _outcomes(2, lambda r: {"backward_passes_per_step": 1 + r}) == [None, None]
 
 
 def test_planned_fusion_options_differing():
