@@ -74,7 +74,9 @@ class StepScheduler(Protocol):
     def load_state_dict(self, state: dict, step: int) -> None: ...
 
 
-_OWNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # reducer -> weakref(its engine)
+# id(reducer) -> (weakref to the reducer, weakref to its engine); by id, so that a reducer that
+# defines __eq__ (unhashable) works too
+_OWNERS: dict[int, tuple[Any, Any]] = {}
 _OWNERS_LOCK = threading.Lock()
 
 
@@ -83,14 +85,16 @@ def _own(reducer: Reducer, engine: CommEngine) -> Reducer:
     compression object given to several optimizers is a configuration, and each engine keeps its
     own residuals (docs/cross-rank-check.md#shared-compression)."""
     with _OWNERS_LOCK:
-        owner = _OWNERS.get(reducer)
-        if owner is not None and owner() is not None:
+        for k in [k for k, (r, e) in _OWNERS.items() if r() is None or e() is None]:
+            del _OWNERS[k]
+        entry = _OWNERS.get(id(reducer))
+        if entry is not None and entry[0]() is reducer:
             try:
                 reducer = reducer.fresh()
             except (TypeError, copy.Error) as e:  # state that cannot be copied: refuse, with the fix
                 raise ConfigError(f"this compression object ({reducer!r}) is already used by another optimizer "
                                   f"and cannot be copied ({e}); build one Compression.* object per optimizer") from e
-        _OWNERS[reducer] = weakref.ref(engine)
+        _OWNERS[id(reducer)] = (weakref.ref(reducer), weakref.ref(engine))
     return reducer
 
 

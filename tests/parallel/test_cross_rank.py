@@ -1,6 +1,7 @@
 """Settings that differ across ranks are refused on every rank under a real mpirun
 (docs/cross-rank-check.md#settings): a fusion threshold set by environment variable on one node
-only, gTop-k densities that differ, different compression kinds. Each used to corrupt memory."""
+only, gTop-k densities that differ, different compression kinds (PyTorch and TensorFlow). Each
+used to corrupt memory or hang."""
 import sys
 import time
 
@@ -38,6 +39,7 @@ def test_torch_settings_differing_across_ranks_are_refused_on_every_rank(scenari
     _run(scenario, "torch")
 
 
-def test_tf_fusion_threshold_differing_across_ranks_is_refused_on_every_rank():
+@pytest.mark.parametrize("scenario", ["density", "threshold_env"])  # the kinds: torch only (TF starts slowly)
+def test_tf_settings_differing_across_ranks_are_refused_on_every_rank(scenario):
     pytest.importorskip("tensorflow")
-    _run("threshold_env", "tf", _TF_ENV)
+    _run(scenario, "tf", _TF_ENV)
