@@ -3,6 +3,7 @@
 time (torch) or at the first step (TensorFlow), print it, and exit 0: no crash, no hang."""
 import os
 import sys
+import time
 
 scenario, framework = sys.argv[1], sys.argv[2]
 R = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
@@ -27,11 +28,14 @@ if framework == "torch":
     torch.manual_seed(0)
     # 2.9 MB of float32 weights: one 25 MiB bucket on one rank, three 1 MiB buckets on the other
     model = torch.nn.Sequential(torch.nn.Linear(600, 600), torch.nn.Linear(600, 600), torch.nn.Linear(600, 10))
+    hco.broadcast_object(0)  # line the ranks up: the time printed is the check's, not start-up skew
+    t0 = time.perf_counter()
     try:
         hco.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                  named_parameters=model.named_parameters(), compression=compression(hco))
     except RankMismatchError as e:
-        print(f"rank {R}: RankMismatchError: {e}".replace("\n", " | "), flush=True)
+        print(f"rank {R}: RankMismatchError after {time.perf_counter() - t0:.3f} s: {e}".replace("\n", " | "),
+              flush=True)
         sys.exit(0)
     sys.exit(f"rank {R}: no error raised for settings that differ across ranks")
 
