@@ -19,6 +19,7 @@ __all__ = [
     "detect_launch",
     "backend_name",
     "fusion_threshold_bytes",
+    "fusion_threshold_setting",
     "collective_timeout_s",
     "timeline_path",
     "verbose",
@@ -54,15 +55,42 @@ def _number(value: str, name: str, kind=float):
 
 def fusion_threshold_bytes(explicit: int | None = None) -> int:
     """Fusion threshold in bytes (0 = one tensor per message), Horovod's meaning."""
+    return fusion_threshold_setting(explicit)[0]
+
+
+def fusion_threshold_setting(explicit: int | None = None) -> tuple[int, str]:
+    """``(bytes, where it came from)``: the argument ``"fusion_threshold="``, the variable's name,
+    or ``"default"``. The source is named when ranks disagree (docs/cross-rank-check.md#settings).
+
+    Raises:
+        ConfigError: not a whole number of bytes >= 0 (e.g. ``'25MB'``), with the fix.
+    """
     if explicit is not None:
-        return int(explicit)
-    v = _get("HVD_COMMOPT_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHOLD")
-    if v is None:
-        return DEFAULT_FUSION_THRESHOLD
-    out = _number(v, "HVD_COMMOPT_FUSION_THRESHOLD", int)
-    if out < 0:
-        raise ConfigError(f"HVD_COMMOPT_FUSION_THRESHOLD={out} is negative; use 0 to disable fusion")
-    return out
+        return _whole_bytes(explicit, f"fusion_threshold={explicit!r}"), "fusion_threshold="
+    for name in ("HVD_COMMOPT_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHOLD"):
+        v = _get(name)
+        if v is not None:
+            try:
+                out = int(v)
+            except ValueError:
+                raise ConfigError(f"environment variable {name}={v!r} is not a number: give a whole number of bytes, e.g. "
+                                  f"{name}={DEFAULT_FUSION_THRESHOLD} (25 MiB), 0 to disable fusion, or unset "
+                                  f"it") from None
+            if out < 0:
+                raise ConfigError(f"environment variable {name}={v!r} is negative; use 0 to disable fusion")
+            return out, name
+    return DEFAULT_FUSION_THRESHOLD, "default"
+
+
+def _whole_bytes(value: object, what: str) -> int:
+    # Strings are refused, not parsed ('25MB' has no one meaning: MB or MiB); so are fractions.
+    ok = isinstance(value, numbers.Integral) or (isinstance(value, numbers.Real) and float(value).is_integer())
+    if isinstance(value, bool) or not ok:
+        raise ConfigError(f"{what} is not a whole number of bytes: pass an int, e.g. fusion_threshold="
+                          f"25 * 1024 * 1024 (25 MiB), or 0 to send each tensor on its own")
+    if value < 0:
+        raise ConfigError(f"{what} is negative: pass a number of bytes >= 0 (0 sends each tensor on its own)")
+    return int(value)
 
 
 def collective_timeout_s(explicit: float | datetime.timedelta | None = None) -> float:

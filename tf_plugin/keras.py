@@ -23,6 +23,7 @@ import contextlib
 
 import tensorflow as tf
 
+from hvd_commopt.engine.args import check_backward_passes
 from hvd_commopt.errors import ConfigError
 from hvd_commopt.reduce import Average
 
@@ -140,7 +141,7 @@ def DistributedOptimizer(optimizer, name: str | None = None, device_dense: str =
                           f"{type(optimizer).__name__}; for a custom loop use DistributedGradientTape")
     if isinstance(optimizer, _DistributedOptimizerMixin):
         raise ConfigError("this optimizer is already a DistributedOptimizer; wrap it once")
-    if backward_passes_per_step != 1:
+    if check_backward_passes(backward_passes_per_step) != 1:
         raise ConfigError("backward_passes_per_step > 1 is not supported by the Keras wrapper yet; use "
                           "the optimizer's gradient_accumulation_steps= (reduces every micro-step)")
     if not sparse_as_dense:

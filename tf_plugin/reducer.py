@@ -24,6 +24,7 @@ import tensorflow as tf
 
 from hvd_commopt import build_engine, runtime
 from hvd_commopt.engine import CommEngine, TensorSpec
+from hvd_commopt.engine.args import check_engine_args
 from hvd_commopt.errors import ConfigError
 from hvd_commopt.reduce import Average, check_op, make_reducer
 
@@ -89,6 +90,8 @@ class GradientReducer:
                  fusion_threshold: int | None = None, schedule=None, communicator=None,
                  name: str = "hvd_commopt_allreduce", cache: dict | None = None, backward_passes_per_step: int = 1,
                  fusion: str = "threshold", fusion_options: Any = None):
+        check_engine_args(op=op, backward_passes_per_step=backward_passes_per_step,  # now, not at the first step
+                          gradient_predivide_factor=gradient_predivide_factor, fusion_threshold=fusion_threshold)
         self.options = dict(compression=compression, op=check_op(op),
                             gradient_predivide_factor=float(gradient_predivide_factor),
                             fusion_threshold=fusion_threshold, schedule=schedule,

@@ -117,6 +117,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None) -> A
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0) -> None:
     """Give every rank root's optimizer state and hyper-parameters (lr, momentum buffers, ...)."""
     comm = runtime.communicator()
+    comm.check_rank(root_rank, "root")  # at size 1 too: the script fails here, not on a bigger job
     if comm.size == 1:
         return
     state = broadcast_object(optimizer.state_dict(), root_rank, "broadcast_optimizer_state")

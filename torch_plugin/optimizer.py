@@ -26,6 +26,7 @@ SGD the model holds this worker's local model and ``finalize()`` averages the mo
 """
 from __future__ import annotations
 
+import gc
 import weakref
 
 import torch
@@ -47,15 +48,22 @@ class _DistributedOptimizerMixin:
 
     def _hco_setup(self, named_parameters, engine: CommEngine) -> None:
         self._hco_engine = engine
-        for n, p in named_parameters:
-            p.register_post_accumulate_grad_hook(self._hco_make_hook(n))
+        handles = [p.register_post_accumulate_grad_hook(self._hco_make_hook(n)) for n, p in named_parameters]
+        me = weakref.ref(self)
+        for _, p in named_parameters:
+            p._hco_owner = me
+        # The hooks hold the engine weakly, so a dropped optimizer is collected and its hooks go
+        # with it: the parameters can then be wrapped again (see _refuse_second_wrapper).
+        weakref.finalize(self, _remove_hooks, handles)
         engine.attach_host(TorchScheduleHost(self, list(named_parameters)))
 
     def _hco_make_hook(self, name: str):
-        engine = self._hco_engine
+        engine_ref = weakref.ref(self._hco_engine)
 
         def hook(p: torch.Tensor) -> None:
-            engine.grad_ready(name, p.grad)
+            engine = engine_ref()
+            if engine is not None:
+                engine.grad_ready(name, p.grad)
         return hook
 
     @property
@@ -136,6 +144,29 @@ class _DistributedOptimizerMixin:
         return self._hco_base.load_state_dict(self, state_dict)
 
 
+def _remove_hooks(handles) -> None:
+    for h in handles:
+        h.remove()
+
+
+def _refuse_second_wrapper(named) -> None:
+    """A parameter already wrapped by a live DistributedOptimizer would have its gradient handed
+    to two engines (reduced twice, two streams of collectives): refused with the fix."""
+    def live_owner():
+        return next(((n, p._hco_owner()) for n, p in named
+                     if getattr(p, "_hco_owner", None) is not None and p._hco_owner() is not None), None)
+    hit = live_owner()
+    if hit is not None:
+        gc.collect()  # an optimizer the script already dropped may only await the cycle collector
+        hit = live_owner()
+    if hit is not None:
+        raise ConfigError(
+            f"parameter {hit[0]!r} is already handled by another DistributedOptimizer (its gradient would be "
+            f"reduced twice). Give each DistributedOptimizer its own parameters (a GAN: one over the "
+            f"generator's, one over the discriminator's), or put all parameters in one optimizer's param "
+            f"groups and wrap it once; to re-wrap, drop every reference to the old optimizer first.")
+
+
 def _named(optimizer: torch.optim.Optimizer, named_parameters) -> list[tuple[str, torch.Tensor]]:
     in_opt = [p for g in optimizer.param_groups for p in g["params"]]
     if named_parameters is None:
@@ -201,6 +232,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         raise ConfigError("this optimizer is already a DistributedOptimizer; wrap it once")
     comm = communicator if communicator is not None else runtime.communicator()
     named = _named(optimizer, named_parameters)
+    _refuse_second_wrapper(named)
     if verbose is not None:
         fusion_options = FusionOptions.coerce(fusion_options, verbose=verbose)
     engine = build_engine(comm, TorchOps(), compression=compression, fusion_threshold=fusion_threshold,

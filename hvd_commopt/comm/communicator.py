@@ -12,6 +12,7 @@ with the communicator's timeout, so no call can block forever.
 """
 from __future__ import annotations
 
+import numbers
 import pickle
 import queue
 import threading
@@ -380,8 +381,12 @@ class Communicator:
 
     # -- lifecycle ----------------------------------------------------------------------------
     def check_rank(self, r: int, what: str) -> None:
+        """Refuse a rank argument (``what``: "root" for ``root_rank=``) outside [0, size)."""
+        if isinstance(r, bool) or not isinstance(r, numbers.Integral):
+            raise ConfigError(f"{what}_rank={r!r} must be an int rank in [0, {self.size}), e.g. {what}_rank=0")
         if not (0 <= r < self.size):
-            raise ConfigError(f"{what} rank {r} out of range: size is {self.size}")
+            raise ConfigError(f"{what}_rank={r} is out of range: the job has {self.size} rank(s), numbered 0 to "
+                              f"{self.size - 1}; pass {what}_rank= one of them (usually 0)")
 
     @property
     def broken(self) -> BaseException | None:

@@ -20,8 +20,10 @@ buffers (from a pool), so delayed schedules can keep several rounds in flight.
 """
 from __future__ import annotations
 
+import copy
 import threading
 import time
+import weakref
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Protocol, Sequence
 
@@ -36,8 +38,10 @@ from ..host import GradientCapture, ScheduleHost
 from ..reduce import make_reducer
 from ..reduce.base import Average, ReduceContext, Reducer, RoundInfo, check_op
 from ..tensor_ops import TensorOps
+from .args import check_backward_passes, check_predivide
 from .rounds import Round, RoundPlan
-from .specs import verify_same_tensors
+from .settings import DERIVED, engine_settings, plan_setting
+from .specs import verify_same_settings, verify_same_tensors
 from .stats import StepStats
 from .tuner import FusionTuner
 
@@ -73,6 +77,30 @@ class StepScheduler(Protocol):
     def load_state_dict(self, state: dict, step: int) -> None: ...
 
 
+# id(reducer) -> (weakref to the reducer, weakref to its engine); by id, so that a reducer that
+# defines __eq__ (unhashable) works too
+_OWNERS: dict[int, tuple[Any, Any]] = {}
+_OWNERS_LOCK = threading.Lock()
+
+
+def _own(reducer: Reducer, engine: CommEngine) -> Reducer:
+    """``reducer`` if no live engine uses it yet, else a copy with its own (empty) state: a
+    compression object given to several optimizers is a configuration, and each engine keeps its
+    own residuals (docs/cross-rank-check.md#shared-compression)."""
+    with _OWNERS_LOCK:
+        for k in [k for k, (r, e) in _OWNERS.items() if r() is None or e() is None]:
+            del _OWNERS[k]
+        entry = _OWNERS.get(id(reducer))
+        if entry is not None and entry[0]() is reducer:
+            try:
+                reducer = reducer.fresh()
+            except (TypeError, copy.Error) as e:  # state that cannot be copied: refuse, with the fix
+                raise ConfigError(f"this compression object ({reducer!r}) is already used by another optimizer "
+                                  f"and cannot be copied ({e}); build one Compression.* object per optimizer") from e
+        _OWNERS[id(reducer)] = (weakref.ref(reducer), weakref.ref(engine))
+    return reducer
+
+
 class CommEngine:
     """Buckets, fusion buffers, rounds and reduction; the step runs in the attached scheduler.
 
@@ -101,18 +129,13 @@ class CommEngine:
                  gradient_predivide_factor: float = 1.0, backward_passes_per_step: int = 1,
                  fusion: str = "threshold", fusion_options: Any = None):
         check_op(op)
-        if backward_passes_per_step < 1:
-            raise ConfigError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
-        if gradient_predivide_factor <= 0:
-            raise ConfigError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor}")
-        if gradient_predivide_factor != 1.0 and op != Average:
-            raise ConfigError("gradient_predivide_factor only applies to op=Average")
+        self.backward_passes_per_step = check_backward_passes(backward_passes_per_step)
+        f = check_predivide(gradient_predivide_factor, op)
         self.comm, self.ops = comm, ops
-        self.reducer = make_reducer(compression)
-        self.fusion_threshold = env.fusion_threshold_bytes(fusion_threshold)
+        self.reducer = _own(make_reducer(compression), self)
+        self.fusion_threshold, self.fusion_threshold_source = env.fusion_threshold_setting(fusion_threshold)
         self.op = op
-        self.backward_passes_per_step = int(backward_passes_per_step)
-        f = float(gradient_predivide_factor)
+        self.gradient_predivide_factor = f
         self.ctx = (ReduceContext(comm, ops, prescale=1.0 / f, postscale=f / comm.size) if op == Average
                     else ReduceContext(comm, ops))
         self.last_stats = StepStats()
@@ -171,7 +194,9 @@ class CommEngine:
                 (threshold fusion while a planned strategy profiles).
 
         Raises:
-            RankMismatchError: the tensors differ across ranks (checked collectively).
+            RankMismatchError: the tensors, or the settings that must be equal (bucket plan,
+                reducer, schedule, ...), differ across ranks (checked collectively, every rank
+                raises; docs/cross-rank-check.md#settings).
         """
         specs = list(specs)
         verify_same_tensors(self.comm, specs)
@@ -181,7 +206,11 @@ class CommEngine:
             raise ConfigError("backward_order must list every registered tensor exactly once")
         self._specs = by_name
         self._backward = [by_name[n] for n in order]
-        self.set_plan(self.tuner.initial_plan(order, [s.nbytes for s in self._backward], plan))
+        plan = self.tuner.initial_plan(order, [s.nbytes for s in self._backward], plan)
+        validate_plan(plan, len(self._backward))
+        verify_same_settings(self.comm, engine_settings(self, plan, build_buckets(self._backward, plan)),
+                             derived=DERIVED)
+        self.set_plan(plan)
 
     def set_plan(self, plan: Sequence[Sequence[int]]) -> None:
         """Replace the bucketing (between steps only). The caller makes it identical on all ranks."""
@@ -370,6 +399,11 @@ class CommEngine:
             loss = sched.on_step(closure, self._sync_on_step)
             new_plan = self.tuner.step_end()  # same step on every rank; the plan comes from rank 0
             if new_plan is not None:
+                # broadcast, so equal by construction; checked (one digest) because unequal
+                # plans corrupt memory: docs/cross-rank-check.md#later-plans
+                verify_same_settings(self.comm, {"bucket plan": plan_setting(
+                    new_plan, f"fusion={self.tuner.strategy!r} planned differently on some rank")},
+                    what="fusion plan")
                 self.set_plan(new_plan)
             return loss
 

@@ -15,11 +15,13 @@ record type of the reducer's own.
 from __future__ import annotations
 
 import abc
+import copy
 from dataclasses import dataclass
 from typing import Any
 
 from ..buckets import Bucket
 from ..comm.communicator import Communicator
+from ..compress.error_feedback import TensorStore
 from ..errors import ConfigError
 from ..fusion.pricing import Pricing, dense_pricing
 from ..tensor_ops import TensorOps
@@ -135,6 +137,38 @@ class Reducer(abc.ABC):
     def density(self) -> float | None:
         """One density for every bucket (sparse reducers), None when dense or per-layer."""
         return None
+
+    def fresh(self) -> Reducer:
+        """A reducer with this one's configuration, the same compressor object, and none of its
+        per-bucket state: for a second engine built from the same object
+        (docs/cross-rank-check.md#shared-compression). The state lives in
+        :class:`~hvd_commopt.compress.error_feedback.TensorStore` objects, which start empty;
+        anything else is deep-copied as it is now (a reducer keeping per-bucket state elsewhere
+        overrides this)."""
+        memo: dict[int, Any] = {}
+        seen: set[int] = set()
+
+        def walk(obj: Any) -> None:
+            if id(obj) in seen:
+                return
+            seen.add(id(obj))
+            if isinstance(obj, TensorStore):
+                memo[id(obj)] = TensorStore(obj.what)
+            elif isinstance(obj, (list, tuple)):
+                for x in obj:
+                    walk(x)
+            elif isinstance(obj, dict):
+                for x in obj.values():
+                    walk(x)
+            elif hasattr(obj, "__dict__") and not isinstance(obj, type):
+                for x in vars(obj).values():
+                    walk(x)
+
+        walk(self)
+        compressor = getattr(self, "compressor", None)
+        if compressor is not None:
+            memo[id(compressor)] = compressor  # shared: a config (DGC's epoch is set for all)
+        return copy.deepcopy(self, memo)
 
     def state_dict(self) -> dict:
         """State that must survive a checkpoint (error-feedback residuals, ...)."""

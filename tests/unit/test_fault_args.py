@@ -99,3 +99,79 @@ def test_launcher_refuses_a_missing_script_and_a_bad_timeout(tmp_path, capsys):
             _build(["-np", "2", "--timeout", bad, "python", "t.py"])
     assert run.main(["--mpirun", "/x/mpirun", "-np", "2", "--dry-run", "nope.py"]) == 2
     assert "script 'nope.py' not found" in capsys.readouterr().err
+
+
+# -- engine arguments (docs/cross-rank-check.md#arguments) -------------------------------------
+from hvd_commopt import NumpyOps, build_engine, run_ranks  # noqa: E402
+from hvd_commopt.engine.args import check_engine_args  # noqa: E402
+
+
+@pytest.mark.parametrize("bad, match", [
+    ("2", r"backward_passes_per_step='2' must be a whole number >= 1 .*e\.g\. backward_passes_per_step=2"),
+    (1.5, r"backward_passes_per_step=1\.5 must be a whole number >= 1"),
+    (True, r"backward_passes_per_step=True must be a whole number"),
+    (0, r"backward_passes_per_step=0 must be >= 1: use 1 to reduce after every backward pass"),
+    (-2, r"backward_passes_per_step=-2 must be >= 1"),
+])
+def test_backward_passes_per_step_is_a_whole_number_at_least_one(bad, match):
+    with pytest.raises(ConfigError, match=match):
+        check_engine_args(backward_passes_per_step=bad)
+    with pytest.raises(ConfigError, match=match):  # the engine checks it the same way
+        run_ranks(1, lambda comm: build_engine(comm, NumpyOps(), backward_passes_per_step=bad))
+
+
+@pytest.mark.parametrize("bad, match", [
+    ("25MB", r"fusion_threshold='25MB' is not a whole number of bytes: pass an int, e\.g\. fusion_threshold=25 \* 1024 \* 1024"),
+    (1.5, r"fusion_threshold=1\.5 is not a whole number of bytes"),
+    ([1024], r"fusion_threshold=\[1024\] is not a whole number of bytes"),
+    (-1, r"fusion_threshold=-1 is negative: pass a number of bytes >= 0 \(0 sends each tensor on its own\)"),
+])
+def test_fusion_threshold_argument_is_whole_bytes(bad, match):
+    with pytest.raises(ConfigError, match=match):
+        check_engine_args(fusion_threshold=bad)
+    with pytest.raises(ConfigError, match=match):
+        run_ranks(1, lambda comm: build_engine(comm, NumpyOps(), fusion_threshold=bad))
+
+
+def test_fusion_threshold_accepts_ints_and_integral_floats_and_names_its_source(monkeypatch):
+    monkeypatch.delenv("HVD_COMMOPT_FUSION_THRESHOLD", raising=False)
+    monkeypatch.delenv("HOROVOD_FUSION_THRESHOLD", raising=False)
+    assert env.fusion_threshold_setting(np.int64(1024)) == (1024, "fusion_threshold=")
+    assert env.fusion_threshold_setting(64 * 1024 * 1024.0) == (64 * 1024 * 1024, "fusion_threshold=")
+    assert env.fusion_threshold_setting() == (env.DEFAULT_FUSION_THRESHOLD, "default")
+    monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", "4096")
+    assert env.fusion_threshold_setting() == (4096, "HOROVOD_FUSION_THRESHOLD")
+    monkeypatch.setenv("HVD_COMMOPT_FUSION_THRESHOLD", "25MB")
+    with pytest.raises(ConfigError, match=r"HVD_COMMOPT_FUSION_THRESHOLD='25MB' is not a number: give a whole "
+                                          r"number of bytes, e\.g\. HVD_COMMOPT_FUSION_THRESHOLD=26214400"):
+        env.fusion_threshold_setting()
+    monkeypatch.setenv("HVD_COMMOPT_FUSION_THRESHOLD", "-5")
+    with pytest.raises(ConfigError, match=r"HVD_COMMOPT_FUSION_THRESHOLD='-5' is negative; use 0"):
+        env.fusion_threshold_setting()
+
+
+@pytest.mark.parametrize("bad", ["2", float("nan"), float("inf"), 0, -1.0])
+def test_gradient_predivide_factor_is_a_finite_positive_number(bad):
+    with pytest.raises(ConfigError, match=r"gradient_predivide_factor.* > 0"):
+        check_engine_args(gradient_predivide_factor=bad)
+
+
+@pytest.mark.parametrize("root", [3, -1, 1])
+def test_root_rank_outside_the_job_is_refused_at_size_one(root):
+    def body(comm):
+        from hvd_commopt import collectives
+        with pytest.raises(ConfigError, match=rf"root_rank={root} is out of range: the job has 1 rank\(s\), "
+                                              rf"numbered 0 to 0; pass root_rank= one of them \(usually 0\)"):
+            collectives.broadcast(comm, NumpyOps(), np.zeros(3, np.float32), root)
+        with pytest.raises(ConfigError, match=rf"root_rank={root} is out of range"):
+            comm.broadcast_object("x", root)
+        with pytest.raises(ConfigError, match=r"root_rank='0' must be an int rank in \[0, 1\), e\.g\. root_rank=0"):
+            comm.broadcast_object("x", "0")
+    run_ranks(1, body)
+
+
+def test_root_rank_outside_the_job_is_refused_at_size_two():
+    def body(comm):
+        with pytest.raises(ConfigError, match=r"root_rank=2 is out of range: the job has 2 rank\(s\), numbered 0 to 1"):
+            comm.broadcast_object("x", 2)
+    run_ranks(2, body)
