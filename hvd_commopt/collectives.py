@@ -19,7 +19,8 @@ from .comm.communicator import Communicator
 from .compress.base import Compressor
 from .engine.specs import verify_same_tensors
 from .errors import ConfigError
-from .reduce.base import Average, ReduceContext, RoundInfo, check_op
+from .reduce.adasum import AdasumReducer
+from .reduce.base import Adasum, Average, ReduceContext, RoundInfo, check_op
 from .reduce.dense import DenseAllreduce
 from .tensor_ops import TensorOps
 
@@ -44,6 +45,11 @@ def allreduce(comm: Communicator, ops: TensorOps, flat: Tensor, *, op: str = Ave
                           f"{compression!r}; sparse compression is for DistributedOptimizer's gradients")
     dtype = ops.dtype_name(flat)
     bucket = Bucket.single(name, ops.numel(flat), dtype)
+    if op == Adasum:  # docs/adasum.md#adasum: no averaging, the operator is scale-equivariant
+        if dtype not in _FLOATING:
+            raise ConfigError(f"op=Adasum combines floating tensors, got {dtype} (use op=Sum for integers)")
+        ctx = ReduceContext(comm, ops, prescale=float(prescale_factor), postscale=float(postscale_factor))
+        return AdasumReducer(compression).reduce(bucket, RoundInfo(), flat, ctx)
     if dtype not in _FLOATING:
         out = DenseAllreduce().reduce(bucket, RoundInfo(), flat, ReduceContext(comm, ops))
         return ops.floor_divide(out, comm.size) if op == Average and comm.size > 1 else out

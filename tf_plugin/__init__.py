@@ -21,7 +21,7 @@ from __future__ import annotations
 from hvd_commopt import Compression, Schedule, runtime
 from hvd_commopt.errors import (CollectiveTimeoutError, ConfigError, HvdCommoptError, RankFailedError,
                                 RankMismatchError)
-from hvd_commopt.reduce import Average, Sum
+from hvd_commopt.reduce import Adasum, Average, Sum
 
 from . import callbacks
 from .functions import allgather, allreduce, broadcast, broadcast_object, broadcast_variables
@@ -31,7 +31,7 @@ from .reducer import clear_engines as _clear_engines
 from .tape import DistributedGradientTape
 
 __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "local_size",
-           "DistributedGradientTape", "DistributedOptimizer", "Compression", "Schedule", "Average", "Sum",
+           "DistributedGradientTape", "DistributedOptimizer", "Compression", "Schedule", "Average", "Sum", "Adasum",
            "allreduce", "allgather", "broadcast", "broadcast_variables", "broadcast_object", "callbacks",
            "TFOps", "HvdCommoptError", "CollectiveTimeoutError", "RankMismatchError", "RankFailedError", "ConfigError"]
 

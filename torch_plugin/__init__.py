@@ -17,11 +17,12 @@ from .functions import (allgather, allreduce, allreduce_, broadcast, broadcast_,
                         broadcast_optimizer_state, broadcast_parameters)
 from .ops import TorchOps
 from .optimizer import Average, DistributedOptimizer, Sum
+from hvd_commopt.reduce import Adasum  # op=Adasum: docs/adasum.md#adasum
 
 _register_backends()
 
 __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "local_size", "DistributedOptimizer",
-           "Compression", "Schedule", "Average", "Sum", "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
+           "Compression", "Schedule", "Average", "Sum", "Adasum", "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
            "allreduce", "allreduce_", "allgather", "broadcast", "broadcast_", "TorchOps", "TorchDistBackend",
            "HvdCommoptError", "CollectiveTimeoutError", "RankMismatchError", "RankFailedError", "ConfigError"]
 

@@ -82,7 +82,7 @@ class CommEngine:
         compression: a compressor (Compression.none/fp16/bf16) or a reducer.
         fusion_threshold: bytes per fusion buffer (Horovod's meaning; 0 = one tensor per
             message; None = HVD_COMMOPT_FUSION_THRESHOLD / HOROVOD_FUSION_THRESHOLD / 25 MiB).
-        op: "average" (default) or "sum".
+        op: "average" (default), "sum", or "adasum" (the Adasum reducer, docs/adasum.md#adasum).
         gradient_predivide_factor: with op="average", divide by this before the sum and by
             size/factor after it (Horovod's meaning).
         backward_passes_per_step: gradients of this many backward passes are accumulated
@@ -105,7 +105,7 @@ class CommEngine:
         if gradient_predivide_factor != 1.0 and op != Average:
             raise ConfigError("gradient_predivide_factor only applies to op=Average")
         self.comm, self.ops = comm, ops
-        self.reducer = make_reducer(compression)
+        self.reducer = make_reducer(compression, op)
         self.fusion_threshold = env.fusion_threshold_bytes(fusion_threshold)
         self.op = op
         self.backward_passes_per_step = int(backward_passes_per_step)

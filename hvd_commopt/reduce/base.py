@@ -24,19 +24,21 @@ from ..errors import ConfigError
 from ..fusion.pricing import Pricing, dense_pricing
 from ..tensor_ops import TensorOps
 
-__all__ = ["Reducer", "ReduceContext", "Pending", "RoundInfo", "Average", "Sum", "REDUCE_AVERAGING_OPS",
+__all__ = ["Reducer", "ReduceContext", "Pending", "RoundInfo", "Average", "Sum", "Adasum", "REDUCE_AVERAGING_OPS",
            "check_op"]
 
 # Horovod's op names for gradient reduction, defined once for the core and both adapters.
 Average = "average"
 Sum = "sum"
-REDUCE_AVERAGING_OPS = (Average, Sum)
+# Adaptive summation (reduce/adasum.py, docs/adasum.md#adasum): combined by the Adasum reducer.
+Adasum = "adasum"
+REDUCE_AVERAGING_OPS = (Average, Sum, Adasum)
 
 
 def check_op(op: Any) -> str:
-    """``op`` if it is Average or Sum, else a ConfigError naming the choices."""
+    """``op`` if it is Average, Sum or Adasum, else a ConfigError naming the choices."""
     if op not in REDUCE_AVERAGING_OPS:
-        raise ConfigError(f"op must be one of {REDUCE_AVERAGING_OPS} (hco.Average / hco.Sum), got {op!r}")
+        raise ConfigError(f"op must be one of {REDUCE_AVERAGING_OPS} (hco.Average / hco.Sum / hco.Adasum), got {op!r}")
     return op
 
 
