@@ -29,6 +29,7 @@ __all__ = ["allreduce", "allgather", "broadcast", "broadcast_tensors"]
 Tensor = Any
 
 _FLOATING = ("float64", "float32", "float16", "bfloat16")
+_HALF = ("float16", "bfloat16")
 
 
 def allreduce(comm: Communicator, ops: TensorOps, flat: Tensor, *, op: str = Average,
@@ -36,8 +37,9 @@ def allreduce(comm: Communicator, ops: TensorOps, flat: Tensor, *, op: str = Ave
               name: str = "allreduce") -> Tensor:
     """The average (default) or sum of ``flat`` over all ranks; ``flat`` may be overwritten.
 
-    Integer tensors are summed exactly and averaged by floor division (compression and the
-    scale factors apply to floating tensors).
+    Integer tensors are summed exactly and averaged by floor division; their scale factors are
+    applied in float64 and truncated back (Horovod's rule), those of half tensors in float32.
+    Compression applies to floating tensors.
     """
     check_op(op)
     if compression is not None and not isinstance(compression, Compressor):
@@ -51,11 +53,28 @@ def allreduce(comm: Communicator, ops: TensorOps, flat: Tensor, *, op: str = Ave
         ctx = ReduceContext(comm, ops, prescale=float(prescale_factor), postscale=float(postscale_factor))
         return AdasumReducer(compression).reduce(bucket, RoundInfo(), flat, ctx)
     if dtype not in _FLOATING:
+        flat = _scaled(ops, flat, prescale_factor, "float64")
         out = DenseAllreduce().reduce(bucket, RoundInfo(), flat, ReduceContext(comm, ops))
-        return ops.floor_divide(out, comm.size) if op == Average and comm.size > 1 else out
+        out = ops.floor_divide(out, comm.size) if op == Average and comm.size > 1 else out
+        return _scaled(ops, out, postscale_factor, "float64")
+    if dtype in _HALF:  # the user's factors in float32, as Horovod scales half tensors on CPU
+        flat = _scaled(ops, flat, prescale_factor, "float32")
+        post = 1.0 / comm.size if op == Average else 1.0
+        ctx = ReduceContext(comm, ops, postscale=post)
+        return _scaled(ops, DenseAllreduce(compression).reduce(bucket, RoundInfo(), flat, ctx), postscale_factor,
+                       "float32")
     post = postscale_factor / comm.size if op == Average else postscale_factor
     ctx = ReduceContext(comm, ops, prescale=float(prescale_factor), postscale=float(post))
     return DenseAllreduce(compression).reduce(bucket, RoundInfo(), flat, ctx)
+
+
+def _scaled(ops: TensorOps, flat: Tensor, factor: float, via: str) -> Tensor:
+    """``flat·factor`` computed in ``via`` and cast back (truncating, for integers): Horovod's
+    scaling of integer tensors (in float64) and half tensors (in float32)."""
+    if factor == 1.0:
+        return flat
+    dtype = ops.dtype_name(flat)
+    return ops.cast(ops.scale(ops.cast(flat, via), float(factor)), dtype)
 
 
 def allgather(comm: Communicator, ops: TensorOps, flat: Tensor, rest: tuple[int, ...], name: str = "allgather") -> Tensor:

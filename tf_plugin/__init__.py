@@ -23,7 +23,11 @@ from hvd_commopt.errors import (CollectiveTimeoutError, ConfigError, HvdCommoptE
                                 RankMismatchError)
 from hvd_commopt.reduce import Adasum, Average, Sum
 
-from . import callbacks
+from . import callbacks, util
+from .basics import (allgather_object, broadcast_global_variables, broadcast_object_fn, ccl_built, cuda_built,
+                     ddl_built, gloo_built, gloo_enabled, local_rank_op, local_size_op, mpi_built, mpi_enabled,
+                     mpi_threads_supported, nccl_built, rank_op, rocm_built, size_op)
+from .errors import CollectiveMismatchError
 from .functions import allgather, allreduce, broadcast, broadcast_object, broadcast_variables
 from .keras import DistributedOptimizer
 from .ops import TFOps
@@ -33,7 +37,10 @@ from .tape import DistributedGradientTape
 __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "local_size",
            "DistributedGradientTape", "DistributedOptimizer", "Compression", "Schedule", "Average", "Sum", "Adasum",
            "allreduce", "allgather", "broadcast", "broadcast_variables", "broadcast_object", "callbacks",
-           "TFOps", "HvdCommoptError", "CollectiveTimeoutError", "RankMismatchError", "RankFailedError", "ConfigError"]
+           "TFOps", "HvdCommoptError", "CollectiveTimeoutError", "RankMismatchError", "RankFailedError", "ConfigError",
+           "CollectiveMismatchError", "rank_op", "size_op", "local_rank_op", "local_size_op", "allgather_object",
+           "broadcast_object_fn", "broadcast_global_variables", "mpi_built", "mpi_enabled", "mpi_threads_supported",
+           "gloo_built", "gloo_enabled", "nccl_built", "ccl_built", "ddl_built", "cuda_built", "rocm_built", "util"]
 
 
 def init(backend: str | None = None, timeout_s: float | None = None):
@@ -53,3 +60,5 @@ size = runtime.size
 rank = runtime.rank
 local_rank = runtime.local_rank
 local_size = runtime.local_size
+
+_executing_eagerly = util._executing_eagerly  # Horovod's TF module exposes it; its tests call it

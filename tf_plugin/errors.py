@@ -1,0 +1,39 @@
+"""The TensorFlow face of the core's cross-rank errors.
+
+Horovod's TensorFlow ops fail with ``tf.errors.FailedPreconditionError`` when ranks pass
+mismatched tensors (shapes, dtypes, root ranks) to a collective; code written for Horovod
+catches that class. :class:`CollectiveMismatchError` is both the core's
+:class:`~hvd_commopt.errors.RankMismatchError` and that TF error, and :func:`tf_errors` converts
+the core's error into it at the adapter's boundary.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import tensorflow as tf
+
+from hvd_commopt.errors import RankMismatchError
+
+__all__ = ["CollectiveMismatchError", "tf_errors"]
+
+
+class CollectiveMismatchError(RankMismatchError, tf.errors.FailedPreconditionError):
+    """Ranks passed mismatched tensors to a collective (``tf.errors.FailedPreconditionError``)."""
+
+    def __init__(self, message: str):
+        tf.errors.FailedPreconditionError.__init__(self, None, None, message)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+@contextlib.contextmanager
+def tf_errors() -> Iterator[None]:
+    """Re-raise the core's RankMismatchError as :class:`CollectiveMismatchError`."""
+    try:
+        yield
+    except CollectiveMismatchError:
+        raise
+    except RankMismatchError as e:
+        raise CollectiveMismatchError(str(e)) from e
