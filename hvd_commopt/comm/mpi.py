@@ -313,6 +313,17 @@ class MPIBackend(Backend):
         self._end()
         return out, counts.tolist()
 
+    def alltoall(self, buf, counts, name, deadline):
+        self._begin("alltoall", name)
+        buf = np.ascontiguousarray(buf).reshape(-1)
+        send = np.asarray(counts, dtype=np.int64)
+        recv = np.zeros(self._size, dtype=np.int64)
+        self._comm.Alltoall(send, recv)
+        out = np.empty(int(recv.sum()), dtype=buf.dtype)
+        self._comm.Alltoallv([buf, send.tolist()], [out, recv.tolist()])
+        self._end()
+        return out, recv.tolist()
+
     def broadcast_(self, buf, root, name, deadline):
         self._begin("broadcast", name)
         self._comm.Bcast(buf, root=root)

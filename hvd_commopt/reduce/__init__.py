@@ -2,16 +2,18 @@
 the sparse reducers on one base (selection + memory): Top-k/random-k/DGC allgather and gTop-k."""
 from ..compress.base import Compressor
 from ..compress.topk import SparseCompressor
+from ..compress.user import as_user_compressor
 from ..errors import ConfigError
 from .adasum import AdasumReducer
-from .base import REDUCE_AVERAGING_OPS, Adasum, Average, Pending, ReduceContext, Reducer, RoundInfo, Sum, check_op
+from .base import (REDUCE_AVERAGING_OPS, TENSOR_OPS, Adasum, Average, Max, Min, Pending, Product, ReduceContext,
+                   Reducer, RoundInfo, Sum, check_op, check_tensor_op)
 from .dense import DenseAllreduce
 from .gtopk import GTopK
 from .sparse import SparseReducer
 from .sparse_allgather import SparseAllgather
 
 __all__ = ["Reducer", "ReduceContext", "Pending", "RoundInfo", "DenseAllreduce", "SparseReducer", "SparseAllgather", "GTopK",
-           "Average", "Sum", "Adasum", "AdasumReducer", "REDUCE_AVERAGING_OPS", "check_op", "make_reducer"]
+           "Average", "Sum", "REDUCE_AVERAGING_OPS", "check_op", "make_reducer", "Min", "Max", "Product", "Adasum", "TENSOR_OPS", "check_tensor_op", "AdasumReducer"]
 
 
 def make_reducer(compression: Compressor | Reducer | None, op: str = Average) -> Reducer:
@@ -29,6 +31,9 @@ def make_reducer(compression: Compressor | Reducer | None, op: str = Average) ->
         return compression
     if isinstance(compression, Compressor):
         return DenseAllreduce(compression)
+    user = as_user_compressor(compression)  # Horovod's compress(tensor) / decompress(tensor, ctx)
+    if user is not None:
+        return DenseAllreduce(user)
     if isinstance(compression, SparseCompressor):
         raise ConfigError(f"{compression!r} needs a sparse exchange; pass the reducer built by "
                           f"Compression.{compression.name}(...) instead of the bare selector")
