@@ -1,16 +1,7 @@
 """Horovod's build-information queries (``mpi_built()``, ``nccl_built()``, ...), answered for
-hvd_commopt: which transports this installation can use and which one the runtime chose.
-
-Horovod answers them from its compiled extension; code written for Horovod calls them to decide
-what to run or skip (``if hvd.nccl_built(): ...``). hvd_commopt has no compiled collectives of its
-own: MPI is mpi4py, Gloo and NCCL are torch.distributed's (the torch adapter's backends). So:
-
-* ``mpi_built()``: mpi4py can be imported. ``mpi_enabled()``: the running backend is MPI.
-* ``gloo_built()`` / ``nccl_built()``: the adapter passes whether its framework offers them
-  (TensorFlow: no; torch: torch.distributed's availability). ``nccl_built()`` returns an int like
-  Horovod (0 when absent, else 1: no NCCL version is linked here).
-* ``ccl_built``, ``ddl_built``, ``cuda_built``, ``rocm_built``: False (no compiled GPU kernels:
-  the frameworks' own tensors and collectives are used).
+hvd_commopt: what this installation and this job can use. Horovod's answers are about the
+compiled library; ours are about the Python packages present and the backend ``init()`` chose,
+which is what scripts use them for (choosing a code path or skipping a test).
 """
 from __future__ import annotations
 
@@ -18,53 +9,60 @@ import importlib.util
 
 from . import runtime
 
-__all__ = ["mpi_built", "mpi_enabled", "mpi_threads_supported", "gloo_built", "gloo_enabled", "nccl_built",
-           "ccl_built", "ddl_built", "cuda_built", "rocm_built"]
+__all__ = ["mpi_built", "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built",
+           "mpi_enabled", "gloo_enabled", "mpi_threads_supported"]
 
 
-def mpi_built() -> bool:
-    """True when mpi4py is installed (the MPI backend can run)."""
+def mpi_built(verbose: bool = False) -> bool:
+    """True when mpi4py (the MPI backend's binding) is installed."""
     return importlib.util.find_spec("mpi4py") is not None
 
 
+def gloo_built(verbose: bool = False) -> bool:
+    """True when torch.distributed is installed (the gloo backend comes with it)."""
+    return importlib.util.find_spec("torch") is not None
+
+
+def nccl_built(verbose: bool = False) -> int:
+    """0: collectives on NCCL go through torch.distributed's own NCCL, not a Horovod NCCL build
+    (Horovod returns its NCCL version, or 0)."""
+    return 0
+
+
+def ddl_built(verbose: bool = False) -> bool:
+    return False
+
+
+def ccl_built(verbose: bool = False) -> bool:
+    return False
+
+
+def cuda_built(verbose: bool = False) -> bool:
+    """False: hvd_commopt has no CUDA kernels of its own (GPU tensors use the framework's)."""
+    return False
+
+
+def rocm_built(verbose: bool = False) -> bool:
+    return False
+
+
 def _backend() -> str | None:
-    return getattr(runtime.communicator().backend, "name", None) if runtime.is_initialized() else None
+    return runtime.communicator().backend.name if runtime.is_initialized() else None
 
 
 def mpi_enabled() -> bool:
-    """True when ``init()`` chose the MPI backend."""
+    """True when init() chose the MPI backend."""
     return _backend() == "mpi"
 
 
-def mpi_threads_supported() -> bool:
-    """True with MPI: the backend's progress thread calls MPI (it requires MPI_THREAD_MULTIPLE)."""
-    return mpi_built()
-
-
-def gloo_built(available: bool = False) -> bool:
-    return bool(available)
-
-
 def gloo_enabled() -> bool:
-    """True when ``init()`` chose torch.distributed's Gloo backend."""
+    """True when init() chose the gloo backend."""
     return _backend() == "gloo"
 
 
-def nccl_built(available: bool = False) -> int:
-    return 1 if available else 0
-
-
-def ccl_built() -> bool:
-    return False
-
-
-def ddl_built() -> bool:
-    return False
-
-
-def cuda_built() -> bool:
-    return False
-
-
-def rocm_built() -> bool:
-    return False
+def mpi_threads_supported() -> bool:
+    """True when the MPI library gives MPI_THREAD_MULTIPLE (needed only for the timeout diagnosis)."""
+    if not mpi_enabled():
+        return False
+    from mpi4py import MPI  # noqa: PLC0415 - only with the MPI backend
+    return MPI.Query_thread() >= MPI.THREAD_MULTIPLE

@@ -55,14 +55,12 @@ cuda_built = build_info.cuda_built
 rocm_built = build_info.rocm_built
 
 
-def gloo_built() -> bool:
-    """False: TensorFlow has no Gloo collectives (the torch adapter's backend)."""
-    return build_info.gloo_built(False)
+nccl_built = build_info.nccl_built
 
 
-def nccl_built() -> int:
-    """0: the TensorFlow adapter has no NCCL collectives."""
-    return build_info.nccl_built(False)
+def gloo_built(verbose: bool = False) -> bool:
+    """False: the TensorFlow adapter has no Gloo collectives (Gloo is the torch adapter's)."""
+    return False
 
 
 def allgather_object(obj: Any, name: str | None = None, communicator=None) -> list:
