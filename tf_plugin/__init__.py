@@ -21,14 +21,16 @@ from __future__ import annotations
 from hvd_commopt import Compression, Schedule, runtime
 from hvd_commopt.errors import (CollectiveTimeoutError, ConfigError, HvdCommoptError, RankFailedError,
                                 RankMismatchError)
-from hvd_commopt.reduce import Adasum, Average, Sum
+from hvd_commopt.reduce import Adasum, Average, Max, Min, Product, Sum
 
 from . import callbacks, util
-from .basics import (allgather_object, broadcast_global_variables, broadcast_object_fn, ccl_built, cuda_built,
-                     ddl_built, gloo_built, gloo_enabled, local_rank_op, local_size_op, mpi_built, mpi_enabled,
-                     mpi_threads_supported, nccl_built, rank_op, rocm_built, size_op)
+from .basics import (ProcessSet, add_process_set, allgather_object, barrier, broadcast_global_variables,
+                     broadcast_object_fn, ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled, global_process_set,
+                     join, local_rank_op, local_size_op, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built,
+                     rank_op, remove_process_set, rocm_built, size_op)
 from .errors import CollectiveMismatchError
-from .functions import allgather, allreduce, broadcast, broadcast_object, broadcast_variables
+from .functions import allgather, allreduce, broadcast, broadcast_, broadcast_object, broadcast_variables
+from .grouped import alltoall, grouped_allgather, grouped_allreduce, grouped_reducescatter, reducescatter
 from .keras import DistributedOptimizer
 from .ops import TFOps
 from .reducer import clear_engines as _clear_engines
@@ -40,7 +42,10 @@ __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "
            "TFOps", "HvdCommoptError", "CollectiveTimeoutError", "RankMismatchError", "RankFailedError", "ConfigError",
            "CollectiveMismatchError", "rank_op", "size_op", "local_rank_op", "local_size_op", "allgather_object",
            "broadcast_object_fn", "broadcast_global_variables", "mpi_built", "mpi_enabled", "mpi_threads_supported",
-           "gloo_built", "gloo_enabled", "nccl_built", "ccl_built", "ddl_built", "cuda_built", "rocm_built", "util"]
+           "gloo_built", "gloo_enabled", "nccl_built", "ccl_built", "ddl_built", "cuda_built", "rocm_built", "util",
+           "Min", "Max", "Product", "broadcast_", "alltoall", "grouped_allgather", "grouped_allreduce",
+           "grouped_reducescatter", "reducescatter", "join", "barrier", "add_process_set", "remove_process_set",
+           "ProcessSet", "global_process_set"]
 
 
 def init(backend: str | None = None, timeout_s: float | None = None):

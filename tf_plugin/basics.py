@@ -11,14 +11,18 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-from hvd_commopt import build_info, runtime
+from hvd_commopt import build_info, collectives, runtime
 from hvd_commopt.errors import ConfigError
+from hvd_commopt.join import join as _join
+from hvd_commopt.process_sets import ProcessSet, global_process_set, registry
 
-from .functions import broadcast_object, broadcast_variables
+from .functions import _comm, broadcast_object, broadcast_variables
+from .ops import TFOps
 
 __all__ = ["rank_op", "size_op", "local_rank_op", "local_size_op", "mpi_built", "mpi_enabled",
            "mpi_threads_supported", "gloo_built", "gloo_enabled", "nccl_built", "ccl_built", "ddl_built",
-           "cuda_built", "rocm_built", "allgather_object", "broadcast_object_fn", "broadcast_global_variables"]
+           "cuda_built", "rocm_built", "allgather_object", "broadcast_object_fn", "broadcast_global_variables",
+           "join", "barrier", "add_process_set", "remove_process_set", "ProcessSet", "global_process_set"]
 
 
 def _op(value: int, name: str | None) -> tf.Tensor:
@@ -63,12 +67,11 @@ def gloo_built(verbose: bool = False) -> bool:
     return False
 
 
-def allgather_object(obj: Any, name: str | None = None, communicator=None) -> list:
+def allgather_object(obj: Any, name: str | None = None, process_set=None, communicator=None) -> list:
     """Every rank's picklable ``obj``, in rank order (eager only, like ``broadcast_object``)."""
     if not tf.executing_eagerly():
         raise ConfigError("allgather_object runs eagerly only; call it outside tf.function")
-    comm = communicator if communicator is not None else runtime.communicator()
-    return list(comm.allgather_object(obj, name=name or "allgather_object"))
+    return list(collectives.allgather_object(_comm(communicator, process_set), obj, name=name or "allgather_object"))
 
 
 def broadcast_object_fn(root_rank: int = 0, session=None, name: str | None = None, communicator=None) -> Callable:
@@ -92,3 +95,29 @@ def broadcast_global_variables(root_rank: int = 0):
                           "hco.broadcast_variables(model.variables, root_rank) (and the optimizer's variables), "
                           "or use callbacks.BroadcastGlobalVariablesCallback with Keras")
     return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
+
+
+def join(device: str = "", communicator=None) -> tf.Tensor:
+    """This rank has no more data: take part (with zeros) in the allreduces the other ranks still
+    run until every rank joined; returns the rank that joined last (an int32 tensor, the same on
+    every rank). Eager only."""
+    del device
+    if not tf.executing_eagerly():
+        raise ConfigError("join() runs eagerly only; call it outside tf.function")
+    comm = communicator if communicator is not None else runtime.communicator()
+    return tf.constant(_join(comm, TFOps(), tf.zeros([0])), dtype=tf.int32)
+
+
+def barrier(process_set=None, communicator=None) -> None:
+    """Wait until every rank (of the process set) calls barrier."""
+    collectives.barrier(_comm(communicator, process_set))
+
+
+def add_process_set(process_set) -> ProcessSet:
+    """Register a process set (a list of global ranks, or a ProcessSet) on every rank; collective."""
+    return registry(runtime.communicator()).add(process_set)
+
+
+def remove_process_set(process_set: ProcessSet) -> bool:
+    """Unregister a process set (collective); False when it was not registered."""
+    return registry(runtime.communicator()).remove(process_set)
