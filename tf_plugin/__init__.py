@@ -34,7 +34,7 @@ from .grouped import alltoall, grouped_allgather, grouped_allreduce, grouped_red
 from .keras import DistributedOptimizer
 from .ops import TFOps
 from .reducer import clear_engines as _clear_engines
-from .tape import DistributedGradientTape
+from .tape import DistributedGradientTape, PartialDistributedGradientTape
 
 __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "local_size",
            "DistributedGradientTape", "DistributedOptimizer", "Compression", "Schedule", "Average", "Sum", "Adasum",
@@ -45,7 +45,7 @@ __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "
            "gloo_built", "gloo_enabled", "nccl_built", "ccl_built", "ddl_built", "cuda_built", "rocm_built", "util",
            "Min", "Max", "Product", "broadcast_", "alltoall", "grouped_allgather", "grouped_allreduce",
            "grouped_reducescatter", "reducescatter", "join", "barrier", "add_process_set", "remove_process_set",
-           "ProcessSet", "global_process_set"]
+           "ProcessSet", "global_process_set", "PartialDistributedGradientTape"]
 
 
 def init(backend: str | None = None, timeout_s: float | None = None):
