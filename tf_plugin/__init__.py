@@ -18,7 +18,10 @@ Collectives run eagerly, or as one ``tf.py_function`` per call site inside ``tf.
 """
 from __future__ import annotations
 
+import tensorflow as tf
+
 from hvd_commopt import Compression, Schedule, runtime
+from hvd_commopt.tensor_ops import register_ops
 from hvd_commopt.errors import (CollectiveTimeoutError, ConfigError, HvdCommoptError, RankFailedError,
                                 RankMismatchError)
 from hvd_commopt.reduce import Adasum, Average, Max, Min, Product, Sum
@@ -66,4 +69,8 @@ rank = runtime.rank
 local_rank = runtime.local_rank
 local_size = runtime.local_size
 
+# Horovod's compressor interface called without ops (Compression.fp16.compress(tensor)) finds
+# TFOps through the core's registry.
+register_ops(tf.Tensor, TFOps())
+register_ops(tf.Variable, TFOps())
 _executing_eagerly = util._executing_eagerly  # Horovod's TF module exposes it; its tests call it

@@ -74,7 +74,8 @@ def _allreduce_sparse(tensor: tf.IndexedSlices, op: str, prescale_factor: float,
 def _allreduce_raw(tensor, op, compression, prescale_factor, postscale_factor, label, communicator):
     def run(t):
         with tf_errors():
-            out = collectives.allreduce(_comm(communicator), _ops, _ops.flatten(t), op=op, compression=compression,
+            out = collectives.allreduce(_comm(communicator), _ops, _ops.flatten(t), shape=tuple(t.shape), op=op,
+                                        compression=compression,
                                         prescale_factor=prescale_factor, postscale_factor=postscale_factor, name=label)
         return [tf.reshape(out, tf.shape(t))]
 
@@ -162,7 +163,8 @@ def _allgather_grad(dy, x, label, comm):
 def _broadcast_raw(tensor, root_rank, label, communicator):
     def run(t):
         with tf_errors():
-            out = collectives.broadcast(_comm(communicator), _ops, _ops.flatten(t), root_rank, label)
+            out = collectives.broadcast(_comm(communicator), _ops, _ops.flatten(t), root_rank, label,
+                                        shape=tuple(t.shape))
         return [tf.reshape(out, tf.shape(t))]
 
     return host_call(run, [tensor], [tensor.dtype], [tensor.shape], label)[0]
