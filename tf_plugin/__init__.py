@@ -48,7 +48,7 @@ __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "
            "gloo_built", "gloo_enabled", "nccl_built", "ccl_built", "ddl_built", "cuda_built", "rocm_built", "util",
            "Min", "Max", "Product", "broadcast_", "alltoall", "grouped_allgather", "grouped_allreduce",
            "grouped_reducescatter", "reducescatter", "join", "barrier", "add_process_set", "remove_process_set",
-           "ProcessSet", "global_process_set", "PartialDistributedGradientTape"]
+           "ProcessSet", "global_process_set", "PartialDistributedGradientTape", "SyncBatchNormalization"]
 
 
 def init(backend: str | None = None, timeout_s: float | None = None):
@@ -74,3 +74,11 @@ local_size = runtime.local_size
 register_ops(tf.Tensor, TFOps())
 register_ops(tf.Variable, TFOps())
 _executing_eagerly = util._executing_eagerly  # Horovod's TF module exposes it; its tests call it
+
+
+def __getattr__(name: str):
+    # SyncBatchNormalization needs Keras, imported only when used (like DistributedOptimizer's).
+    if name == "SyncBatchNormalization":
+        from .sync_batch_norm import SyncBatchNormalization  # noqa: PLC0415
+        return SyncBatchNormalization
+    raise AttributeError(f"module 'tf_plugin' has no attribute {name!r}")
