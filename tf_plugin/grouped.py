@@ -121,7 +121,7 @@ def grouped_allgather(tensors, name: str | None = None, process_set=None, commun
 
 
 def _alltoall_raw(tensor, splits, label, comm):
-    rest = _shape(tensor)[1:] if tensor.shape.rank else ()
+    rest = tensor.shape[1:]
     inputs = [tensor] + ([tf.cast(tf.convert_to_tensor(splits), tf.int32)] if splits is not None else [])
 
     def run(t, *s):
@@ -130,7 +130,7 @@ def _alltoall_raw(tensor, splits, label, comm):
             out, rows = scatter.alltoall_async(comm, _ops, _ops.flatten(t), _shape(t), splits=sp, name=label).wait()
         return [tf.reshape(out, (-1,) + tuple(int(d) for d in t.shape[1:])), tf.constant(rows, dtype=tf.int32)]
 
-    out_shape = tf.TensorShape([None]).concatenate(tf.TensorShape(rest))
+    out_shape = tf.TensorShape([None]).concatenate(rest)
     return host_call(run, inputs, [tensor.dtype, tf.int32], [out_shape, tf.TensorShape([comm.size])], label)
 
 
