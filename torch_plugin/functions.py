@@ -281,7 +281,10 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
 def _init_empty_state(optimizer: torch.optim.Optimizer) -> None:
     """Run the base optimizer's step once with zero gradients on a stateless optimizer, then put
     the parameters back: creates the state entries. As in Horovod, the parameters that require
-    a gradient are left with a zero ``.grad`` where they had none."""
+    a gradient are left with a zero ``.grad`` where they had none. Unlike Horovod, the step
+    counters are reset to 0, so the training that follows is the one a fresh optimizer would
+    give (Adam's bias correction is not shifted by the zero step; SGD's zero momentum buffer
+    gives the same first update unless ``dampening`` is set)."""
     if optimizer.state_dict()["state"]:
         return
     params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
@@ -296,3 +299,6 @@ def _init_empty_state(optimizer: torch.optim.Optimizer) -> None:
         for p, val, grad in saved:
             p.copy_(val)
             p.grad = grad
+        for s in optimizer.state.values():
+            if "step" in s:
+                s["step"] = s["step"].zero_() if isinstance(s["step"], torch.Tensor) else 0

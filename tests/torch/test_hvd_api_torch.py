@@ -64,3 +64,18 @@ def test_broadcast_optimizer_state_fills_a_fresh_optimizers_state():
     w = model.weight.detach().clone()
     hvd.broadcast_optimizer_state(opt, root_rank=0)
     assert torch.equal(model.weight, w) and all("momentum_buffer" in s for s in opt.state.values())
+
+
+def test_initialised_adam_state_trains_like_a_fresh_adam():
+    torch.manual_seed(0)
+    a, b = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
+    b.load_state_dict(a.state_dict())
+    oa, ob = torch.optim.Adam(a.parameters(), lr=0.1), torch.optim.Adam(b.parameters(), lr=0.1)
+    hvd.broadcast_optimizer_state(oa, root_rank=0)
+    assert len(oa.state) == 2
+    for _ in range(3):
+        for m, o in ((a, oa), (b, ob)):
+            o.zero_grad()
+            m(torch.ones(4, 3)).pow(2).sum().backward()
+            o.step()
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
