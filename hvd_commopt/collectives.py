@@ -85,7 +85,7 @@ def allreduce_async(comm: Communicator, ops: TensorOps, flat: Tensor, *, shape: 
     """Start the reduction of ``flat`` over all ranks (``flat`` may be overwritten).
 
     op: Average (default), Sum, Min, Max, Product, Adasum. Integer tensors are summed exactly,
-    averaged by floor division, and scaled in float64 then truncated back (Horovod's rule);
+    averaged by division rounded toward zero, and scaled in float64 then truncated back (Horovod's rule);
     uint16 sums as an integer (modulo 2**16); float16/bfloat16 Min/Max/Product go through float32.
     """
     op = check_tensor_op(op)
@@ -136,7 +136,7 @@ def _allreduce_payload(comm: Communicator, ops: TensorOps, flat: Tensor, dtype: 
         def finish_int() -> Tensor:
             out = get()
             if op == Average and comm.size > 1:
-                out = ops.floor_divide(out, comm.size)
+                out = ops.trunc_divide(out, comm.size)
             return _int_scale(ops, out, post, dtype)
         return Work(finish_int, handles)
     if dtype in _HALF and (pre != 1.0 or post != 1.0):  # the user's factors in float32, as Horovod on CPU
@@ -238,14 +238,23 @@ def allgather(comm: Communicator, ops: TensorOps, flat: Tensor, rest: tuple[int,
 
 def grouped_allgather_async(comm: Communicator, ops: TensorOps, flats: Sequence[Tensor],
                             rests: Sequence[tuple[int, ...]], name: str = "grouped_allgather") -> Work:
-    """Allgather of several tensors with one check; ``wait()`` gives the flat concatenations."""
+    """Allgather of several tensors with one check; ``wait()`` gives a list of (the flat
+    concatenation, per-rank d0) per tensor."""
     dtypes = tuple(ops.dtype_name(f) for f in flats)
-    shapes = tuple((ops.numel(f) // max(math.prod(r), 1),) + tuple(r) for f, r in zip(flats, rests))
+    rows = [max(math.prod(r), 1) for r in rests]
+    shapes = tuple((ops.numel(f) // n,) + tuple(r) for f, r, n in zip(flats, rests, rows))
     negotiate(comm, Request("grouped_allgather", name, dtypes, shapes))
     if comm.size == 1:
-        return Work(lambda: list(flats))
+        return Work(lambda: [(f, [s[0]]) for f, s in zip(flats, shapes)])
     hs = [comm.allgather_tensor_async(ops, f, f"{name}.{i}") for i, f in enumerate(flats)]
-    return Work(lambda: [comm.wait(h)[0] for h in hs], hs)
+
+    def finish() -> list:
+        out = []
+        for h, n in zip(hs, rows):
+            flat, counts = comm.wait(h)
+            out.append((flat, [c // n for c in counts]))
+        return out
+    return Work(finish, hs)
 
 
 def broadcast_async(comm: Communicator, ops: TensorOps, flat: Tensor, root: int = 0, name: str = "broadcast",

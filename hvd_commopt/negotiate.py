@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import RankMismatchError
+from .errors import ConfigError, RankMismatchError
 
 __all__ = ["Request", "TensorMismatchError", "negotiate", "verdict", "JOINABLE", "NEGOTIATE_NAME"]
 
@@ -30,9 +30,9 @@ JOINABLE = ("allreduce", "grouped_allreduce", "barrier")
 _REST_ONLY = ("allgather", "grouped_allgather", "alltoall")
 
 
-class TensorMismatchError(RankMismatchError):
+class TensorMismatchError(RankMismatchError, ConfigError):
     """Ranks called a tensor collective with different shapes, dtypes, roots or ops, or called
-    different collectives (a RuntimeError, as Horovod's)."""
+    different collectives (a RuntimeError, as Horovod's; also a ConfigError, as before)."""
 
 
 @dataclass(frozen=True)

@@ -158,6 +158,7 @@ class ProcessSetRegistry:
         self.comm = comm
         self.sets: dict[int, ProcessSet] = {}
         self._next_id = 1
+        self._local: Communicator | None = None
 
     def add(self, ranks_or_set: Any) -> ProcessSet:
         """Register a set on every rank (collective: all ranks call it with the same ranks)."""
@@ -198,6 +199,18 @@ class ProcessSetRegistry:
             raise ConfigError(f"rank {self.comm.rank} is not in process set {ps.ranks}: only its members may "
                               f"call collectives on it")
         return ps.communicator
+
+    def optimizer_communicator(self, ps: ProcessSet | None) -> Communicator:
+        """For ``DistributedOptimizer(process_set=ps)``: the set's communicator on members; on
+        the other ranks a size-1 communicator, so their optimizer steps locally (Horovod's
+        behaviour: a non-member reduces nothing)."""
+        if ps is None or ps.ranks is None or ps.communicator is not None:
+            return self.communicator_for(ps)
+        self.communicator_for(ps) if ps.process_set_id is None else None  # unregistered: the error
+        if self._local is None:
+            from .comm.inproc import InProcBackend, InProcWorld  # noqa: PLC0415
+            self._local = Communicator(InProcBackend(InProcWorld(1), 0), self.comm.timeout_s)
+        return self._local
 
 
 def registry(comm: Communicator) -> ProcessSetRegistry:

@@ -56,7 +56,7 @@ class TensorOps(Protocol):
     def add(self, a: Tensor, b: Tensor) -> Tensor: ...  # a + b (in place into a allowed)
     def sub(self, a: Tensor, b: Tensor) -> Tensor: ...
     def mul(self, a: Tensor, b: Tensor) -> Tensor: ...  # a new tensor a*b (element-wise)
-    def floor_divide(self, t: Tensor, d: int) -> Tensor: ...  # integer t // d (in place allowed)
+    def trunc_divide(self, t: Tensor, d: int) -> Tensor: ...  # integer t / d rounded toward zero (in place allowed)
     def copy_(self, dst: Tensor, src: Tensor) -> Tensor: ...  # dst[...] = src (any shape); returns dst
     def axpy_(self, y: Tensor, alpha: float, x: Tensor) -> Tensor:
         """``y + alpha*x`` with the framework's fused kernel (in place into y allowed)."""

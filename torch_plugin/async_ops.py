@@ -110,7 +110,7 @@ def grouped_allgather_async(tensors, name=None, process_set: ProcessSet | None =
     ts = [t.detach().contiguous() for t in tensors]
     work = collectives.grouped_allgather_async(F._comm(None, process_set), F._ops, [t.reshape(-1) for t in ts],
                                                [F._rest(t) for t in ts], name or "grouped_allgather")
-    return _register(work, lambda outs: [o.reshape((-1,) + F._rest(t)) for o, t in zip(outs, ts)], name)
+    return _register(work, lambda outs: [o.reshape((-1,) + F._rest(t)) for (o, _), t in zip(outs, ts)], name)
 
 
 def broadcast_async_(tensor: torch.Tensor, root_rank: int = 0, name=None, process_set: ProcessSet | None = None) -> int:
@@ -160,9 +160,10 @@ def grouped_reducescatter_async(tensors, name=None, op=None, process_set: Proces
                      name)
 
 
-def sparse_allreduce_async(tensor: torch.Tensor, name=None, op=None, process_set: ProcessSet | None = None) -> int:
+def sparse_allreduce_async(tensor: torch.Tensor, name=None, op=None, process_set: ProcessSet | None = None):
     """Allreduce of a sparse COO tensor: its indices and values are allgathered (one check) and
-    summed into a coalesced sparse result; op Average divides by the size."""
+    summed into a coalesced sparse result; op Average divides by the size. Returns a callable
+    that waits and gives the result (Horovod's form)."""
     _check_name(name)
     from hvd_commopt.reduce import Average  # noqa: PLC0415
     op = F._op(None, op)
@@ -173,9 +174,10 @@ def sparse_allreduce_async(tensor: torch.Tensor, name=None, op=None, process_set
                                                [F._rest(idx), F._rest(val)], name or "sparse_allreduce")
 
     def post(outs):
-        i = outs[0].reshape((-1,) + F._rest(idx)).t()
-        v = outs[1].reshape((-1,) + F._rest(val))
+        i = outs[0][0].reshape((-1,) + F._rest(idx)).t()
+        v = outs[1][0].reshape((-1,) + F._rest(val))
         if op == Average:
             v = v / comm.size
         return torch.sparse_coo_tensor(i, v, tuple(t.shape)).coalesce()
-    return _register(work, post, name)
+    handle = _register(work, post, name)
+    return lambda: synchronize(handle)  # Horovod returns a callable that waits

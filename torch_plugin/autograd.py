@@ -19,7 +19,10 @@ from hvd_commopt.reduce import Average, Sum
 
 from . import functions as F
 
-__all__ = ["AllreduceFn", "GroupedAllreduceFn", "AllgatherFn", "BroadcastFn", "AlltoallFn", "ReducescatterFn"]
+__all__ = ["AllreduceFn", "GroupedAllreduceFn", "AllgatherFn", "GroupedAllgatherFn", "BroadcastFn", "AlltoallFn",
+           "ReducescatterFn", "GroupedReducescatterFn"]
+
+_AVERAGE = {"op": Average, "compression": None, "prescale_factor": 1.0, "postscale_factor": 1.0}
 
 
 def _grad_kw(kw: dict) -> dict:
@@ -58,11 +61,24 @@ class AllgatherFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        red = F._allreduce_plain(grad.contiguous(), None, {"op": Average, "compression": None,
-                                                           "prescale_factor": 1.0, "postscale_factor": 1.0}, ctx.comm)
+        red = F._allreduce_plain(grad.contiguous(), None, _AVERAGE, ctx.comm)
         r = ctx.comm.rank
         start = sum(ctx.rows[:r])
         return red.narrow(0, start, ctx.rows[r]), None, None
+
+
+class GroupedAllgatherFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, comm, *tensors):
+        outs, rows = F._grouped_allgather_plain(list(tensors), name, comm)
+        ctx.rows, ctx.comm = rows, comm
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        reds = F._grouped_plain([g.contiguous() for g in grads], None, _AVERAGE, ctx.comm)
+        r = ctx.comm.rank
+        return (None, None, *[red.narrow(0, sum(rows[:r]), rows[r]) for red, rows in zip(reds, ctx.rows)])
 
 
 class BroadcastFn(torch.autograd.Function):
@@ -73,8 +89,7 @@ class BroadcastFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        red = F._allreduce_plain(grad.contiguous(), None, {"op": Average, "compression": None,
-                                                           "prescale_factor": 1.0, "postscale_factor": 1.0}, ctx.comm)
+        red = F._allreduce_plain(grad.contiguous(), None, _AVERAGE, ctx.comm)
         if ctx.comm.rank != ctx.root:
             red = torch.zeros_like(red)
         return red, None, None, None
@@ -113,11 +128,29 @@ class ReducescatterFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        g = grad.contiguous()
-        if ctx.kw["op"] == Sum:
-            g = g * ctx.comm.size
-        for f in (ctx.kw["prescale_factor"], ctx.kw["postscale_factor"]):
-            if f != 1.0:
-                g = g * f
-        out, _ = F._allgather_plain(g, None, ctx.comm)
+        out, _ = F._allgather_plain(_scatter_grad(grad, ctx.kw, ctx.comm), None, ctx.comm)
         return out, None, None, None
+
+
+def _scatter_grad(grad, kw, comm):
+    """Horovod's reducescatter gradient before the allgather: times the size for Sum, times the
+    scale factors."""
+    g = grad.contiguous()
+    if kw["op"] == Sum:
+        g = g * comm.size
+    for f in (kw["prescale_factor"], kw["postscale_factor"]):
+        if f != 1.0:
+            g = g * f
+    return g
+
+
+class GroupedReducescatterFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, kw, comm, *tensors):
+        ctx.kw, ctx.comm = kw, comm
+        return tuple(F._grouped_reducescatter_plain(list(tensors), name, kw, comm))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        outs, _ = F._grouped_allgather_plain([_scatter_grad(g, ctx.kw, ctx.comm) for g in grads], None, ctx.comm)
+        return (None, None, None, *outs)

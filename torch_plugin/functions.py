@@ -67,13 +67,13 @@ def _reduce_kw(average, op, compression, prescale_factor, postscale_factor) -> d
             "postscale_factor": postscale_factor}
 
 
-def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None, compression=None,
-               op: str | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-               communicator=None, process_set: ProcessSet | None = None) -> torch.Tensor:
-    """In-place allreduce of ``tensor``: ``op`` Average (default), Sum, Min, Max, Product, Adasum
-    (``average`` is Horovod's old flag); ``compression`` Compression.none/fp16/bf16 or a Horovod
-    style compressor; scale factors before/after the reduction. Ranks must agree on shape and
-    dtype (else a RankMismatchError on every rank)."""
+def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None, op: str | None = None,
+               prescale_factor: float = 1.0, postscale_factor: float = 1.0, process_set: ProcessSet | None = None,
+               communicator=None, compression=None) -> torch.Tensor:
+    """In-place allreduce of ``tensor`` (Horovod's positional order: no compression argument
+    before ``op``): ``op`` Average (default), Sum, Min, Max, Product, Adasum (``average`` is
+    Horovod's old flag); scale factors before/after the reduction. Ranks must agree on shape
+    and dtype (else a RankMismatchError on every rank)."""
     flat = tensor.detach().reshape(-1)
     if flat.data_ptr() != tensor.data_ptr() or not tensor.is_contiguous():
         flat = flat.clone()
@@ -86,7 +86,8 @@ def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | No
 def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | None = None, compression=None,
               op: str | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
               communicator=None, process_set: ProcessSet | None = None) -> torch.Tensor:
-    """Allreduce into a new tensor (see :func:`allreduce_`); differentiable."""
+    """Allreduce into a new tensor (see :func:`allreduce_`); ``compression``: Compression.none/
+    fp16/bf16 or a Horovod-style compressor; differentiable."""
     from .autograd import AllreduceFn  # noqa: PLC0415 - autograd.py imports this module
     return AllreduceFn.apply(tensor, name, _reduce_kw(average, op, compression, prescale_factor, postscale_factor),
                              _comm(communicator, process_set))
@@ -98,9 +99,9 @@ def _allreduce_plain(tensor: torch.Tensor, name: str | None, kw: dict, comm) -> 
     return out.reshape(tensor.shape)
 
 
-def grouped_allreduce_(tensors, average: bool | None = None, name: str | None = None, compression=None,
-                       op: str | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                       process_set: ProcessSet | None = None):
+def grouped_allreduce_(tensors, average: bool | None = None, name: str | None = None, op: str | None = None,
+                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                       process_set: ProcessSet | None = None, compression=None):
     """In-place allreduce of a list of tensors as one operation."""
     outs = _grouped_plain(list(tensors), name, _reduce_kw(average, op, compression, prescale_factor,
                                                            postscale_factor), _comm(None, process_set))
@@ -143,12 +144,18 @@ def _allgather_plain(tensor: torch.Tensor, name: str | None, comm) -> tuple[torc
 
 
 def grouped_allgather(tensors, name: str | None = None, process_set: ProcessSet | None = None):
-    """Allgather of a list of tensors as one operation."""
-    comm = _comm(None, process_set)
+    """Allgather of a list of tensors as one operation; differentiable."""
+    from .autograd import GroupedAllgatherFn  # noqa: PLC0415
+    return list(GroupedAllgatherFn.apply(name, _comm(None, process_set), *tensors))
+
+
+def _grouped_allgather_plain(tensors, name, comm):
+    """(gathered tensors, rows per rank of each)."""
     ts = [t.detach().contiguous() for t in tensors]
     outs = collectives.grouped_allgather_async(comm, _ops, [t.reshape(-1) for t in ts], [_rest(t) for t in ts],
                                                name or "grouped_allgather").wait()
-    return [o.reshape((-1,) + _rest(t)) if t.dim() > 0 else o for o, t in zip(outs, ts)]
+    return ([o.reshape((-1,) + _rest(t)) if t.dim() > 0 else o for (o, _), t in zip(outs, ts)],
+            [rows for _, rows in outs])
 
 
 def broadcast_(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None, communicator=None,
@@ -193,18 +200,24 @@ def reducescatter(tensor: torch.Tensor, name: str | None = None, compression=Non
 def grouped_reducescatter(tensors, name: str | None = None, compression=None, op: str = Average,
                           process_set: ProcessSet | None = None, prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0):
-    """Reducescatter of a list of tensors as one operation."""
-    from hvd_commopt import scatter  # noqa: PLC0415
+    """Reducescatter of a list of tensors as one operation; differentiable."""
+    from .autograd import GroupedReducescatterFn  # noqa: PLC0415
     kw = _reduce_kw(None, op, compression, prescale_factor, postscale_factor)
-    work = scatter.grouped_reducescatter_async(_comm(None, process_set), _ops, [_flat_copy(t) for t in tensors],
+    return list(GroupedReducescatterFn.apply(name, kw, _comm(None, process_set), *tensors))
+
+
+def _grouped_reducescatter_plain(tensors, name, kw, comm):
+    from hvd_commopt import scatter  # noqa: PLC0415
+    work = scatter.grouped_reducescatter_async(comm, _ops, [_flat_copy(t) for t in tensors],
                                                [tuple(t.shape) for t in tensors],
                                                name=name or "grouped_reducescatter", **kw)
     return [o.reshape((-1,) + tuple(t.shape[1:])) for o, t in zip(work.wait(), tensors)]
 
 
-def allgather_object(obj: Any, name: str | None = None, process_set: ProcessSet | None = None) -> list:
+def allgather_object(obj: Any, name: str | None = None, process_set: ProcessSet | None = None,
+                     communicator=None) -> list:
     """Every rank's picklable object, in rank order."""
-    return collectives.allgather_object(_comm(None, process_set), obj, name or "allgather_object")
+    return collectives.allgather_object(_comm(communicator, process_set), obj, name or "allgather_object")
 
 
 def broadcast_parameters(params: Any, root_rank: int = 0, communicator=None,
@@ -267,13 +280,17 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
 
 def _init_empty_state(optimizer: torch.optim.Optimizer) -> None:
     """Run the base optimizer's step once with zero gradients on a stateless optimizer, then put
-    the parameters back: creates the state entries (Horovod does the same)."""
+    the parameters back: creates the state entries. As in Horovod, the parameters that require
+    a gradient are left with a zero ``.grad`` where they had none. Unlike Horovod, the step
+    counters are reset to 0, so the training that follows is the one a fresh optimizer would
+    give (Adam's bias correction is not shifted by the zero step; SGD's zero momentum buffer
+    gives the same first update unless ``dampening`` is set)."""
     if optimizer.state_dict()["state"]:
         return
     params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
     if not params:
         return
-    saved = [(p, p.detach().clone(), p.grad) for p in params]
+    saved = [(p, p.detach().clone(), p.grad if p.grad is not None else torch.zeros_like(p)) for p in params]
     for p in params:
         p.grad = torch.zeros_like(p)
     base = getattr(type(optimizer), "_hco_base", type(optimizer))  # skip the gradient reduction
@@ -282,3 +299,6 @@ def _init_empty_state(optimizer: torch.optim.Optimizer) -> None:
         for p, val, grad in saved:
             p.copy_(val)
             p.grad = grad
+        for s in optimizer.state.values():
+            if "step" in s:
+                s["step"] = s["step"].zero_() if isinstance(s["step"], torch.Tensor) else 0

@@ -57,8 +57,8 @@ class TorchOps:
     def add(self, a, b): return a.add_(b)
     def sub(self, a, b): return a.sub_(b)
 
-    def floor_divide(self, t, d):
-        return t.floor_divide_(int(d))
+    def trunc_divide(self, t, d):
+        return t.div_(int(d), rounding_mode="trunc")
 
     def mul(self, a, b):
         with torch.no_grad():
