@@ -51,10 +51,14 @@ __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "
            "ProcessSet", "global_process_set", "PartialDistributedGradientTape", "SyncBatchNormalization"]
 
 
-def init(backend: str | None = None, timeout_s: float | None = None):
+def init(backend: str | None = None, timeout_s: float | None = None, process_sets=None):
     """Start the runtime: backend from the argument, HVD_COMMOPT_BACKEND, or the launcher
-    (mpirun -> mpi, none -> size 1). Idempotent."""
-    return runtime.init(backend, timeout_s)
+    (mpirun -> mpi, none -> size 1). Idempotent. ``process_sets``: lists of ranks (or
+    ProcessSets) to register at once, as Horovod's ``init(process_sets=...)``."""
+    comm = runtime.init(backend, timeout_s)
+    for ps in process_sets or ():
+        add_process_set(ps)
+    return comm
 
 
 def shutdown() -> None:

@@ -104,7 +104,7 @@ def grouped_allgather(tensors, name: str | None = None, process_set=None, commun
         rests = [_shape(t)[1:] for t in ts]
         with tf_errors():
             out = collectives.grouped_allgather_async(comm, _ops, [_ops.flatten(t) for t in ts], rests, label).wait()
-        return [tf.reshape(o, (-1,) + r) for o, r in zip(out, rests)]
+        return [tf.reshape(o, (-1,) + r) for (o, _rows), r in zip(out, rests)]
 
     shapes = [tf.TensorShape([None]).concatenate(t.shape[1:]) for t in tensors]
     if not _all_differentiable(tensors):
