@@ -1,4 +1,4 @@
-"""Local gradient aggregation for the Keras ``DistributedOptimizer`` (Horovod's
+"""Local gradient aggregation for the Keras ``DistributedOptimizer`` (docs/horovod_tf.md#keras-aggregation; Horovod's
 ``backward_passes_per_step`` and ``average_aggregated_gradients``).
 
 Keras calls ``optimizer.apply(grads)`` once per batch. With ``backward_passes_per_step = N``
