@@ -28,8 +28,8 @@ from hvd_commopt.reduce import Adasum, Average, Max, Min, Product, Sum
 
 from . import callbacks, util
 from .basics import (ProcessSet, add_process_set, allgather_object, barrier, broadcast_global_variables,
-                     broadcast_object_fn, ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled, global_process_set,
-                     join, local_rank_op, local_size_op, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built,
+                     broadcast_object_fn, ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled,
+                     global_process_set, join, local_rank_op, local_size_op, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built,
                      rank_op, remove_process_set, rocm_built, size_op)
 from .errors import CollectiveMismatchError
 from .functions import allgather, allreduce, broadcast, broadcast_, broadcast_object, broadcast_variables

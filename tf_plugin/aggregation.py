@@ -1,5 +1,6 @@
-"""Local gradient aggregation for the Keras ``DistributedOptimizer`` (docs/horovod_tf.md#keras-aggregation; Horovod's
-``backward_passes_per_step`` and ``average_aggregated_gradients``).
+"""Local gradient aggregation for the Keras ``DistributedOptimizer``: Horovod's
+``backward_passes_per_step`` and ``average_aggregated_gradients``
+(docs/horovod_tf.md#keras-aggregation).
 
 Keras calls ``optimizer.apply(grads)`` once per batch. With ``backward_passes_per_step = N``
 the wrapper adds each batch's gradients into accumulators (optimizer variables, so they are

@@ -1,6 +1,7 @@
-"""Horovod's grouped collectives, ``alltoall`` and ``reducescatter`` for TensorFlow (docs/horovod_tf.md#gradients), over the core
-(:mod:`hvd_commopt.collectives`, :mod:`hvd_commopt.scatter`): flatten, call the core, reshape,
-with a ``tf.custom_gradient`` for floating tensors. Each call is one ``tf.py_function`` inside
+"""Horovod's grouped collectives, ``alltoall`` and ``reducescatter`` for TensorFlow
+(docs/horovod_tf.md#gradients), over the core (:mod:`hvd_commopt.collectives`,
+:mod:`hvd_commopt.scatter`): flatten, call the core, reshape, with a ``tf.custom_gradient`` for
+floating tensors. Each call is one ``tf.py_function`` inside
 ``tf.function`` (:mod:`tf_plugin.bridge`).
 
 Gradients (Horovod's conventions, which treat the incoming gradient like the forward data):

@@ -53,7 +53,8 @@ from ..compress.cast import NoneCompressor
 from ..errors import ConfigError
 from .base import Pending, ReduceContext, Reducer, RoundInfo
 
-__all__ = ["AdasumReducer", "make_adasum_reducer", "adasum_pair", "adasum_exchange", "adasum_tree", "tensor_bounds", "coefficients"]
+__all__ = ["AdasumReducer", "make_adasum_reducer", "adasum_pair", "adasum_exchange", "adasum_tree", "tensor_bounds",
+           "coefficients"]
 
 # Horovod's threshold below which a norm² counts as zero (its coefficient is then 1).
 NORM_EPS = 1e-8
