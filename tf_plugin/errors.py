@@ -16,12 +16,14 @@ from typing import Iterator
 import tensorflow as tf
 
 from hvd_commopt.errors import ConfigError, RankMismatchError
+from hvd_commopt.negotiate import TensorMismatchError
 
 __all__ = ["CollectiveMismatchError", "CollectiveArgumentError", "tf_errors"]
 
 
-class CollectiveMismatchError(RankMismatchError, tf.errors.FailedPreconditionError):
-    """Ranks passed mismatched tensors to a collective (``tf.errors.FailedPreconditionError``)."""
+class CollectiveMismatchError(TensorMismatchError, tf.errors.FailedPreconditionError):
+    """Ranks passed mismatched tensors to a collective: the core's TensorMismatchError (a
+    RankMismatchError and a ConfigError) and ``tf.errors.FailedPreconditionError``."""
 
     def __init__(self, message: str):
         tf.errors.FailedPreconditionError.__init__(self, None, None, message)
