@@ -23,7 +23,8 @@ Algorithm over P = 2^L ranks (docs/adasum.md#halving-doubling)::
     allgather the fragments back by distance halving (l = L-1 .. 0): exchange with rank XOR 2^l,
     concatenate (lower rank's fragment first)
 
-Traffic per rank: 2n(P-1)/P elements (as a ring allreduce) plus 3 float64 per tensor and level.
+Traffic per rank: 2n(P-1)/P elements (as a ring allreduce) plus 3 float64 per tensor and group
+round (L(L+1)/2 rounds).
 
 Choices:
 

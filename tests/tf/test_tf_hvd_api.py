@@ -233,3 +233,15 @@ def test_adasum_tensor_allreduce_and_tape():
         np.testing.assert_array_equal(orth, [1.0, 2.0])
         # one tensor: a=(1,0,3), b=(0,1,3): a·b=9, |a|²=|b|²=10 -> 0.55a + 0.55b
         np.testing.assert_allclose(g, 0.55 * np.array([1.0, 1.0, 6.0]), rtol=1e-6)
+
+
+def test_keras_optimizer_op_adasum():
+    """DistributedOptimizer(op=Adasum): SGD steps by -lr·adasum(gradients) (docs/adasum.md#optimizer)."""
+    def body(comm):
+        v = keras.Variable(np.zeros(2, np.float32))
+        opt = hco.DistributedOptimizer(keras.optimizers.SGD(1.0), op=hco.Adasum, communicator=comm)
+        opt.apply([tf.constant([1.0, 0.0] if comm.rank == 0 else [0.0, 2.0])], [v])
+        opt.apply([tf.constant([1.0, 1.0])], [v])
+        return v.numpy()
+    for v in ranks(body):
+        np.testing.assert_array_equal(v, [-2.0, -3.0])  # orthogonal: summed; identical: averaged

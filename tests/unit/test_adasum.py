@@ -151,3 +151,18 @@ def test_engine_op_adasum():
         np.testing.assert_array_equal(out["b"], [3.0])            # identical: averaged
     with pytest.raises(ConfigError, match="gradient_predivide_factor"):
         run_ranks(1, lambda comm: build_engine(comm, ops, op=Adasum, gradient_predivide_factor=2.0))
+
+
+def test_traffic_is_that_of_a_ring_allreduce_plus_the_dots():
+    """docs/adasum.md#halving-doubling: n(P-1)/P elements out in the halving, as many in the
+    gathering, plus 3 float64 per tensor and group round (level l has l+1 rounds: L(L+1)/2 = 3
+    for P = 2^L = 4)."""
+    P, n = 4, 1000
+    bucket = Bucket.single("b", n, "float64")
+
+    def body(comm):
+        red = AdasumReducer()
+        pending = red.start(bucket, RoundInfo(), np.ones(n) * (comm.rank + 1), ReduceContext(comm, ops))
+        red.finish(pending, ReduceContext(comm, ops))
+        return pending.bytes_sent
+    assert run_ranks(P, body) == [2 * n * (P - 1) // P * 8 + 3 * 8 * 3] * P
