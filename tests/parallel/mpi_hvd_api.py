@@ -90,6 +90,10 @@ def test_alltoall_with_splits_and_uneven_reducescatter():
     rows = [2 + (1 if r < 1 else 0) for r in range(P)]
     start = sum(rows[:R])
     assert rs.tolist() == [P * float(v) for v in range(start, start + rows[R])]
+    ints = hvd.reducescatter(torch.full((P, 2), -3 * (R + 1), dtype=torch.int64))  # Average rounds toward 0
+    assert ints.tolist() == [[int(-3 * sum(range(1, P + 1)) / P)] * 2]
+    mx = hvd.reducescatter(torch.full((P,), float(R), dtype=torch.float64), op=hvd.Max, postscale_factor=2.0)
+    assert mx.tolist() == [2.0 * (P - 1)]
 
 
 def test_grouped_async_and_duplicate_names():
