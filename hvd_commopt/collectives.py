@@ -39,6 +39,7 @@ Tensor = Any
 
 _FLOATING = ("float64", "float32", "float16", "bfloat16")
 _HALF = ("float16", "bfloat16")
+_SMALL_INT = ("int8", "uint8", "int16")
 _BACKEND_OP = {Min: "min", Max: "max", Product: "prod"}
 
 
@@ -86,7 +87,8 @@ def allreduce_async(comm: Communicator, ops: TensorOps, flat: Tensor, *, shape: 
 
     op: Average (default), Sum, Min, Max, Product, Adasum. Integer tensors are summed exactly,
     averaged by division rounded toward zero, and scaled in float64 then truncated back (Horovod's rule);
-    uint16 sums as an integer (modulo 2**16); float16/bfloat16 Min/Max/Product go through float32.
+    uint16 sums as an integer (modulo 2**16); bool reduces in int32 and is cast back;
+    float16/bfloat16 Min/Max/Product go through float32.
     """
     op = check_tensor_op(op)
     comp = _compressor(compression)
@@ -106,9 +108,12 @@ def _allreduce_payload(comm: Communicator, ops: TensorOps, flat: Tensor, dtype: 
                        comp: Compressor | None, pre: float, post: float, name: str) -> Work:
     if op == Adasum:
         return _adasum(comm, ops, flat, dtype, comp, pre, post, name)
-    if dtype == "uint16":  # a real uint16 (not bfloat16 bits): reduce exactly in int32, wrap back
+    if dtype in ("uint16", "bool") or (dtype in _SMALL_INT and comm.buffer_kind == "native"):
+        # uint16: a real one, not bfloat16 bits (which the host backends carry as uint16): reduce
+        # exactly in int32 and wrap back. bool: MPI has no arithmetic on it; in int32, Sum/Max
+        # give "any" and Min/Product "all" once cast back. Gloo reduces no 8/16-bit integers.
         inner = _allreduce_payload(comm, ops, ops.cast(flat, "int32"), "int32", op, None, pre, post, name)
-        return Work(lambda: ops.cast(inner.wait(), "uint16"), inner._handles)
+        return Work(lambda: ops.cast(inner.wait(), dtype), inner._handles)
     if op in _BACKEND_OP:
         if dtype in _HALF:  # the backends' half-precision path only sums; min/max exact in float32
             inner = _allreduce_payload(comm, ops, ops.cast(flat, "float32"), "float32", op, None, pre, post, name)

@@ -2,8 +2,10 @@
 
 ``add_process_set(ranks)`` is called by every rank with the same list (checked); members get a
 communicator of the set, whose rank is the position in the sorted list. Its collectives run on
-the parent communicator's progress thread, in the same FIFO as everything else, built from the
-parent backend's point-to-point ``sendrecv`` (:class:`SubsetBackend`): an allgather in P-1
+the parent communicator's progress thread, in the same FIFO as everything else. A backend with
+native groups provides ``split(ranks)`` (torch.distributed's ``new_group``: Gloo, NCCL); on the
+others (MPI, in-process) they are built from the backend's point-to-point ``sendrecv``
+(:class:`SubsetBackend`): an allgather in P-1
 shifted exchange steps, the allreduce as that allgather reduced locally in rank order (so every
 member gets bit-identical results), a broadcast as root-to-each sends. That needs no MPI
 communicator split (no collective call on the world per set) and works on any host-buffer
@@ -33,8 +35,8 @@ class SubsetBackend(Backend):
 
     def __init__(self, parent: Backend, ranks: list[int]):
         if parent.buffer_kind != "numpy":
-            raise ConfigError(f"process sets need a host-buffer backend (mpi); the {parent.name} backend is not "
-                              f"supported yet")
+            raise ConfigError(f"the {parent.name} backend takes native buffers: it must provide split(ranks) for "
+                              f"process sets")
         self.parent, self.ranks = parent, list(ranks)
         self.name = f"{parent.name}[{','.join(map(str, ranks))}]"
         self._rank = self.ranks.index(parent.rank)
@@ -92,7 +94,7 @@ class SubsetBackend(Backend):
 class _SetCommunicator(Communicator):
     """A Communicator whose calls run on the parent's progress thread (same FIFO, same timeouts)."""
 
-    def __init__(self, parent: Communicator, backend: SubsetBackend):  # noqa: D107 - no own thread
+    def __init__(self, parent: Communicator, backend: Backend):  # noqa: D107 - no own thread
         self.backend, self._parent = backend, parent
         self.timeout_s, self.traffic = parent.timeout_s, parent.traffic
         self._closed = False
@@ -175,8 +177,13 @@ class ProcessSetRegistry:
         if any(s.ranks == ps.ranks for s in self.sets.values()):
             raise ConfigError(f"a process set with ranks {ps.ranks} is already registered")
         ps.process_set_id, self._next_id = self._next_id, self._next_id + 1
-        if self.comm.rank in ps.ranks:
-            ps.communicator = _SetCommunicator(self.comm, SubsetBackend(self.comm.backend, ps.ranks))
+        split = getattr(self.comm.backend, "split", None)
+        if split is not None:  # a backend with native groups (torch.distributed): every rank calls it
+            sub = split(ps.ranks)
+        else:
+            sub = SubsetBackend(self.comm.backend, ps.ranks) if self.comm.rank in ps.ranks else None
+        if sub is not None:
+            ps.communicator = _SetCommunicator(self.comm, sub)
         self.sets[ps.process_set_id] = ps
         return ps
 

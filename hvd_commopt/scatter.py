@@ -6,25 +6,30 @@
   dtype and the trailing dimensions (checked, :mod:`hvd_commopt.negotiate`).
 * reducescatter: the element-wise reduction of every rank's tensor (same shape everywhere),
   split along dim 0, rank r keeping part r; when dim 0 does not divide evenly the first
-  ``d0 % P`` ranks get one row more (Horovod's rule). Implemented as the tensor allreduce
-  (all its ops, dtypes and scale factors) followed by the slice: simple and exact, at twice a
-  dedicated reduce-scatter's traffic (docs/horovod_api.md#reducescatter).
+  ``d0 % P`` ranks get one row more (Horovod's rule). float32/64 and int32/64 without
+  compression use the backend's reduce-scatter (``MPI_Reduce_scatter``); the other cases are the
+  tensor allreduce (all its ops, dtypes and scale factors) followed by the slice, exact at twice
+  the traffic (docs/horovod_api.md#reducescatter).
 """
 from __future__ import annotations
 
 import math
 from typing import Any, Sequence
 
-from .collectives import Work, _allreduce_payload, _compressor, _picklable
+from .collectives import _BACKEND_OP, Work, _allreduce_payload, _compressor, _int_scale, _picklable
 from .comm.communicator import Communicator
 from .errors import ConfigError
 from .negotiate import Request, negotiate
-from .reduce.base import Average, check_tensor_op
+from .reduce.base import Adasum, Average, check_tensor_op
 from .tensor_ops import TensorOps
 
 __all__ = ["alltoall_async", "reducescatter_async", "grouped_reducescatter_async", "scatter_rows"]
 
 Tensor = Any
+
+# dtypes every host backend reduces natively (halves and small integers take the allreduce path)
+_NATIVE = ("float32", "float64", "int32", "int64")
+_WIRE_OP = _BACKEND_OP
 
 
 def alltoall_async(comm: Communicator, ops: TensorOps, flat: Tensor, shape: Sequence[int],
@@ -77,10 +82,33 @@ def reducescatter_async(comm: Communicator, ops: TensorOps, flat: Tensor, shape:
     if not shape:
         raise ConfigError(f"reducescatter '{name}': the tensor needs at least one dimension")
     dtype = ops.dtype_name(flat)
-    negotiate(comm, Request("reducescatter", name, dtype, shape, op=op,
-                            args=(float(prescale_factor), float(postscale_factor), _picklable(comp))))
-    w = _allreduce_payload(comm, ops, flat, dtype, op, comp, float(prescale_factor), float(postscale_factor), name)
+    pre, post = float(prescale_factor), float(postscale_factor)
+    negotiate(comm, Request("reducescatter", name, dtype, shape, op=op, args=(pre, post, _picklable(comp))))
+    if comp is None and dtype in _NATIVE and op != Adasum and comm.buffer_kind == "numpy" and comm.size > 1:
+        return _native(comm, ops, flat, shape, dtype, op, pre, post, name)
+    w = _allreduce_payload(comm, ops, flat, dtype, op, comp, pre, post, name)
     return Work(lambda: _my_part(ops, w.wait(), shape, comm.rank, comm.size), w._handles)
+
+
+def _native(comm: Communicator, ops: TensorOps, flat: Tensor, shape: tuple, dtype: str, op: str, pre: float,
+            post: float, name: str) -> Work:
+    """The backend's reduce-scatter (MPI_Reduce_scatter: (P-1)/P of the bytes each way instead of
+    the allreduce's twice that), with the allreduce's scaling and integer rules."""
+    floating = dtype in ("float32", "float64")
+    row = math.prod(shape[1:])
+    counts = [r * row for r in scatter_rows(shape[0], comm.size)]
+    flat = (ops.scale(flat, pre) if pre != 1.0 else flat) if floating else _int_scale(ops, flat, pre, dtype)
+    h = comm.reducescatter_tensor_async(ops, flat, counts, _WIRE_OP.get(op, "sum"), name)
+
+    def finish() -> Tensor:
+        part = comm.wait(h)
+        if floating:
+            f = post / comm.size if op == Average else post
+            return ops.scale(part, f) if f != 1.0 else part
+        if op == Average:
+            part = ops.trunc_divide(part, comm.size)
+        return _int_scale(ops, part, post, dtype)
+    return Work(finish, (h,))
 
 
 def grouped_reducescatter_async(comm: Communicator, ops: TensorOps, flats: Sequence[Tensor],

@@ -73,6 +73,13 @@ class Backend(abc.ABC):
         from ``source``. ``dest`` or ``source`` may be -1 to only receive or only send (then the
         result is None when nothing is received)."""
 
+    def reducescatter(self, buf: Any, counts: list[int], op: str, name: str, deadline: float) -> Any:
+        """Reduce the 1-D ``buf`` across ranks with ``op`` and return this rank's part (``counts[r]``
+        elements after the first ``sum(counts[:r])``), a new buffer. Default: the allreduce and
+        the slice (twice a dedicated reduce-scatter's traffic); MPI overrides it."""
+        off = sum(counts[:self.rank])
+        return self.allreduce_(buf, op, name, deadline)[off:off + counts[self.rank]].copy()
+
     def alltoall(self, buf: Any, counts: list[int], name: str, deadline: float) -> tuple[Any, list[int]]:
         """Send ``buf[sum(counts[:j]):][:counts[j]]`` to rank j and receive rank j's part for
         this rank; returns (the received parts concatenated in rank order, their lengths).

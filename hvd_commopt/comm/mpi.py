@@ -313,6 +313,15 @@ class MPIBackend(Backend):
         self._end()
         return out, counts.tolist()
 
+    def reducescatter(self, buf, counts, op, name, deadline):
+        if buf.dtype in (np.float16, np.uint16):  # no MPI sum for halves: the ring allreduce, sliced
+            return super().reducescatter(buf, counts, op, name, deadline)
+        self._begin("reducescatter", name)
+        out = np.empty(counts[self._rank], dtype=buf.dtype)
+        self._comm.Reduce_scatter(np.ascontiguousarray(buf).reshape(-1), out, list(counts), self._ops[op])
+        self._end()
+        return out
+
     def alltoall(self, buf, counts, name, deadline):
         self._begin("alltoall", name)
         buf = np.ascontiguousarray(buf).reshape(-1)

@@ -36,6 +36,11 @@ def test_uint16_sums_as_integers_and_bfloat16_still_sums():
     assert out.dtype == torch.uint16 and out.to(torch.int64).tolist() == [1000 * P, 2 * P, (40000 // P) * P]
     b = hvd.allreduce(torch.full((5,), 1.5, dtype=torch.bfloat16), op=hvd.Sum)
     assert b.dtype == torch.bfloat16 and b.float().tolist() == [1.5 * P] * 5
+    flags = torch.tensor([R == 0, True, False])
+    assert hvd.allreduce(flags, op=hvd.Sum).tolist() == [True, True, False]
+    assert hvd.allreduce(flags, op=hvd.Min).tolist() == [False, True, False]
+    for dt in (torch.uint8, torch.int8, torch.int16):
+        assert hvd.allreduce(torch.tensor([3, 5], dtype=dt), op=hvd.Average).tolist() == [3, 5]
 
 
 def test_min_max_product_and_scale_factors():
@@ -85,6 +90,10 @@ def test_alltoall_with_splits_and_uneven_reducescatter():
     rows = [2 + (1 if r < 1 else 0) for r in range(P)]
     start = sum(rows[:R])
     assert rs.tolist() == [P * float(v) for v in range(start, start + rows[R])]
+    ints = hvd.reducescatter(torch.full((P, 2), -3 * (R + 1), dtype=torch.int64))  # Average rounds toward 0
+    assert ints.tolist() == [[int(-3 * sum(range(1, P + 1)) / P)] * 2]
+    mx = hvd.reducescatter(torch.full((P,), float(R), dtype=torch.float64), op=hvd.Max, postscale_factor=2.0)
+    assert mx.tolist() == [2.0 * (P - 1)]
 
 
 def test_grouped_async_and_duplicate_names():
