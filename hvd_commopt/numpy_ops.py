@@ -56,8 +56,9 @@ class NumpyOps:
 
     def mul(self, a, b): return a * b
 
-    def floor_divide(self, t, d):
-        t //= t.dtype.type(d)
+    def trunc_divide(self, t, d):
+        q = np.abs(t) // t.dtype.type(d)
+        t[...] = np.where(t < 0, -q, q)
         return t
 
     def copy_(self, dst, src):

@@ -23,7 +23,7 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 
 from .dtypes import DTYPE_BYTES
 
-__all__ = ["TensorOps", "DTYPE_BYTES"]
+__all__ = ["TensorOps", "DTYPE_BYTES", "register_ops", "ops_for"]
 
 Tensor = Any
 
@@ -56,7 +56,7 @@ class TensorOps(Protocol):
     def add(self, a: Tensor, b: Tensor) -> Tensor: ...  # a + b (in place into a allowed)
     def sub(self, a: Tensor, b: Tensor) -> Tensor: ...
     def mul(self, a: Tensor, b: Tensor) -> Tensor: ...  # a new tensor a*b (element-wise)
-    def floor_divide(self, t: Tensor, d: int) -> Tensor: ...  # integer t // d (in place allowed)
+    def trunc_divide(self, t: Tensor, d: int) -> Tensor: ...  # integer t / d rounded toward zero (in place allowed)
     def copy_(self, dst: Tensor, src: Tensor) -> Tensor: ...  # dst[...] = src (any shape); returns dst
     def axpy_(self, y: Tensor, alpha: float, x: Tensor) -> Tensor:
         """``y + alpha*x`` with the framework's fused kernel (in place into y allowed)."""
@@ -106,3 +106,24 @@ class TensorOps(Protocol):
     def from_numpy(self, a, like: Tensor) -> Tensor:
         """A tensor with a's contents on like's device (zero-copy where the framework allows)."""
         ...
+
+
+# Which TensorOps handles a given framework tensor: adapters register theirs at import, so a core
+# object called the way Horovod's user code calls it (``Compression.fp16.compress(tensor)``,
+# without ops) can still find the framework's ops. The core never imports a framework.
+_REGISTRY: list[tuple[type, Any]] = []
+
+
+def register_ops(tensor_type: type, ops: Any) -> None:
+    """Make ``ops`` the TensorOps for instances of ``tensor_type`` (adapters call it at import)."""
+    if all(t is not tensor_type for t, _ in _REGISTRY):
+        _REGISTRY.append((tensor_type, ops))
+
+
+def ops_for(t: Tensor) -> Any:
+    """The registered TensorOps for tensor ``t``; TypeError when no adapter handles its type."""
+    for typ, ops in _REGISTRY:
+        if isinstance(t, typ):
+            return ops
+    raise TypeError(f"no TensorOps registered for {type(t).__name__}: import torch_plugin or tf_plugin "
+                    f"(or pass the ops explicitly: compress(ops, flat))")

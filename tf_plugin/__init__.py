@@ -18,28 +18,47 @@ Collectives run eagerly, or as one ``tf.py_function`` per call site inside ``tf.
 """
 from __future__ import annotations
 
+import tensorflow as tf
+
 from hvd_commopt import Compression, Schedule, runtime
+from hvd_commopt.tensor_ops import register_ops
 from hvd_commopt.errors import (CollectiveTimeoutError, ConfigError, HvdCommoptError, RankFailedError,
                                 RankMismatchError)
-from hvd_commopt.reduce import Average, Sum
+from hvd_commopt.reduce import Adasum, Average, Max, Min, Product, Sum
 
-from . import callbacks
-from .functions import allgather, allreduce, broadcast, broadcast_object, broadcast_variables
+from . import callbacks, util
+from .basics import (ProcessSet, add_process_set, allgather_object, barrier, broadcast_global_variables,
+                     broadcast_object_fn, ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled,
+                     global_process_set, join, local_rank_op, local_size_op, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built,
+                     rank_op, remove_process_set, rocm_built, size_op)
+from .errors import CollectiveMismatchError
+from .functions import allgather, allreduce, broadcast, broadcast_, broadcast_object, broadcast_variables
+from .grouped import alltoall, grouped_allgather, grouped_allreduce, grouped_reducescatter, reducescatter
 from .keras import DistributedOptimizer
 from .ops import TFOps
 from .reducer import clear_engines as _clear_engines
-from .tape import DistributedGradientTape
+from .tape import DistributedGradientTape, PartialDistributedGradientTape
 
 __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "local_size",
-           "DistributedGradientTape", "DistributedOptimizer", "Compression", "Schedule", "Average", "Sum",
+           "DistributedGradientTape", "DistributedOptimizer", "Compression", "Schedule", "Average", "Sum", "Adasum",
            "allreduce", "allgather", "broadcast", "broadcast_variables", "broadcast_object", "callbacks",
-           "TFOps", "HvdCommoptError", "CollectiveTimeoutError", "RankMismatchError", "RankFailedError", "ConfigError"]
+           "TFOps", "HvdCommoptError", "CollectiveTimeoutError", "RankMismatchError", "RankFailedError", "ConfigError",
+           "CollectiveMismatchError", "rank_op", "size_op", "local_rank_op", "local_size_op", "allgather_object",
+           "broadcast_object_fn", "broadcast_global_variables", "mpi_built", "mpi_enabled", "mpi_threads_supported",
+           "gloo_built", "gloo_enabled", "nccl_built", "ccl_built", "ddl_built", "cuda_built", "rocm_built", "util",
+           "Min", "Max", "Product", "broadcast_", "alltoall", "grouped_allgather", "grouped_allreduce",
+           "grouped_reducescatter", "reducescatter", "join", "barrier", "add_process_set", "remove_process_set",
+           "ProcessSet", "global_process_set", "PartialDistributedGradientTape", "SyncBatchNormalization"]
 
 
-def init(backend: str | None = None, timeout_s: float | None = None):
+def init(backend: str | None = None, timeout_s: float | None = None, process_sets=None):
     """Start the runtime: backend from the argument, HVD_COMMOPT_BACKEND, or the launcher
-    (mpirun -> mpi, none -> size 1). Idempotent."""
-    return runtime.init(backend, timeout_s)
+    (mpirun -> mpi, none -> size 1). Idempotent. ``process_sets``: lists of ranks (or
+    ProcessSets) to register at once, as Horovod's ``init(process_sets=...)``."""
+    comm = runtime.init(backend, timeout_s)
+    for ps in process_sets or ():
+        add_process_set(ps)
+    return comm
 
 
 def shutdown() -> None:
@@ -53,3 +72,17 @@ size = runtime.size
 rank = runtime.rank
 local_rank = runtime.local_rank
 local_size = runtime.local_size
+
+# Horovod's compressor interface called without ops (Compression.fp16.compress(tensor)) finds
+# TFOps through the core's registry.
+register_ops(tf.Tensor, TFOps())
+register_ops(tf.Variable, TFOps())
+_executing_eagerly = util._executing_eagerly  # Horovod's TF module exposes it; its tests call it
+
+
+def __getattr__(name: str):
+    # SyncBatchNormalization needs Keras, imported only when used (like DistributedOptimizer's).
+    if name == "SyncBatchNormalization":
+        from .sync_batch_norm import SyncBatchNormalization  # noqa: PLC0415
+        return SyncBatchNormalization
+    raise AttributeError(f"module 'tf_plugin' has no attribute {name!r}")

@@ -27,6 +27,8 @@ from hvd_commopt.engine.args import check_backward_passes
 from hvd_commopt.errors import ConfigError
 from hvd_commopt.reduce import Average
 
+from .aggregation import LocalAggregation
+from .functions import _comm
 from .host import KerasScheduleHost
 from .reducer import GradientReducer
 
@@ -46,6 +48,13 @@ class _DistributedOptimizerMixin:
         if not self.built:
             with tf.name_scope(self.name):
                 self.build(variables)
+        if self._hco_aggregation is not None:  # backward_passes_per_step > 1 (tf_plugin/aggregation.py)
+            self._hco_aggregation.apply(self, list(grads), variables,
+                                        lambda agg: self._hco_step(agg, variables, trainable_variables))
+            return None
+        return self._hco_step(list(grads), variables, trainable_variables)
+
+    def _hco_step(self, grads, variables, trainable_variables):
         # The core's scheduler runs the step (any schedule); what it leaves for this optimizer
         # to apply to the model is applied here, in the traced graph under model.fit.
         update, do_apply = self._hco_reducer.step(list(grads), variables, self._hco_host_for)
@@ -105,7 +114,9 @@ class _DistributedOptimizerMixin:
 def DistributedOptimizer(optimizer, name: str | None = None, device_dense: str = "", device_sparse: str = "",
                          compression=None, sparse_as_dense: bool = True, gradient_predivide_factor: float = 1.0,
                          op: str = Average, backward_passes_per_step: int = 1, fusion_threshold: int | None = None,
-                         schedule=None, communicator=None, fusion: str = "threshold", fusion_options=None):
+                         schedule=None, communicator=None, fusion: str = "threshold", fusion_options=None,
+                         average_aggregated_gradients: bool = False, process_set=None, num_groups: int = 0,
+                         groups=None):
     """Wrap a Keras 3 optimizer so that it applies gradients averaged over all ranks.
 
     Args:
@@ -116,10 +127,12 @@ def DistributedOptimizer(optimizer, name: str | None = None, device_dense: str =
             compression (``Compression.topk(...)``, ...).
         sparse_as_dense: IndexedSlices gradients are always reduced densely (True only).
         gradient_predivide_factor: with Average, divide by f before the sum, by size/f after.
-        op: ``hco.Average`` (default) or ``hco.Sum``.
-        backward_passes_per_step: only 1. For local accumulation use Keras' own
-            ``gradient_accumulation_steps=`` on the optimizer (gradients are then reduced every
-            micro-step: correct, but without the traffic saving).
+        op: ``hco.Average`` (default), ``hco.Sum`` or ``hco.Adasum`` (docs/adasum.md#optimizer).
+        backward_passes_per_step: N > 1 accumulates N batches' gradients locally and reduces and
+            applies them every N-th batch (one reduction per N batches; see
+            :mod:`tf_plugin.aggregation`).
+        average_aggregated_gradients: with N > 1, divide the accumulated sum by N (default:
+            the sum, Horovod's default).
         fusion_threshold: fusion buffer size in bytes (0 = no fusion); default 25 MiB or the
             environment's HVD_COMMOPT_FUSION_THRESHOLD / HOROVOD_FUSION_THRESHOLD.
         schedule: ``hco.Schedule.sync()`` (default), ``.od()``, ``.ssd()``, ``.cd()``,
@@ -127,6 +140,8 @@ def DistributedOptimizer(optimizer, name: str | None = None, device_dense: str =
             update the weights themselves inside ``apply``: the model holds the local weights
             during training; call ``finalize()`` after the last step to get the global model.
         communicator: a core Communicator; default: the one ``init()`` made.
+        process_set: reduce over a registered ``ProcessSet``'s ranks.
+        num_groups, groups: Horovod's explicit grouping; accepted, the fusion buckets group instead.
         fusion, fusion_options: the bucketing strategy (see ``torch_plugin.DistributedOptimizer``).
 
     Example::
@@ -141,12 +156,13 @@ def DistributedOptimizer(optimizer, name: str | None = None, device_dense: str =
                           f"{type(optimizer).__name__}; for a custom loop use DistributedGradientTape")
     if isinstance(optimizer, _DistributedOptimizerMixin):
         raise ConfigError("this optimizer is already a DistributedOptimizer; wrap it once")
-    if check_backward_passes(backward_passes_per_step) != 1:
-        raise ConfigError("backward_passes_per_step > 1 is not supported by the Keras wrapper yet; use "
-                          "the optimizer's gradient_accumulation_steps= (reduces every micro-step)")
     if not sparse_as_dense:
-        raise ConfigError("sparse_as_dense=False is not supported: IndexedSlices are reduced densely")
-    del device_dense, device_sparse
+        raise ConfigError("sparse_as_dense=False is not supported by the Keras wrapper: IndexedSlices are reduced "
+                          "densely (DistributedGradientTape(sparse_as_dense=False) allgathers them)")
+    aggregation = LocalAggregation(check_backward_passes(backward_passes_per_step), average_aggregated_gradients)
+    del device_dense, device_sparse, num_groups, groups
+    if process_set is not None:
+        communicator = _comm(communicator, process_set)
     reducer = GradientReducer(compression=compression, op=op, gradient_predivide_factor=gradient_predivide_factor,
                               fusion_threshold=fusion_threshold, schedule=schedule, communicator=communicator,
                               name=name or "DistributedOptimizer_Allreduce", cache={}, fusion=fusion,
@@ -157,4 +173,5 @@ def DistributedOptimizer(optimizer, name: str | None = None, device_dense: str =
     optimizer.__class__ = cls
     optimizer._hco_reducer = reducer
     optimizer._hco_bypass = 0
+    optimizer._hco_aggregation = aggregation if aggregation.steps > 1 else None
     return optimizer

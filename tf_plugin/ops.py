@@ -158,9 +158,9 @@ class TFOps:
     def sub(self, a, b): return tf.convert_to_tensor(_t(a)) - _t(b)
     def mul(self, a, b): return tf.convert_to_tensor(_t(a)) * _t(b)
 
-    def floor_divide(self, t, d):
+    def trunc_divide(self, t, d):
         t = tf.convert_to_tensor(_t(t))
-        return t // tf.constant(int(d), dtype=t.dtype)
+        return tf.truncatediv(t, tf.constant(int(d), dtype=t.dtype))
 
     def copy_(self, dst, src):
         """Assign into a ``tf.Variable`` destination; otherwise a new tensor shaped like dst."""

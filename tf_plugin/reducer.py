@@ -98,7 +98,7 @@ class GradientReducer:
                             backward_passes_per_step=backward_passes_per_step, fusion=fusion,
                             fusion_options=fusion_options)
         # The configuration as the core declares it: the cache key, and a bad value fails here.
-        declared = dict(self.options, compression=make_reducer(compression).config(), schedule=repr(schedule),
+        declared = dict(self.options, compression=make_reducer(compression, op).config(), schedule=repr(schedule),
                         fusion_options=repr(fusion_options))
         self._config = json.dumps(declared, sort_keys=True, default=repr)
         self._communicator = communicator

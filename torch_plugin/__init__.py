@@ -11,25 +11,50 @@ from __future__ import annotations
 from hvd_commopt import Compression, Schedule, runtime
 from hvd_commopt.errors import (CollectiveTimeoutError, ConfigError, HvdCommoptError, RankFailedError,
                                 RankMismatchError)
+from hvd_commopt.reduce import Adasum, Max, Min, Product
 
+from .api import (ProcessSet, add_process_set, barrier, ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled,
+                  global_process_set, join, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built,
+                  remove_process_set, rocm_built)
+from .async_ops import (allgather_async, allreduce_async, allreduce_async_, alltoall_async, broadcast_async,
+                        broadcast_async_, grouped_allgather_async, grouped_allreduce_async, grouped_allreduce_async_,
+                        grouped_reducescatter_async, poll, reducescatter_async, sparse_allreduce_async, synchronize)
 from .comm import TorchDistBackend, register as _register_backends
-from .functions import (allgather, allreduce, allreduce_, broadcast, broadcast_, broadcast_object,
-                        broadcast_optimizer_state, broadcast_parameters)
+from .functions import (allgather, allgather_object, allreduce, allreduce_, alltoall, broadcast, broadcast_,
+                        broadcast_object, broadcast_optimizer_state, broadcast_parameters, grouped_allgather,
+                        grouped_allreduce, grouped_allreduce_, grouped_reducescatter, reducescatter)
 from .ops import TorchOps
 from .optimizer import Average, DistributedOptimizer, Sum
+from .sync_batch_norm import SyncBatchNorm
 
 _register_backends()
 
+# Horovod's name for "a collective failed; the job cannot go on" (elastic training catches it).
+HorovodInternalError = HvdCommoptError
+
 __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "local_size", "DistributedOptimizer",
-           "Compression", "Schedule", "Average", "Sum", "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
-           "allreduce", "allreduce_", "allgather", "broadcast", "broadcast_", "TorchOps", "TorchDistBackend",
-           "HvdCommoptError", "CollectiveTimeoutError", "RankMismatchError", "RankFailedError", "ConfigError"]
+           "Compression", "Schedule", "Average", "Sum", "Min", "Max", "Product", "Adasum",
+           "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
+           "allreduce", "allreduce_", "allgather", "broadcast", "broadcast_", "grouped_allreduce",
+           "grouped_allreduce_", "grouped_allgather", "alltoall", "reducescatter", "grouped_reducescatter",
+           "allgather_object", "allreduce_async", "allreduce_async_", "allgather_async", "broadcast_async",
+           "broadcast_async_", "alltoall_async", "reducescatter_async", "grouped_allreduce_async",
+           "grouped_allreduce_async_", "grouped_allgather_async", "grouped_reducescatter_async",
+           "sparse_allreduce_async", "poll", "synchronize", "join", "barrier", "ProcessSet", "global_process_set",
+           "add_process_set", "remove_process_set", "SyncBatchNorm", "mpi_built", "gloo_built", "nccl_built",
+           "ddl_built", "ccl_built", "cuda_built", "rocm_built", "mpi_enabled", "gloo_enabled",
+           "mpi_threads_supported", "TorchOps", "TorchDistBackend", "HvdCommoptError", "HorovodInternalError",
+           "CollectiveTimeoutError", "RankMismatchError", "RankFailedError", "ConfigError"]
 
 
-def init(backend: str | None = None, timeout_s: float | None = None):
+def init(backend: str | None = None, timeout_s: float | None = None, process_sets=None):
     """Start the runtime: backend from the argument, HVD_COMMOPT_BACKEND, or the launcher
-    (mpirun -> mpi, torchrun -> gloo, none -> size 1). Idempotent."""
-    return runtime.init(backend, timeout_s)
+    (mpirun -> mpi, torchrun -> gloo, none -> size 1). Idempotent. ``process_sets``: lists of
+    ranks (or ProcessSets) to register at once, as Horovod's ``init(process_sets=...)``."""
+    comm = runtime.init(backend, timeout_s)
+    for ps in process_sets or ():
+        add_process_set(ps)
+    return comm
 
 
 shutdown = runtime.shutdown

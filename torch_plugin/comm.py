@@ -7,6 +7,7 @@ Every call waits with ``Work.wait(timeout)`` so nothing blocks forever.
 """
 from __future__ import annotations
 
+import copy
 import datetime
 import os
 import socket
@@ -115,14 +116,41 @@ class TorchDistBackend(Backend):
         return out.cpu().numpy(), counts
 
     def broadcast_(self, buf, root, name, deadline):
-        self._wait(dist.broadcast(buf, src=root, group=self._pg, async_op=True), "broadcast", name, deadline)
+        src = dist.get_global_rank(self._pg, root)
+        self._wait(dist.broadcast(buf, src=src, group=self._pg, async_op=True), "broadcast", name, deadline)
         return buf
+
+    def alltoall(self, buf, counts, name, deadline):
+        buf = buf.reshape(-1).contiguous()
+        send = torch.tensor(counts, dtype=torch.int64, device=buf.device)
+        recv = torch.empty_like(send)
+        self._wait(dist.all_to_all_single(recv, send, group=self._pg, async_op=True), "alltoall", name, deadline)
+        rc = [int(c) for c in recv.tolist()]
+        out = torch.empty(sum(rc), dtype=buf.dtype, device=buf.device)
+        self._wait(dist.all_to_all_single(out, buf, rc, list(counts), group=self._pg, async_op=True),
+                   "alltoall", name, deadline)
+        return out, rc
+
+    def split(self, ranks: list[int]):
+        """A backend over the sub-group ``ranks`` (world ranks); every rank must call it (a new
+        torch.distributed group is collective). None on the ranks outside it. Used for process
+        sets (hvd_commopt/process_sets.py)."""
+        pg = dist.new_group(ranks=list(ranks), backend=self.name)
+        if dist.get_rank() not in ranks:
+            return None
+        sub = copy.copy(self)
+        sub._pg, sub._owns_world = pg, False
+        return sub
 
     def barrier(self, name, deadline):
         self._wait(dist.barrier(group=self._pg, async_op=True), "barrier", name, deadline)
 
+    def _global(self, r: int) -> int:
+        return dist.get_global_rank(self._pg, r) if r >= 0 else r
+
     def sendrecv(self, send, dest, source, name, deadline):
         ops, n_in = [], torch.zeros(1, dtype=torch.int64, device=send.device)
+        dest, source = self._global(dest), self._global(source)
         if dest >= 0:
             send = send.reshape(-1).contiguous()
             ops.append(dist.P2POp(dist.isend, torch.tensor([send.numel()], dtype=torch.int64, device=send.device), dest, group=self._pg))
@@ -141,7 +169,7 @@ class TorchDistBackend(Backend):
         return out
 
     def close(self) -> None:
-        if dist.is_initialized():
+        if getattr(self, "_owns_world", True) and dist.is_initialized():
             try:
                 dist.destroy_process_group()
             except Exception:  # noqa: BLE001 - best effort at exit

@@ -11,7 +11,7 @@ __all__ = ["TorchOps", "TORCH_DTYPES"]
 TORCH_DTYPES = {
     "float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
     "bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32, "int16": torch.int16,
-    "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool,
+    "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool, "uint16": torch.uint16,
 }
 _NAMES = {v: k for k, v in TORCH_DTYPES.items()}
 
@@ -57,8 +57,8 @@ class TorchOps:
     def add(self, a, b): return a.add_(b)
     def sub(self, a, b): return a.sub_(b)
 
-    def floor_divide(self, t, d):
-        return t.floor_divide_(int(d))
+    def trunc_divide(self, t, d):
+        return t.div_(int(d), rounding_mode="trunc")
 
     def mul(self, a, b):
         with torch.no_grad():

@@ -35,6 +35,7 @@ from hvd_commopt import build_engine, runtime
 from hvd_commopt.engine import CommEngine, TensorSpec
 from hvd_commopt.engine.tuner import FusionOptions
 from hvd_commopt.errors import ConfigError, HvdCommoptError
+from hvd_commopt.process_sets import registry
 from hvd_commopt.reduce import Average, Sum
 
 from .host import TorchScheduleHost
@@ -195,7 +196,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
                          backward_passes_per_step: int = 1, op: str = Average,
                          gradient_predivide_factor: float = 1.0, fusion_threshold: int | None = None,
                          communicator=None, schedule=None, fusion: str = "threshold",
-                         fusion_options=None, verbose: bool | None = None) -> torch.optim.Optimizer:
+                         fusion_options=None, verbose: bool | None = None,
+                         process_set=None) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that ``step()`` uses gradients averaged over all ranks.
 
     Args:
@@ -221,6 +223,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
             ``{"warmup_steps": 2, "profile_steps": 10, "cost_model": "cost_model.json"}``.
         verbose: print the chosen plan and its predicted vs measured iteration time once on
             rank 0; default ``HVD_COMMOPT_VERBOSE``.
+        process_set: reduce over this ProcessSet's ranks only (``add_process_set``); on ranks
+            outside it the optimizer steps on local gradients, as in Horovod.
 
     Raises:
         RankMismatchError: the model differs across ranks (checked here, collectively).
@@ -231,6 +235,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     if isinstance(optimizer, _DistributedOptimizerMixin):
         raise ConfigError("this optimizer is already a DistributedOptimizer; wrap it once")
     comm = communicator if communicator is not None else runtime.communicator()
+    if process_set is not None and communicator is None:
+        comm = registry(comm).optimizer_communicator(process_set)
     named = _named(optimizer, named_parameters)
     _refuse_second_wrapper(named)
     if verbose is not None:
@@ -245,6 +251,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     cls = type(base.__name__, (_DistributedOptimizerMixin, base), {"_hco_base": base})
     optimizer.__class__ = cls
     optimizer._hco_setup(named, engine)
+    optimizer._parameter_names = {p: n for n, p in named}  # Horovod's attribute
     _repoint_lr_scheduler_wrapper(optimizer, cls)
     return optimizer
 

@@ -73,6 +73,33 @@ class Backend(abc.ABC):
         from ``source``. ``dest`` or ``source`` may be -1 to only receive or only send (then the
         result is None when nothing is received)."""
 
+    def reducescatter(self, buf: Any, counts: list[int], op: str, name: str, deadline: float) -> Any:
+        """Reduce the 1-D ``buf`` across ranks with ``op`` and return this rank's part (``counts[r]``
+        elements after the first ``sum(counts[:r])``), a new buffer. Default: the allreduce and
+        the slice (twice a dedicated reduce-scatter's traffic); MPI overrides it."""
+        off = sum(counts[:self.rank])
+        return self.allreduce_(buf, op, name, deadline)[off:off + counts[self.rank]].copy()
+
+    def alltoall(self, buf: Any, counts: list[int], name: str, deadline: float) -> tuple[Any, list[int]]:
+        """Send ``buf[sum(counts[:j]):][:counts[j]]`` to rank j and receive rank j's part for
+        this rank; returns (the received parts concatenated in rank order, their lengths).
+
+        Default: P-1 shifted pairwise ``sendrecv`` steps (step k sends to rank+k and receives
+        from rank-k, so no two ranks wait on each other in a cycle). Backends with a native
+        all-to-all override it."""
+        import numpy as np  # noqa: PLC0415 - host buffers only in the default
+
+        if self.buffer_kind != "numpy":
+            raise NotImplementedError(f"the {self.name} backend has no alltoall; use the MPI backend")
+        p, r = self.size, self.rank
+        offs = np.concatenate([[0], np.cumsum(counts)]).astype(int)
+        parts: list[Any] = [None] * p
+        parts[r] = buf[offs[r]:offs[r + 1]]
+        for k in range(1, p):
+            dest, src = (r + k) % p, (r - k) % p
+            parts[src] = self.sendrecv(np.ascontiguousarray(buf[offs[dest]:offs[dest + 1]]), dest, src, name, deadline)
+        return np.concatenate(parts), [int(x.size) for x in parts]
+
     def diagnose(self) -> tuple[list[int] | None, str]:
         """After a wait timed out: (ranks known not to have arrived or None, an explanation)."""
         return None, f"the {self.name} backend cannot tell which ranks are missing"

@@ -291,6 +291,34 @@ class Communicator:
         return self._converted(self.broadcast_async_(to_wire(kind, ops, t), root, name),
                                lambda buf: from_wire(kind, ops, buf, t))
 
+    def alltoall_async(self, buf: Any, counts: list[int], name: str = "alltoall") -> Handle:
+        """Part j of the 1-D ``buf`` (``counts[j]`` elements) to rank j; result is (the parts
+        received, in rank order, concatenated; their lengths)."""
+        if len(counts) != self.size:
+            raise ConfigError(f"alltoall '{name}': {len(counts)} split sizes for {self.size} ranks")
+        isz = _nbytes(buf) // max(int(sum(counts)), 1)
+        mine = counts[self.rank] * isz
+        return self._submit("alltoall", name, self.backend.alltoall, (buf, list(counts), name),
+                            lambda r: (_nbytes(buf) - mine, _nbytes(r[0]) - mine))
+
+    def reducescatter_tensor_async(self, ops: Any, t: Any, counts: list[int], op: str = "sum",
+                                   name: str = "reducescatter") -> Handle:
+        """Reduce the flat tensor ``t`` with ``op``; waiting gives this rank's part (``counts[rank]``
+        elements) as a tensor like t. Host backends only (native ones reduce and slice in the core)."""
+        if op not in REDUCE_OPS:
+            raise ConfigError(f"reduce op {op!r} unknown; use one of {REDUCE_OPS}")
+        buf = to_wire(self.buffer_kind, ops, t)
+        p, n = self.size, _nbytes(buf)
+        h = self._submit("reducescatter", name, self.backend.reducescatter, (buf, list(counts), op, name),
+                         lambda _r: ((p - 1) / p * n, (p - 1) / p * n))
+        return self._converted(h, lambda part: from_wire(self.buffer_kind, ops, part, t))
+
+    def alltoall_tensor_async(self, ops: Any, t: Any, counts: list[int], name: str = "alltoall") -> Handle:
+        """:meth:`alltoall_async` of the flat framework tensor ``t``; waiting gives (a tensor like t, lengths)."""
+        kind = self.buffer_kind
+        return self._converted(self.alltoall_async(to_wire(kind, ops, t), counts, name),
+                               lambda r: (from_wire(kind, ops, r[0], t), r[1]))
+
     def allgather_async(self, buf: Any, name: str = "allgather") -> Handle:
         """Concatenation of every rank's 1-D ``buf`` (sizes may differ); result is (array, counts)."""
         p = self.size

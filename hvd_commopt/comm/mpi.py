@@ -313,6 +313,26 @@ class MPIBackend(Backend):
         self._end()
         return out, counts.tolist()
 
+    def reducescatter(self, buf, counts, op, name, deadline):
+        if buf.dtype in (np.float16, np.uint16):  # no MPI sum for halves: the ring allreduce, sliced
+            return super().reducescatter(buf, counts, op, name, deadline)
+        self._begin("reducescatter", name)
+        out = np.empty(counts[self._rank], dtype=buf.dtype)
+        self._comm.Reduce_scatter(np.ascontiguousarray(buf).reshape(-1), out, list(counts), self._ops[op])
+        self._end()
+        return out
+
+    def alltoall(self, buf, counts, name, deadline):
+        self._begin("alltoall", name)
+        buf = np.ascontiguousarray(buf).reshape(-1)
+        send = np.asarray(counts, dtype=np.int64)
+        recv = np.zeros(self._size, dtype=np.int64)
+        self._comm.Alltoall(send, recv)
+        out = np.empty(int(recv.sum()), dtype=buf.dtype)
+        self._comm.Alltoallv([buf, send.tolist()], [out, recv.tolist()])
+        self._end()
+        return out, recv.tolist()
+
     def broadcast_(self, buf, root, name, deadline):
         self._begin("broadcast", name)
         self._comm.Bcast(buf, root=root)

@@ -8,8 +8,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..tensor_ops import TensorOps
+from ..tensor_ops import TensorOps, ops_for
 from .base import Compressor
+
+_NO_CTX = object()
+
+
+def _horovod_form(ops, flat, payload=_NO_CTX):
+    """Horovod's user code calls ``compress(tensor)`` / ``decompress(tensor, ctx)`` without ops:
+    shift the arguments and look the ops up from the tensor (docs/horovod_api.md#compressors)."""
+    if payload is _NO_CTX:
+        return ops_for(ops), ops, flat
+    return ops, flat, payload
 
 __all__ = ["NoneCompressor", "FP16Compressor", "BF16Compressor"]
 
@@ -20,11 +30,13 @@ class NoneCompressor(Compressor):
     name = "none"
     lossless = True
 
-    def compress(self, ops: TensorOps, flat: Any) -> tuple[Any, Any]:
+    def compress(self, ops: TensorOps, flat: Any = _NO_CTX) -> tuple[Any, Any]:
+        if flat is _NO_CTX:  # Horovod's form: compress(tensor)
+            return ops, None
         return flat, None
 
-    def decompress(self, ops: TensorOps, payload: Any, ctx: Any) -> Any:
-        return payload
+    def decompress(self, ops: TensorOps, payload: Any, ctx: Any = _NO_CTX) -> Any:
+        return ops if ctx is _NO_CTX else payload
 
 
 class _CastCompressor(Compressor):
@@ -32,13 +44,16 @@ class _CastCompressor(Compressor):
     predivide = True
     wire_bytes_ratio = 0.5
 
-    def compress(self, ops: TensorOps, flat: Any) -> tuple[Any, Any]:
+    def compress(self, ops: TensorOps, flat: Any = _NO_CTX) -> tuple[Any, Any]:
+        if flat is _NO_CTX:  # Horovod's form: compress(tensor)
+            ops, flat = ops_for(ops), ops
         dtype = ops.dtype_name(flat)
         if not dtype.startswith("float") or dtype == self.target:
             return flat, None  # integers and already-narrow tensors travel unchanged
         return ops.cast(flat, self.target), dtype
 
-    def decompress(self, ops: TensorOps, payload: Any, ctx: Any) -> Any:
+    def decompress(self, ops: TensorOps, payload: Any, ctx: Any = _NO_CTX) -> Any:
+        ops, payload, ctx = _horovod_form(ops, payload, ctx)
         return payload if ctx is None else ops.cast(payload, ctx)
 
 

@@ -113,7 +113,7 @@ class CommEngine:
         compression: a compressor (Compression.none/fp16/bf16) or a reducer.
         fusion_threshold: bytes per fusion buffer (Horovod's meaning; 0 = one tensor per
             message; None = HVD_COMMOPT_FUSION_THRESHOLD / HOROVOD_FUSION_THRESHOLD / 25 MiB).
-        op: "average" (default) or "sum".
+        op: "average" (default), "sum", or "adasum" (the Adasum reducer, docs/adasum.md#adasum).
         gradient_predivide_factor: with op="average", divide by this before the sum and by
             size/factor after it (Horovod's meaning).
         backward_passes_per_step: gradients of this many backward passes are accumulated
@@ -132,7 +132,7 @@ class CommEngine:
         self.backward_passes_per_step = check_backward_passes(backward_passes_per_step)
         f = check_predivide(gradient_predivide_factor, op)
         self.comm, self.ops = comm, ops
-        self.reducer = _own(make_reducer(compression), self)
+        self.reducer = _own(make_reducer(compression, op), self)
         self.fusion_threshold, self.fusion_threshold_source = env.fusion_threshold_setting(fusion_threshold)
         self.op = op
         self.gradient_predivide_factor = f

@@ -27,18 +27,35 @@ from ..fusion.pricing import Pricing, dense_pricing
 from ..tensor_ops import TensorOps
 
 __all__ = ["Reducer", "ReduceContext", "Pending", "RoundInfo", "Average", "Sum", "REDUCE_AVERAGING_OPS",
-           "check_op"]
+           "check_op", "Min", "Max", "Product", "Adasum", "TENSOR_OPS", "check_tensor_op"]
 
 # Horovod's op names for gradient reduction, defined once for the core and both adapters.
 Average = "average"
 Sum = "sum"
-REDUCE_AVERAGING_OPS = (Average, Sum)
+# Element-wise ops of the tensor allreduce (hco.allreduce(t, op=hco.Min)); the backend names them
+# "min"/"max"/"prod". Adasum is a reducer of its own (reduce/adasum.py), dispatched by the
+# tensor allreduce and the optimizer.
+Min = "min"
+Max = "max"
+Product = "product"
+Adasum = "adasum"
+TENSOR_OPS = (Average, Sum, Min, Max, Product, Adasum)
+# The gradient reductions of the optimizers (Adasum: docs/adasum.md#adasum).
+REDUCE_AVERAGING_OPS = (Average, Sum, Adasum)
 
 
 def check_op(op: Any) -> str:
-    """``op`` if it is Average or Sum, else a ConfigError naming the choices."""
+    """``op`` if it is Average, Sum or Adasum, else a ConfigError naming the choices."""
     if op not in REDUCE_AVERAGING_OPS:
-        raise ConfigError(f"op must be one of {REDUCE_AVERAGING_OPS} (hco.Average / hco.Sum), got {op!r}")
+        raise ConfigError(f"op must be one of {REDUCE_AVERAGING_OPS} (hco.Average / hco.Sum / hco.Adasum), got {op!r}")
+    return op
+
+
+def check_tensor_op(op: Any) -> str:
+    """``op`` if the tensor allreduce knows it (Average/Sum/Min/Max/Product/Adasum), else a ConfigError."""
+    if op not in TENSOR_OPS:
+        raise ConfigError(f"op must be one of {TENSOR_OPS} (hco.Average / Sum / Min / Max / Product / Adasum), "
+                          f"got {op!r}")
     return op
 
 

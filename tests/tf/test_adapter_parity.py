@@ -89,7 +89,7 @@ def test_mismatches_raise_the_same_errors():
         errors = []
         for call in (lambda: torch_plugin.allgather(torch.zeros(shape), communicator=comm),
                      lambda: tf_plugin.allgather(tf.zeros(shape), communicator=comm)):
-            with pytest.raises(ConfigError, match="must agree beyond dim 0") as e:
+            with pytest.raises(ConfigError, match="must agree across ranks in dtype and in every dimension but the first") as e:
                 call()
             errors.append(str(e.value))
         with pytest.raises(RankMismatchError):

@@ -295,7 +295,9 @@ def test_config_errors():
     with pytest.raises(ConfigError):
         hco.DistributedGradientTape(object())
     with pytest.raises(ConfigError):
-        hco.DistributedOptimizer(keras.optimizers.SGD(0.1), backward_passes_per_step=2)
+        hco.DistributedOptimizer(keras.optimizers.SGD(0.1), backward_passes_per_step=0)
+    with pytest.raises(ConfigError):
+        hco.DistributedOptimizer(keras.optimizers.SGD(0.1), sparse_as_dense=False)
     with pytest.raises(ConfigError):
         hco.DistributedGradientTape(tf.GradientTape(), op="max")
     opt = hco.DistributedOptimizer(keras.optimizers.SGD(0.1))
