@@ -50,8 +50,11 @@ __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "
 def init(backend: str | None = None, timeout_s: float | None = None, process_sets=None):
     """Start the runtime: backend from the argument, HVD_COMMOPT_BACKEND, or the launcher
     (mpirun -> mpi, torchrun -> gloo, none -> size 1). Idempotent. ``process_sets``: lists of
-    ranks (or ProcessSets) to register at once, as Horovod's ``init(process_sets=...)``."""
+    ranks (or ProcessSets) to register at once, as Horovod's ``init(process_sets=...)``
+    (``"dynamic"`` is accepted: sets may always be added later)."""
     comm = runtime.init(backend, timeout_s)
+    if process_sets == "dynamic":  # Horovod's switch; sets can always be added later here
+        return comm
     for ps in process_sets or ():
         add_process_set(ps)
     return comm

@@ -24,6 +24,21 @@ from hvd_commopt.errors import CollectiveTimeoutError, LaunchEnvironmentError
 
 __all__ = ["TorchDistBackend", "register"]
 
+# Gloo moves no int16 ("Invalid scalar type"): collectives that only move data (allgather,
+# broadcast, alltoall, sendrecv) carry such buffers as float16 of the same bits; the core
+# reduces small integers in int32 on native backends.
+_MOVE_AS = {torch.int16: torch.float16}
+
+
+def _movable(t):
+    alias = _MOVE_AS.get(t.dtype)
+    return (t, None) if alias is None else (t.view(alias), t.dtype)
+
+
+def _restore(t, dtype):
+    return t if dtype is None or t is None else t.view(dtype)
+
+
 _OPS = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX, "prod": dist.ReduceOp.PRODUCT}
 
 
@@ -99,7 +114,11 @@ class TorchDistBackend(Backend):
         return buf
 
     def allgather(self, buf, name, deadline):
-        buf = buf.reshape(-1)
+        buf, dtype = _movable(buf.reshape(-1))
+        out, counts = self._allgather(buf, name, deadline)
+        return _restore(out, dtype), counts
+
+    def _allgather(self, buf, name, deadline):
         n = torch.tensor([buf.numel()], dtype=torch.int64, device=buf.device)
         counts = [torch.zeros_like(n) for _ in range(self.size)]
         self._wait(dist.all_gather(counts, n, group=self._pg, async_op=True), "allgather", name, deadline)
@@ -117,11 +136,16 @@ class TorchDistBackend(Backend):
 
     def broadcast_(self, buf, root, name, deadline):
         src = dist.get_global_rank(self._pg, root)
-        self._wait(dist.broadcast(buf, src=src, group=self._pg, async_op=True), "broadcast", name, deadline)
+        wire, _ = _movable(buf)  # a view: the broadcast lands in buf
+        self._wait(dist.broadcast(wire, src=src, group=self._pg, async_op=True), "broadcast", name, deadline)
         return buf
 
     def alltoall(self, buf, counts, name, deadline):
-        buf = buf.reshape(-1).contiguous()
+        buf, dtype = _movable(buf.reshape(-1).contiguous())
+        out, rc = self._alltoall(buf, counts, name, deadline)
+        return _restore(out, dtype), rc
+
+    def _alltoall(self, buf, counts, name, deadline):
         send = torch.tensor(counts, dtype=torch.int64, device=buf.device)
         recv = torch.empty_like(send)
         self._wait(dist.all_to_all_single(recv, send, group=self._pg, async_op=True), "alltoall", name, deadline)
@@ -149,6 +173,10 @@ class TorchDistBackend(Backend):
         return dist.get_global_rank(self._pg, r) if r >= 0 else r
 
     def sendrecv(self, send, dest, source, name, deadline):
+        send, dtype = _movable(send)
+        return _restore(self._sendrecv(send, dest, source, name, deadline), dtype)
+
+    def _sendrecv(self, send, dest, source, name, deadline):
         ops, n_in = [], torch.zeros(1, dtype=torch.int64, device=send.device)
         dest, source = self._global(dest), self._global(source)
         if dest >= 0:

@@ -41,6 +41,9 @@ def test_uint16_sums_as_integers_and_bfloat16_still_sums():
     assert hvd.allreduce(flags, op=hvd.Min).tolist() == [False, True, False]
     for dt in (torch.uint8, torch.int8, torch.int16):
         assert hvd.allreduce(torch.tensor([3, 5], dtype=dt), op=hvd.Average).tolist() == [3, 5]
+        assert hvd.allgather(torch.full((1,), R, dtype=dt)).tolist() == list(range(P))
+        assert hvd.broadcast(torch.full((2,), R + 1, dtype=dt), P - 1).tolist() == [P, P]
+        assert hvd.alltoall(torch.full((P,), R, dtype=dt)).tolist() == list(range(P))
 
 
 def test_min_max_product_and_scale_factors():
