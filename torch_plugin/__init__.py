@@ -12,7 +12,7 @@ from hvd_commopt import Compression, Schedule, runtime
 from hvd_commopt.errors import (CollectiveTimeoutError, ConfigError, HvdCommoptError, RankFailedError,
                                 RankMismatchError)
 
-from .comm import TorchDistBackend, register as _register_backends
+from .comm import TorchDistBackend, native_backend, register as _register_backends
 from .functions import (allgather, allreduce, allreduce_, broadcast, broadcast_, broadcast_object,
                         broadcast_optimizer_state, broadcast_parameters)
 from .ops import TorchOps
@@ -27,9 +27,10 @@ __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "
 
 
 def init(backend: str | None = None, timeout_s: float | None = None):
-    """Start the runtime: backend from the argument, HVD_COMMOPT_BACKEND, or the launcher
-    (mpirun -> mpi, torchrun -> gloo, none -> size 1). Idempotent."""
-    return runtime.init(backend, timeout_s)
+    """Start the runtime: backend from the argument, HVD_COMMOPT_BACKEND, else the tensors'
+    own collectives under any launcher (NCCL with CUDA, else Gloo; MPI stays the control plane
+    under mpirun), none -> size 1. Idempotent."""
+    return runtime.init(backend, timeout_s, native=native_backend())
 
 
 shutdown = runtime.shutdown

@@ -36,6 +36,7 @@ from hvd_commopt.engine.tuner import FusionOptions
 from hvd_commopt.errors import ConfigError, HvdCommoptError
 from hvd_commopt.reduce import Average, Sum
 
+from .devices import check_devices
 from .host import TorchScheduleHost
 from .ops import TorchOps
 
@@ -190,6 +191,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         raise ConfigError("this optimizer is already a DistributedOptimizer; wrap it once")
     comm = communicator if communicator is not None else runtime.communicator()
     named = _named(optimizer, named_parameters)
+    check_devices(comm, named)
     if verbose is not None:
         fusion_options = FusionOptions.coerce(fusion_options, verbose=verbose)
     engine = build_engine(comm, TorchOps(), compression=compression, fusion_threshold=fusion_threshold,
