@@ -196,10 +196,10 @@ class TorchDistBackend(Backend):
             if self._control is not None:
                 missing, detail = self._control.diagnose()
             raise CollectiveTimeoutError(
-                f"rank {self.rank}: {op} '{name}' did not complete within {self._timeout.total_seconds():g} s "
-                f"({self.name}); {detail}. Ranks must run the same collectives in the same order: a rank "
-                f"skipped a step, raised an error, or its model or data differ. Raise HVD_COMMOPT_TIMEOUT "
-                f"(or timeout_s) if the job is only slow.", op=op, name=name, missing_ranks=missing) from None
+                f"rank {self.rank}: {op} '{name}' did not complete within {self._timeout.total_seconds():g} s; "
+                f"{detail}. Ranks must run the same collectives in the same order: a rank skipped a step, "
+                f"raised an error, or its model or data differ. Raise HVD_COMMOPT_TIMEOUT (or timeout_s) "
+                f"if the job is only slow. (backend {self.name})", op=op, name=name, missing_ranks=missing) from None
 
     def _raise_peer_failure(self, op: str, name: str, err: BaseException) -> None:
         """A Gloo/NCCL error other than a timeout (a peer's connection closed): when the control
