@@ -6,8 +6,8 @@
 Variants, interleaved block by block so machine noise hits all of them alike:
   compute       no communication at all (the lower bound)
   ddp           torch DistributedDataParallel over Gloo (bucket_cap_mb=25)
-  ours          DistributedOptimizer on the default backend a user gets under mpirun
-                (torch tensors: Gloo on our own group, MPI as control plane), default fusion
+  ours          DistributedOptimizer on Gloo on our own group, MPI as control plane (the default
+                across hosts; on one host the default is MPI, i.e. ours-mpi), default fusion
   ours-nofirst  the same without DDP's 1 MiB first bucket (fusion_options first_bucket_bytes=0)
   ours-mpi      the same engine over the MPI backend (host buffers)
   ours-fp16     ours with Compression.fp16 (fp16 on Gloo's native collective)
@@ -51,7 +51,7 @@ def main() -> None:
     from hvd_commopt.comm import Communicator
     from hvd_commopt.comm.mpi import MPIBackend
 
-    hco.init()  # the default: Gloo for CPU tensors, MPI as control plane
+    hco.init(backend="gloo")  # Gloo for CPU tensors, MPI as control plane (the multi-host default)
     torch.set_num_threads(1)
     wanted = args.variants.split(",")
     mpi = Communicator(MPIBackend(), timeout_s=300) if any("mpi" in v for v in wanted) else None

@@ -10,9 +10,10 @@ Per network setting it brings up an :class:`EmulatedCluster` (one network namesp
 links shaped with tc; loopback when namespaces are impossible, and the report says so), then runs
 one MPI job per model (every variant interleaved, see benchmarks/suite/worker.py) and one
 time-to-accuracy job on digits (benchmarks/suite/tta.py). Our variants use the default backend a
-user gets (torch tensors: Gloo on our own group, MPI as control plane; docs/backends.md#choice);
+user gets (torch tensors: Gloo on our own group across hosts with MPI as control plane, MPI on
+one host; docs/backends.md#choice);
 ``--backend mpi`` or ``gloo`` forces one, ``--backend both`` adds each of our variants again on
-MPI (``ssgd@mpi``, ...) in the same job; DDP runs over Gloo in the same processes. Results go to ``--out`` (benchmarks/results/): ``bench_<net>.json`` and ``.md``,
+MPI and on Gloo (``ssgd@mpi``, ``ssgd@gloo``, ...) in the same job; DDP runs over Gloo in the same processes. Results go to ``--out`` (benchmarks/results/): ``bench_<net>.json`` and ``.md``,
 plots in ``plots/<net>/``, timelines in ``timelines/<net>/<model>/``, and ``bench_summary.md``.
 """
 from __future__ import annotations
@@ -47,8 +48,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="small models, few steps: a few minutes in all")
     ap.add_argument("--variants", default=None, help=f"comma-separated; known: {','.join(V.VARIANTS)}")
     ap.add_argument("--backend", default="default", choices=["default", "mpi", "gloo", "both"],
-                    help="our variants' backend: the default (Gloo for torch tensors), one forced, or both "
-                         "(each of our variants also as <name>@mpi)")
+                    help="our variants' backend: the default (Gloo across hosts, MPI on one host), one forced, or "
+                         "both (each of our variants also as <name>@mpi and <name>@gloo)")
     ap.add_argument("--models", default=None, help="resnet18,deep_mlp (default both; --quick: deep_mlp)")
     ap.add_argument("--blocks", type=int, default=None, help="interleaved blocks per variant (default 3; quick 2)")
     ap.add_argument("--steps", type=int, default=None, help="timed steps per block = averaging period (default 4; quick 2)")
@@ -76,7 +77,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(f"unknown variant(s) {unknown}; known: {', '.join(V.VARIANTS)} (ours also as <name>@mpi, <name>@gloo)")
     if a.backend == "both":
         names = a.variants.split(",")
-        a.variants = ",".join(names + [f"{v}@mpi" for v in names if V.is_ours(v) and "@" not in v])
+        # both explicitly: the default is Gloo across hosts but MPI on loopback (one host)
+        a.variants = ",".join(names + [f"{v}@{b}" for b in ("mpi", "gloo") for v in names if V.is_ours(v) and "@" not in v])
     a.models = a.models or ("deep_mlp" if q else "resnet18,deep_mlp")
     a.blocks = a.blocks or (2 if q else 3)
     a.steps = a.steps or (2 if q else 4)

@@ -7,7 +7,9 @@ order: the ``backend`` argument, ``HVD_COMMOPT_BACKEND``, then
 * an adapter whose framework has its own collectives names them (``native``): the torch adapter
   passes ``nccl`` when CUDA is available, else ``gloo``, under every launcher (``mpirun``, our
   launcher, ``torchrun``). Under an MPI launcher MPI stays the control plane (rendezvous, the
-  timeout diagnosis naming the missing rank, failure notices: docs/backends.md#control-plane);
+  timeout diagnosis naming the missing rank, failure notices: docs/backends.md#control-plane).
+  One exception, by measurement: CPU tensors with every rank on one host under an MPI launcher
+  take ``mpi`` (shared memory; docs/backends.md#one-host);
 * otherwise (TensorFlow, NumPy) ``mpi`` under ``mpirun``/our launcher/``horovodrun``, and
   ``gloo`` under ``torchrun``.
 
@@ -19,6 +21,7 @@ job within seconds, naming the failed rank on the others (:mod:`hvd_commopt.faul
 from __future__ import annotations
 
 import atexit
+import importlib.util
 import threading
 
 from . import env, faults
@@ -42,6 +45,11 @@ def choose_backend(launch: env.LaunchInfo, explicit: str | None = None,
     if launch.launcher == "none":
         return "local", "no launcher: one process"
     if native:
+        if (native == "gloo" and launch.launcher in ("openmpi", "mpich") and launch.size > 1
+                and launch.local_size == launch.size and importlib.util.find_spec("mpi4py") is not None):
+            # measured: on one host MPI's shared memory beats Gloo's TCP over loopback (DDP's too)
+            return "mpi", (f"CPU tensors with all {launch.size} ranks on one host under {launch.launcher}: "
+                           f"MPI's shared memory (docs/backends.md#one-host)")
         return native, f"the tensors' own collectives under {launch.launcher}"
     if launch.launcher == "torchrun":
         return "gloo", "torchrun"

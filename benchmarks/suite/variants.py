@@ -259,8 +259,8 @@ VARIANTS: dict[str, tuple[Callable[[nn.Module, Ctx], Runner], str]] = {
 
 # ssgd_gloo is opt-in: with DDP's Gloo group and our Gloo communicator in one process, a ResNet job
 # died 4 times out of 6 with a Gloo message-size mismatch ("op.preamble.length <= op.nbytes");
-# the runs without it never did. Our variants run on Gloo by default now (docs/backends.md#choice),
-# so ssgd_gloo only differs from ssgd when --backend mpi is chosen.
+# the runs without it never did. Across hosts our variants run on Gloo by default now
+# (docs/backends.md#choice); `--backend both` times each of them on both backends.
 DEFAULT = [n for n in VARIANTS if n != "ssgd_gloo"]
 QUICK = ["compute", "ddp", "ddp_powersgd1", "ssgd", "mgwfbp", "fp16", "topk", "gtopk", "dgc", "od", "local_sgd"]
 

@@ -15,7 +15,8 @@ from torch_plugin.devices import check_devices  # noqa: E402
 
 
 def launch(launcher):
-    return env.LaunchInfo(0, 1, 0, 1, "none") if launcher == "none" else env.LaunchInfo(0, 2, 0, 2, launcher)
+    """Rank 0 of 2, one rank per host (local size 1)."""
+    return env.LaunchInfo(0, 1, 0, 1, "none") if launcher == "none" else env.LaunchInfo(0, 2, 0, 1, launcher)
 
 
 @pytest.mark.parametrize("launcher", ["openmpi", "mpich", "torchrun", "horovodrun"])
@@ -24,6 +25,16 @@ def test_torch_tensors_get_their_own_collectives_under_every_launcher(monkeypatc
     name, why = runtime.choose_backend(launch(launcher), native="gloo")
     assert name == "gloo" and launcher in why
     assert runtime.choose_backend(launch(launcher), native="nccl")[0] == "nccl"
+
+
+def test_cpu_tensors_with_every_rank_on_one_host_take_mpis_shared_memory(monkeypatch):
+    monkeypatch.delenv("HVD_COMMOPT_BACKEND", raising=False)
+    one_host = env.LaunchInfo(0, 2, 0, 2, "openmpi")
+    name, why = runtime.choose_backend(one_host, native="gloo")
+    assert name == "mpi" and "one host" in why
+    assert runtime.choose_backend(env.LaunchInfo(0, 4, 0, 2, "openmpi"), native="gloo")[0] == "gloo"  # two hosts
+    assert runtime.choose_backend(one_host, native="nccl")[0] == "nccl"  # CUDA tensors stay on the device
+    assert runtime.choose_backend(env.LaunchInfo(0, 2, 0, 2, "torchrun"), native="gloo")[0] == "gloo"
 
 
 def test_frameworks_without_native_collectives_keep_mpi(monkeypatch):

@@ -74,7 +74,7 @@ def test_backend_switch_names_our_variants_on_mpi() -> None:
     from benchmarks.run import parse_args
     from hvd_commopt import run_ranks
     a = parse_args(["--variants", "compute,ddp,ssgd,fp16", "--backend", "both", "--no-tta"])
-    assert a.variants.split(",") == ["compute", "ddp", "ssgd", "fp16", "ssgd@mpi", "fp16@mpi"]
+    assert a.variants.split(",") == ["compute", "ddp", "ssgd", "fp16", "ssgd@mpi", "fp16@mpi", "ssgd@gloo", "fp16@gloo"]
     assert V.known("topk@gloo") and not V.known("ddp@mpi") and not V.known("ssgd@nccl")
     assert parse_args(["--variants", "ssgd", "--backend", "mpi"]).backend == "mpi"
     model = torch.nn.Linear(4, 3)
