@@ -9,9 +9,11 @@
 Per network setting it brings up an :class:`EmulatedCluster` (one network namespace per rank,
 links shaped with tc; loopback when namespaces are impossible, and the report says so), then runs
 one MPI job per model (every variant interleaved, see benchmarks/suite/worker.py) and one
-time-to-accuracy job on digits (benchmarks/suite/tta.py). Our variants use our default backend
-(MPI; ``HVD_COMMOPT_BACKEND=gloo`` switches them to Gloo); DDP runs over Gloo in the same
-processes. Results go to ``--out`` (benchmarks/results/): ``bench_<net>.json`` and ``.md``,
+time-to-accuracy job on digits (benchmarks/suite/tta.py). Our variants use the default backend a
+user gets (torch tensors: Gloo on our own group across hosts with MPI as control plane, MPI on
+one host; docs/backends.md#choice);
+``--backend mpi`` or ``gloo`` forces one, ``--backend both`` adds each of our variants again on
+MPI and on Gloo (``ssgd@mpi``, ``ssgd@gloo``, ...) in the same job; DDP runs over Gloo in the same processes. Results go to ``--out`` (benchmarks/results/): ``bench_<net>.json`` and ``.md``,
 plots in ``plots/<net>/``, timelines in ``timelines/<net>/<model>/``, and ``bench_summary.md``.
 """
 from __future__ import annotations
@@ -45,6 +47,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="small models, few steps: a few minutes in all")
     ap.add_argument("--variants", default=None, help=f"comma-separated; known: {','.join(V.VARIANTS)}")
+    ap.add_argument("--backend", default="default", choices=["default", "mpi", "gloo", "both"],
+                    help="our variants' backend: the default (Gloo across hosts, MPI on one host), one forced, or "
+                         "both (each of our variants also as <name>@mpi and <name>@gloo)")
     ap.add_argument("--models", default=None, help="resnet18,deep_mlp (default both; --quick: deep_mlp)")
     ap.add_argument("--blocks", type=int, default=None, help="interleaved blocks per variant (default 3; quick 2)")
     ap.add_argument("--steps", type=int, default=None, help="timed steps per block = averaging period (default 4; quick 2)")
@@ -67,9 +72,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a = ap.parse_args(argv)
     q = a.quick
     a.variants = a.variants or ",".join(V.QUICK if q else V.DEFAULT)
-    unknown = [v for v in a.variants.split(",") if v not in V.VARIANTS]
+    unknown = [v for v in a.variants.split(",") if not V.known(v)]
     if unknown:
-        ap.error(f"unknown variant(s) {unknown}; known: {', '.join(V.VARIANTS)}")
+        ap.error(f"unknown variant(s) {unknown}; known: {', '.join(V.VARIANTS)} (ours also as <name>@mpi, <name>@gloo)")
+    if a.backend == "both":
+        names = a.variants.split(",")
+        # both explicitly: the default is Gloo across hosts but MPI on loopback (one host)
+        a.variants = ",".join(names + [f"{v}@{b}" for b in ("mpi", "gloo") for v in names if V.is_ours(v) and "@" not in v])
     a.models = a.models or ("deep_mlp" if q else "resnet18,deep_mlp")
     a.blocks = a.blocks or (2 if q else 3)
     a.steps = a.steps or (2 if q else 4)
@@ -126,12 +135,14 @@ class _Progress:
             self.bar.close()
 
 
-def _job_env(cl: EmulatedCluster) -> dict[str, str]:
+def _job_env(cl: EmulatedCluster, backend: str = "default") -> dict[str, str]:
     env = {"PYTHONPATH": str(ROOT), "MASTER_ADDR": cl.hosts[0], "MASTER_PORT": str(random.randint(20000, 40000)),
            "GLOO_SOCKET_IFNAME": "veth0" if cl.netns else "lo", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     for k in ("HVD_COMMOPT_BACKEND", "HVD_COMMOPT_TIMEOUT", "HVD_COMMOPT_FUSION_THRESHOLD"):
         if os.environ.get(k):
             env[k] = os.environ[k]
+    if backend in ("mpi", "gloo"):
+        env["HVD_COMMOPT_BACKEND"] = backend
     return env
 
 
@@ -147,7 +158,7 @@ def _run_job(cl: EmulatedCluster, args: argparse.Namespace, argv: list[str], wor
 
     def target() -> None:
         try:
-            holder["res"] = cl.run_mpi(cmd, env=_job_env(cl), timeout=args.timeout)
+            holder["res"] = cl.run_mpi(cmd, env=_job_env(cl, args.backend), timeout=args.timeout)
         except NetemuError as e:
             holder["err"] = str(e)
         finally:

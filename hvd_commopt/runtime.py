@@ -1,8 +1,19 @@
-"""Process-wide runtime: ``init()`` picks a backend from the launcher and holds the communicator.
+"""Process-wide runtime: ``init()`` picks a backend and holds the communicator.
 
-Backend choice, in order: the ``backend`` argument, ``HVD_COMMOPT_BACKEND``, then the launcher:
-``mpirun``/``mpiexec``/our launcher -> ``mpi``; ``torchrun`` -> the adapter's torch.distributed
-backend (``gloo``); no launcher -> ``local`` (size 1, no MPI needed, so ``python train.py`` works).
+The backend follows the tensors (docs/backends.md#choice), decided here and nowhere else, in
+order: the ``backend`` argument, ``HVD_COMMOPT_BACKEND``, then
+
+* no launcher -> ``local`` (size 1, no MPI needed, so ``python train.py`` works);
+* an adapter whose framework has its own collectives names them (``native``): the torch adapter
+  passes ``nccl`` when CUDA is available, else ``gloo``, under every launcher (``mpirun``, our
+  launcher, ``torchrun``). Under an MPI launcher MPI stays the control plane (rendezvous, the
+  timeout diagnosis naming the missing rank, failure notices: docs/backends.md#control-plane).
+  One exception, by measurement: CPU tensors with every rank on one host under an MPI launcher
+  take ``mpi`` (shared memory; docs/backends.md#one-host);
+* otherwise (TensorFlow, NumPy) ``mpi`` under ``mpirun``/our launcher/``horovodrun``, and
+  ``gloo`` under ``torchrun``.
+
+With ``HVD_COMMOPT_VERBOSE`` rank 0 prints the choice and why, once.
 
 With more than one rank, ``init()`` also makes an uncaught exception on any rank end the whole
 job within seconds, naming the failed rank on the others (:mod:`hvd_commopt.faults`).
@@ -10,36 +21,52 @@ job within seconds, naming the failed rank on the others (:mod:`hvd_commopt.faul
 from __future__ import annotations
 
 import atexit
+import importlib.util
 import threading
 
 from . import env, faults
 from .comm import Communicator, create_backend
 from .errors import ConfigError, HvdCommoptError, LaunchEnvironmentError
 
-__all__ = ["init", "shutdown", "is_initialized", "communicator", "rank", "size", "local_rank", "local_size"]
+__all__ = ["init", "choose_backend", "backend_name", "shutdown", "is_initialized", "communicator", "rank", "size", "local_rank", "local_size"]
 
 _lock = threading.Lock()
 _comm: Communicator | None = None
 _backend: str | None = None  # the backend name init() chose
 
 
-def _default_backend(launch: env.LaunchInfo) -> str:
-    if launch.launcher in ("openmpi", "mpich"):
-        return "mpi"
+def choose_backend(launch: env.LaunchInfo, explicit: str | None = None,
+                   native: str | None = None) -> tuple[str, str]:
+    """(backend name, why): the one place the backend is chosen (see the module docstring)."""
+    asked = env.backend_name(explicit)
+    if asked:
+        how = "init(backend=...)" if explicit else "HVD_COMMOPT_BACKEND"
+        return asked, f"asked for by {how}"
+    if launch.launcher == "none":
+        return "local", "no launcher: one process"
+    if native:
+        if (native == "gloo" and launch.launcher in ("openmpi", "mpich") and launch.size > 1
+                and launch.local_size == launch.size and importlib.util.find_spec("mpi4py") is not None):
+            # measured: on one host MPI's shared memory beats Gloo's TCP over loopback (DDP's too)
+            return "mpi", (f"CPU tensors with all {launch.size} ranks on one host under {launch.launcher}: "
+                           f"MPI's shared memory (docs/backends.md#one-host)")
+        return native, f"the tensors' own collectives under {launch.launcher}"
     if launch.launcher == "torchrun":
-        return "gloo"
-    if launch.launcher == "horovodrun":
-        return "mpi"
-    return "local"
+        return "gloo", "torchrun"
+    return "mpi", launch.launcher
 
 
-def init(backend: str | None = None, timeout_s: float | None = None) -> Communicator:
+def init(backend: str | None = None, timeout_s: float | None = None, *, native: str | None = None) -> Communicator:
     """Initialise once per process (later calls return the same communicator).
 
     Args:
-        backend: "mpi", "gloo", "nccl" or "local"; default: HVD_COMMOPT_BACKEND, else the launcher's.
+        backend: "mpi", "gloo", "nccl" or "local"; default: HVD_COMMOPT_BACKEND, else chosen
+            from the launcher and ``native`` (module docstring).
         timeout_s: seconds a collective may wait (a number or a ``datetime.timedelta``); default:
             HVD_COMMOPT_TIMEOUT, else 300.
+        native: set by an adapter: the backend of its framework's own collectives for the
+            tensors it will reduce (torch: "nccl" with CUDA, else "gloo"); None keeps MPI.
+def init(backend: str | None = None, timeout_s: float | None = None) -> Communicator:
 
     A later call with no arguments, or the same ones, returns the running communicator (as
     Horovod's ``init()`` does, so a library and the script may both call it). A later call asking
@@ -60,8 +87,8 @@ def init(backend: str | None = None, timeout_s: float | None = None) -> Communic
             return _comm
         timeout = env.collective_timeout_s(timeout_s)  # checked before any MPI starts
         launch = env.detect_launch()
-        name = env.backend_name(backend) or _default_backend(launch)
-        be = create_backend(name)
+        name, why = choose_backend(launch, backend, native)
+        be = create_backend(name, timeout)
         if launch.launcher != "none" and (be.rank, be.size) != (launch.rank, launch.size):
             raise LaunchEnvironmentError(
                 f"the {name} backend sees rank {be.rank} of {be.size}, but the {launch.launcher} "
@@ -70,6 +97,11 @@ def init(backend: str | None = None, timeout_s: float | None = None) -> Communic
         if launch.launcher == "none" and name == "local" and be.size != 1:
             raise LaunchEnvironmentError("internal: the local backend must have size 1")
         _comm, _backend = Communicator(be, timeout), name
+        if env.verbose() and be.rank == 0:
+            control = getattr(be, "control", None)
+            plane = f"; control plane: {control.name}" if control is not None else ""
+            print(f"hvd_commopt: backend {name} ({why}{plane}); {be.size} ranks. Override with "
+                  f"HVD_COMMOPT_BACKEND or init(backend=...)", flush=True)
         # atexit runs the last registered first: registered after the backend's own handler, the
         # shutdown drains the queued collectives and closes the backend (the MPI backend's "left"
         # notice must come after all of them) before that handler stops it at exit.
@@ -91,6 +123,11 @@ def _check_same(backend: str | None, timeout_s) -> None:
     if backend is not None and backend != _backend:
         raise ConfigError(f"init(backend={backend!r}) but hvd_commopt is already initialised with "
                           f"backend {_backend!r}; {fix}")
+
+
+def backend_name() -> str | None:
+    """The name of the backend init() chose (None before init)."""
+    return _backend
 
 
 def is_initialized() -> bool:

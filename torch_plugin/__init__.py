@@ -19,7 +19,7 @@ from .api import (ProcessSet, add_process_set, barrier, ccl_built, cuda_built, d
 from .async_ops import (allgather_async, allreduce_async, allreduce_async_, alltoall_async, broadcast_async,
                         broadcast_async_, grouped_allgather_async, grouped_allreduce_async, grouped_allreduce_async_,
                         grouped_reducescatter_async, poll, reducescatter_async, sparse_allreduce_async, synchronize)
-from .comm import TorchDistBackend, register as _register_backends
+from .comm import TorchDistBackend, native_backend, register as _register_backends
 from .functions import (allgather, allgather_object, allreduce, allreduce_, alltoall, broadcast, broadcast_,
                         broadcast_object, broadcast_optimizer_state, broadcast_parameters, grouped_allgather,
                         grouped_allreduce, grouped_allreduce_, grouped_reducescatter, reducescatter)
@@ -48,11 +48,12 @@ __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "
 
 
 def init(backend: str | None = None, timeout_s: float | None = None, process_sets=None):
-    """Start the runtime: backend from the argument, HVD_COMMOPT_BACKEND, or the launcher
-    (mpirun -> mpi, torchrun -> gloo, none -> size 1). Idempotent. ``process_sets``: lists of
-    ranks (or ProcessSets) to register at once, as Horovod's ``init(process_sets=...)``
-    (``"dynamic"`` is accepted: sets may always be added later)."""
-    comm = runtime.init(backend, timeout_s)
+    """Start the runtime: backend from the argument, HVD_COMMOPT_BACKEND, else the tensors'
+    own collectives under any launcher (NCCL with CUDA, else Gloo; MPI stays the control plane
+    under mpirun), none -> size 1. Idempotent. ``process_sets``: lists of ranks (or ProcessSets)
+    to register at once, as Horovod's ``init(process_sets=...)`` (``"dynamic"`` is accepted:
+    sets may always be added later)."""
+    comm = runtime.init(backend, timeout_s, native=native_backend())
     if process_sets == "dynamic":  # Horovod's switch; sets can always be added later here
         return comm
     for ps in process_sets or ():

@@ -1,16 +1,27 @@
-"""torch.distributed backend (Gloo on CPU, NCCL on GPU) for the core's Communicator.
+"""torch.distributed backend (Gloo for CPU tensors, NCCL for CUDA tensors) for the core's Communicator.
 
-Registered with the core as backends ``gloo`` and ``nccl``. Rendezvous: torchrun's
-MASTER_ADDR/MASTER_PORT when present; under ``mpirun`` (no MASTER_ADDR) rank 0 picks a free port
-and tells the others through MPI, so ``HVD_COMMOPT_BACKEND=gloo mpirun ...`` works too.
-Every call waits with ``Work.wait(timeout)`` so nothing blocks forever.
+Registered with the core as backends ``gloo`` and ``nccl``; :func:`native_backend` is the torch
+adapter's default under every launcher (docs/backends.md#choice): ``nccl`` when CUDA is
+available (our group is then ``cpu:gloo,cuda:nccl``, so host buffers still work), else ``gloo``.
+
+Under ``mpirun`` (or our launcher, which runs mpirun) MPI stays the *control plane*
+(docs/backends.md#control-plane): it carries the rendezvous (rank 0 opens a TCPStore on a free
+port and broadcasts its address when MASTER_ADDR/MASTER_PORT are absent), and the timeout
+diagnosis and failure notices of :class:`hvd_commopt.comm.mpi.MPIBackend`, so a Gloo/NCCL
+collective that cannot complete still names the rank that is missing. Under ``torchrun`` there
+is no MPI: the rendezvous is torchrun's, and a timeout says the backend cannot tell which rank.
+
+Every call waits with ``Work.wait(timeout)`` until the communicator's deadline, and the process
+group itself is created with the same timeout, so nothing blocks forever.
 """
 from __future__ import annotations
 
 import copy
 import datetime
+import fcntl
 import os
 import socket
+import struct
 import time
 
 import numpy as np
@@ -20,9 +31,9 @@ import torch.distributed as dist
 from hvd_commopt import env
 from hvd_commopt.comm import register_backend
 from hvd_commopt.comm.base import Backend
-from hvd_commopt.errors import CollectiveTimeoutError, LaunchEnvironmentError
+from hvd_commopt.errors import CollectiveTimeoutError, LaunchEnvironmentError, RankFailedError
 
-__all__ = ["TorchDistBackend", "register"]
+__all__ = ["TorchDistBackend", "register", "native_backend"]
 
 # Gloo moves no int16 ("Invalid scalar type"): collectives that only move data (allgather,
 # broadcast, alltoall, sendrecv) carry such buffers as float16 of the same bits; the core
@@ -40,54 +51,144 @@ def _restore(t, dtype):
 
 
 _OPS = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX, "prod": dist.ReduceOp.PRODUCT}
+_MPI_LAUNCHERS = ("openmpi", "mpich")
+# How long a broken connection waits for the control plane's notice naming the peer: a "left"
+# notice counts after 1 s (comm/mpi.py's confirmation delay), a "failed" one at once.
+_PEER_NOTICE_S = 3.0
 
 
-def _rendezvous(launch: env.LaunchInfo) -> str:
-    if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
-        return "env://"
-    if launch.launcher in ("openmpi", "mpich"):
-        from hvd_commopt.comm.mpi import import_mpi
-        MPI = import_mpi()
-        addr = None
-        if launch.rank == 0:
-            host = socket.gethostname()
-            with socket.socket() as s:
-                s.bind(("", 0))
-                port = s.getsockname()[1]
+def native_backend() -> str:
+    """The torch.distributed backend for this process's tensors: ``nccl`` with CUDA, else ``gloo``."""
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def _control_plane(launch: env.LaunchInfo):
+    """The MPI backend used as control plane under an MPI launcher (None elsewhere, or without
+    mpi4py when torch's variables make the rendezvous possible without it)."""
+    if launch.launcher not in _MPI_LAUNCHERS or launch.size == 1:
+        return None
+    try:
+        from hvd_commopt.comm.mpi import MPIBackend
+        return MPIBackend()
+    except LaunchEnvironmentError:
+        if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
+            return None  # the data plane can start; timeouts then cannot name the missing rank
+        raise LaunchEnvironmentError(
+            "this job runs under mpirun, and torch.distributed's rendezvous needs mpi4py there (rank 0 "
+            "shares its address over MPI): pip install mpi4py, or export MASTER_ADDR and MASTER_PORT "
+            "(rank 0's address and a free port), or launch with torchrun") from None
+
+
+def _ifname_of(ip: str) -> str | None:
+    """Name of the local interface holding IPv4 address ``ip`` (Gloo binds by interface name)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
             try:
-                ip = socket.gethostbyname(host)
+                raw = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))  # SIOCGIFADDR
             except OSError:
-                ip = "127.0.0.1"
-            addr = f"tcp://{ip}:{port}"
-        return MPI.COMM_WORLD.bcast(addr, root=0)
-    if launch.size == 1:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return f"tcp://127.0.0.1:{s.getsockname()[1]}"
-    raise LaunchEnvironmentError("torch.distributed needs MASTER_ADDR and MASTER_PORT (torchrun sets "
-                                 "them), or launch with mpirun so rank 0 can share its address")
+                continue
+            if socket.inet_ntoa(raw[20:24]) == ip:
+                return name
+    return None
+
+
+def _route_source(dest: str) -> str:
+    """The local address the kernel would use to reach ``dest`` (no packet is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((dest, 9))
+        return s.getsockname()[0]
+
+
+def _my_ips() -> list[str]:
+    """This host's IPv4 addresses other than loopback (how peers may reach it)."""
+    out = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                raw = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))
+            except OSError:
+                continue
+            ip = socket.inet_ntoa(raw[20:24])
+            if not ip.startswith("127."):
+                out.append(ip)
+    return out
+
+
+def _mpi_rendezvous(launch: env.LaunchInfo, timeout: datetime.timedelta):
+    """A TCPStore for init_process_group, its address found over MPI.
+
+    All ranks on one host (local size == size): loopback. Otherwise rank 0 picks, for rank 1's
+    first address, the local address its route uses (what the others can reach), so it works
+    across hosts and across the emulated hosts' namespaces; every rank binds Gloo to the
+    interface it reaches rank 0 through (unless GLOO_SOCKET_IFNAME is set)."""
+    from hvd_commopt.comm.mpi import import_mpi
+    world = import_mpi().COMM_WORLD
+    ips = world.allgather(_my_ips())
+    host = None
+    if launch.rank == 0:
+        single = launch.local_size == launch.size or not ips[1]
+        host = "127.0.0.1" if single else _route_source(ips[1][0])
+        store = dist.TCPStore(host, 0, launch.size, True, timeout=timeout, wait_for_workers=False)
+        addr = (host, store.port)
+    addr = world.bcast(addr if launch.rank == 0 else None, root=0)
+    if launch.rank != 0:
+        store = dist.TCPStore(addr[0], addr[1], launch.size, False, timeout=timeout)
+    if "GLOO_SOCKET_IFNAME" not in os.environ:
+        name = "lo" if addr[0].startswith("127.") else _ifname_of(_route_source(addr[0]))
+        if name:
+            os.environ["GLOO_SOCKET_IFNAME"] = name
+    return store
+
+
+def _init_default_group(kind: str, launch: env.LaunchInfo, timeout: datetime.timedelta, control) -> None:
+    spec = "cpu:gloo,cuda:nccl" if kind == "nccl" else kind
+    if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
+        dist.init_process_group(spec, init_method="env://", rank=launch.rank, world_size=launch.size, timeout=timeout)
+        return
+    if control is not None:
+        store = _mpi_rendezvous(launch, timeout)
+    elif launch.size == 1:
+        store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=timeout)
+    else:
+        raise LaunchEnvironmentError("torch.distributed needs MASTER_ADDR and MASTER_PORT (torchrun sets "
+                                     "them), or launch with mpirun so rank 0 can share its address")
+    dist.init_process_group(spec, store=store, rank=launch.rank, world_size=launch.size, timeout=timeout)
 
 
 class TorchDistBackend(Backend):
+    """Collectives on our own torch.distributed group; MPI as control plane when launched by it."""
+
     buffer_kind = "native"
 
-    def __init__(self, kind: str = "gloo", timeout_s: float | None = None):
+    def __init__(self, kind: str = "gloo", timeout_s: float | None = None, control=None):
+        if kind not in ("gloo", "nccl"):
+            raise LaunchEnvironmentError(f"torch.distributed backend {kind!r} unknown; use 'gloo' or 'nccl'")
         if kind == "nccl" and not torch.cuda.is_available():
-            raise LaunchEnvironmentError("backend 'nccl' needs CUDA GPUs; use 'gloo' (CPU) or 'mpi'")
+            raise LaunchEnvironmentError(
+                "backend 'nccl' needs CUDA GPUs and a CUDA build of torch, and this process sees none; "
+                "choose 'gloo' (CPU tensors, HVD_COMMOPT_BACKEND=gloo) or 'mpi', or install torch with CUDA")
         self.name = kind
         launch = env.detect_launch()
         self._timeout = datetime.timedelta(seconds=env.collective_timeout_s(timeout_s))
+        self._control = control if control is not None else _control_plane(launch)
+        self._own_default = False
+        if kind == "nccl":
+            torch.cuda.set_device(launch.local_rank % torch.cuda.device_count())
         if not dist.is_initialized():
-            if kind == "nccl":
-                torch.cuda.set_device(launch.local_rank % torch.cuda.device_count())
-            dist.init_process_group(kind, init_method=_rendezvous(launch), rank=launch.rank,
-                                    world_size=launch.size, timeout=self._timeout)
+            _init_default_group(kind, launch, self._timeout, self._control)
+            self._own_default = True
         # Our own group: collectives from our progress thread must never interleave with the
         # user's (or DDP's) on the default group, which could order them differently per rank
-        # (seen as a Gloo "received data size doesn't match" when DDP ran beside us).
-        self._pg = dist.new_group(backend=kind)
+        # (seen as a Gloo "received data size doesn't match" when DDP ran beside us). Its timeout
+        # is ours, whatever the user's default group has.
+        self._pg = dist.new_group(backend="cpu:gloo,cuda:nccl" if kind == "nccl" else kind, timeout=self._timeout)
         self._device = torch.device("cuda", torch.cuda.current_device()) if kind == "nccl" else torch.device("cpu")
         self._local_rank, self._local_size = launch.local_rank, launch.local_size
+
+    @property
+    def control(self):
+        """The MPI backend carrying diagnosis and failure notices, or None."""
+        return self._control
 
     @property
     def rank(self): return dist.get_rank(self._pg)
@@ -103,14 +204,45 @@ class TorchDistBackend(Backend):
         try:
             work.wait(timeout=datetime.timedelta(seconds=left))
         except RuntimeError as e:
-            if "timed out" in str(e).lower() or "timeout" in str(e).lower():
-                raise CollectiveTimeoutError(
-                    f"{op} '{name}' timed out on rank {self.rank} ({self.name}: {e}). A rank skipped a "
-                    f"step or stopped; the {self.name} backend cannot tell which.", op=op, name=name) from e
-            raise
+            text = str(e).lower()
+            if "timed out" not in text and "timeout" not in text:
+                self._raise_peer_failure(op, name, e)
+                raise
+            missing, detail = None, f"the {self.name} backend cannot tell which rank is missing"
+            if self._control is not None:
+                missing, detail = self._control.diagnose()
+            raise CollectiveTimeoutError(
+                f"rank {self.rank}: {op} '{name}' did not complete within {self._timeout.total_seconds():g} s; "
+                f"{detail}. Ranks must run the same collectives in the same order: a rank skipped a step, "
+                f"raised an error, or its model or data differ. Raise HVD_COMMOPT_TIMEOUT (or timeout_s) "
+                f"if the job is only slow. (backend {self.name})", op=op, name=name, missing_ranks=missing) from None
+
+    def _raise_peer_failure(self, op: str, name: str, err: BaseException) -> None:
+        """A Gloo/NCCL error other than a timeout (a peer's connection closed): when the control
+        plane hears within a few seconds that a peer failed or left, name that rank instead."""
+        if self._control is None:
+            return
+        end = time.monotonic() + _PEER_NOTICE_S
+        while time.monotonic() < end:
+            failed = self._control.peer_failure()
+            if failed is not None:
+                raise RankFailedError(f"rank {self.rank}: {op} '{name}' cannot complete: {failed[1]}",
+                                      failed_rank=failed[0], op=op, name=name) from err
+            time.sleep(0.1)
+
+    def _run(self, op: str, name: str, deadline: float, start) -> None:
+        """Start one collective (``start()`` returns its Work) and wait for it, marked on the
+        control plane so that a peer's question "where are you?" gets this collective."""
+        c = self._control
+        if c is not None:
+            c.enter(op, name)
+        self._wait(start(), op, name, deadline)
+        if c is not None:
+            c.leave()
 
     def allreduce_(self, buf, op, name, deadline):
-        self._wait(dist.all_reduce(buf, op=_OPS[op], group=self._pg, async_op=True), "allreduce", name, deadline)
+        self._run("allreduce", name, deadline,
+                  lambda: dist.all_reduce(buf, op=_OPS[op], group=self._pg, async_op=True))
         return buf
 
     def allgather(self, buf, name, deadline):
@@ -121,23 +253,29 @@ class TorchDistBackend(Backend):
     def _allgather(self, buf, name, deadline):
         n = torch.tensor([buf.numel()], dtype=torch.int64, device=buf.device)
         counts = [torch.zeros_like(n) for _ in range(self.size)]
-        self._wait(dist.all_gather(counts, n, group=self._pg, async_op=True), "allgather", name, deadline)
-        counts = [int(c.item()) for c in counts]
+        self._run("allgather", name, deadline, lambda: dist.all_gather(counts, n, group=self._pg, async_op=True))
+        counts = [int(c) for c in torch.cat(counts).tolist()]  # one device sync, not one per rank
         m = max(counts)
-        padded = torch.zeros(m, dtype=buf.dtype, device=buf.device)
-        padded[: buf.numel()] = buf
+        if buf.numel() == m:
+            padded = buf.contiguous()
+        else:
+            padded = torch.zeros(m, dtype=buf.dtype, device=buf.device)
+            padded[: buf.numel()] = buf
         parts = [torch.empty_like(padded) for _ in range(self.size)]
-        self._wait(dist.all_gather(parts, padded, group=self._pg, async_op=True), "allgather", name, deadline)
+        self._run("allgather", name, deadline, lambda: dist.all_gather(parts, padded, group=self._pg, async_op=True))
+        if all(c == m for c in counts):
+            return torch.cat(parts), counts
         return torch.cat([p[:c] for p, c in zip(parts, counts)]), counts
 
     def allgather_host(self, data: np.ndarray, name, deadline):
-        out, counts = self.allgather(torch.from_numpy(data.copy()).to(self._device), name, deadline)
-        return out.cpu().numpy(), counts
+        # our group has Gloo for CPU tensors in both modes: host bytes stay on the host
+        out, counts = self.allgather(torch.from_numpy(data.copy()), name, deadline)
+        return out.numpy(), counts
 
     def broadcast_(self, buf, root, name, deadline):
-        src = dist.get_global_rank(self._pg, root)
         wire, _ = _movable(buf)  # a view: the broadcast lands in buf
-        self._wait(dist.broadcast(wire, src=src, group=self._pg, async_op=True), "broadcast", name, deadline)
+        src = dist.get_global_rank(self._pg, root)
+        self._run("broadcast", name, deadline, lambda: dist.broadcast(wire, src=src, group=self._pg, async_op=True))
         return buf
 
     def alltoall(self, buf, counts, name, deadline):
@@ -148,18 +286,18 @@ class TorchDistBackend(Backend):
     def _alltoall(self, buf, counts, name, deadline):
         send = torch.tensor(counts, dtype=torch.int64, device=buf.device)
         recv = torch.empty_like(send)
-        self._wait(dist.all_to_all_single(recv, send, group=self._pg, async_op=True), "alltoall", name, deadline)
+        self._run("alltoall", name, deadline, lambda: dist.all_to_all_single(recv, send, group=self._pg, async_op=True))
         rc = [int(c) for c in recv.tolist()]
         out = torch.empty(sum(rc), dtype=buf.dtype, device=buf.device)
-        self._wait(dist.all_to_all_single(out, buf, rc, list(counts), group=self._pg, async_op=True),
-                   "alltoall", name, deadline)
+        self._run("alltoall", name, deadline,
+                  lambda: dist.all_to_all_single(out, buf, rc, list(counts), group=self._pg, async_op=True))
         return out, rc
 
     def split(self, ranks: list[int]):
         """A backend over the sub-group ``ranks`` (world ranks); every rank must call it (a new
         torch.distributed group is collective). None on the ranks outside it. Used for process
         sets (hvd_commopt/process_sets.py)."""
-        pg = dist.new_group(ranks=list(ranks), backend=self.name)
+        pg = dist.new_group(ranks=list(ranks), backend=self.name, timeout=self._timeout)
         if dist.get_rank() not in ranks:
             return None
         sub = copy.copy(self)
@@ -167,14 +305,22 @@ class TorchDistBackend(Backend):
         return sub
 
     def barrier(self, name, deadline):
-        self._wait(dist.barrier(group=self._pg, async_op=True), "barrier", name, deadline)
+        # a CPU tensor allreduce, not dist.barrier: NCCL's barrier guesses a device per rank
+        t = torch.zeros(1)
+        self._run("barrier", name, deadline, lambda: dist.all_reduce(t, group=self._pg, async_op=True))
 
     def _global(self, r: int) -> int:
         return dist.get_global_rank(self._pg, r) if r >= 0 else r
 
     def sendrecv(self, send, dest, source, name, deadline):
         send, dtype = _movable(send)
-        return _restore(self._sendrecv(send, dest, source, name, deadline), dtype)
+        c = self._control
+        if c is not None:
+            c.enter("sendrecv", name)
+        out = self._sendrecv(send, dest, source, name, deadline)
+        if c is not None:
+            c.leave()
+        return _restore(out, dtype)
 
     def _sendrecv(self, send, dest, source, name, deadline):
         ops, n_in = [], torch.zeros(1, dtype=torch.int64, device=send.device)
@@ -196,14 +342,39 @@ class TorchDistBackend(Backend):
             self._wait(w, "sendrecv", name, deadline)
         return out
 
+    # -- the control plane's services (no-ops without one, as in the base class) -------------------
+    def diagnose(self):
+        if self._control is not None:
+            return self._control.diagnose()
+        return super().diagnose()
+
+    def peer_failure(self):
+        return self._control.peer_failure() if self._control is not None else None
+
+    def announce_failure(self, text: str) -> None:
+        if self._control is not None:
+            self._control.announce_failure(text)
+
+    def abort_job(self, code: int) -> None:
+        if self._control is not None:
+            self._control.abort_job(code)  # MPI_Abort: mpirun ends every rank
+        super().abort_job(code)
+
     def close(self) -> None:
-        if getattr(self, "_owns_world", True) and dist.is_initialized():
-            try:
+        if not getattr(self, "_owns_world", True):
+            return  # a process set's view of the world backend: that one closes the groups
+        if self._control is not None:
+            self._control.close()  # the "left" notice: a peer waiting for us stops waiting
+        if not dist.is_initialized():
+            return
+        try:
+            dist.destroy_process_group(self._pg)
+            if self._own_default:
                 dist.destroy_process_group()
-            except Exception:  # noqa: BLE001 - best effort at exit
-                pass
+        except Exception:  # noqa: BLE001 - best effort at exit
+            pass
 
 
 def register() -> None:
-    register_backend("gloo", lambda: TorchDistBackend("gloo"))
-    register_backend("nccl", lambda: TorchDistBackend("nccl"))
+    register_backend("gloo", lambda timeout_s=None: TorchDistBackend("gloo", timeout_s))
+    register_backend("nccl", lambda timeout_s=None: TorchDistBackend("nccl", timeout_s))

@@ -38,6 +38,7 @@ from hvd_commopt.errors import ConfigError, HvdCommoptError
 from hvd_commopt.process_sets import registry
 from hvd_commopt.reduce import Average, Sum
 
+from .devices import check_devices
 from .host import TorchScheduleHost
 from .ops import TorchOps
 
@@ -239,6 +240,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         comm = registry(comm).optimizer_communicator(process_set)
     named = _named(optimizer, named_parameters)
     _refuse_second_wrapper(named)
+    check_devices(comm, named)
     if verbose is not None:
         fusion_options = FusionOptions.coerce(fusion_options, verbose=verbose)
     engine = build_engine(comm, TorchOps(), compression=compression, fusion_threshold=fusion_threshold,

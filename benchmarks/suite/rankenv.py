@@ -60,6 +60,19 @@ class RankEnv:
             self._gloo = self.comm if self.backend == "gloo" else Communicator(TorchDistBackend("gloo"), timeout_s=600)
         return self._gloo
 
+    def backend_comm(self, name: str) -> Any:
+        """Our Communicator on backend ``name`` ("mpi" or "gloo"): the runtime's when it is that
+        backend, else one made on first use (every rank calls it in the same order)."""
+        if name == self.backend:
+            return self.comm
+        if name == "gloo":
+            return self.gloo_comm()
+        if not hasattr(self, "_mpi"):
+            from hvd_commopt.comm import Communicator
+            from hvd_commopt.comm.mpi import MPIBackend
+            self._mpi = Communicator(MPIBackend(), timeout_s=600)
+        return self._mpi
+
     def progress(self, **kw: Any) -> None:
         """Rank 0 appends one JSON line for the launcher's progress bar."""
         if self.rank == 0 and self.progress_path:
@@ -74,7 +87,7 @@ class RankEnv:
 
 
 def setup(progress_path: str | None = None) -> RankEnv:
-    """Initialise our runtime (MPI by default, HVD_COMMOPT_BACKEND=gloo honoured) and a separate
+    """Initialise our runtime (the default backend, HVD_COMMOPT_BACKEND honoured) and a separate
     Gloo group for DDP, so DDP's collectives never interleave with ours on one group."""
     import torch
     import torch.distributed as dist

@@ -9,13 +9,15 @@ the collective set-up calls (``DistributedOptimizer`` verifies the model across 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn as nn
 
-__all__ = ["Skip", "Ctx", "Runner", "VARIANTS", "DEFAULT", "QUICK", "build", "describe", "ddp_bytes_per_step"]
+__all__ = ["Skip", "Ctx", "Runner", "VARIANTS", "DEFAULT", "QUICK", "build", "describe", "ddp_bytes_per_step",
+           "known", "is_ours"]
 
 
 class Skip(Exception):
@@ -47,6 +49,8 @@ class Ctx:
     ddp_group: Any = None
     new_ddp_group: Callable[[], Any] | None = None
     gloo_comm: Callable[[], Any] | None = None
+    backend_comm: Callable[[str], Any] | None = None  # "mpi"/"gloo" -> our Communicator on it
+    communicator: Any = None  # set for "<variant>@<backend>": our variants run on it
 
 
 @dataclass
@@ -107,6 +111,8 @@ def _sgd(model: nn.Module, ctx: Ctx, momentum: float | None = None) -> torch.opt
 def _ours(name: str, model: nn.Module, ctx: Ctx, momentum: float | None = None, **kw: Any) -> Runner:
     from hvd_commopt.errors import ConfigError
     hco = _hco()
+    if ctx.communicator is not None:
+        kw.setdefault("communicator", ctx.communicator)
     try:
         opt = hco.DistributedOptimizer(_sgd(model, ctx, momentum), named_parameters=model.named_parameters(), **kw)
     except (ConfigError, TypeError) as e:
@@ -253,17 +259,41 @@ VARIANTS: dict[str, tuple[Callable[[nn.Module, Ctx], Runner], str]] = {
 
 # ssgd_gloo is opt-in: with DDP's Gloo group and our Gloo communicator in one process, a ResNet job
 # died 4 times out of 6 with a Gloo message-size mismatch ("op.preamble.length <= op.nbytes");
-# the runs without it never did. HVD_COMMOPT_BACKEND=gloo puts all our variants on Gloo instead.
+# the runs without it never did. Across hosts our variants run on Gloo by default now
+# (docs/backends.md#choice); `--backend both` times each of them on both backends.
 DEFAULT = [n for n in VARIANTS if n != "ssgd_gloo"]
 QUICK = ["compute", "ddp", "ddp_powersgd1", "ssgd", "mgwfbp", "fp16", "topk", "gtopk", "dgc", "od", "local_sgd"]
 
 
+_NOT_OURS = ("compute", "ddp", "ddp_powersgd1", "ddp_powersgd4")
+
+
+def is_ours(name: str) -> bool:
+    """Whether variant ``name`` runs on our library (then ``<name>@mpi`` / ``@gloo`` exist)."""
+    return name.partition("@")[0] not in _NOT_OURS
+
+
+def known(name: str) -> bool:
+    base, _, backend = name.partition("@")
+    return base in VARIANTS and (not backend or (backend in ("mpi", "gloo") and is_ours(base)))
+
+
 def build(name: str, model: nn.Module, ctx: Ctx) -> Runner:
-    """Build variant ``name`` on ``model`` (raises :class:`Skip` with the reason, or KeyError)."""
-    if name not in VARIANTS:
+    """Build variant ``name`` on ``model`` (raises :class:`Skip` with the reason, or KeyError).
+    ``<variant>@mpi`` / ``@gloo``: one of our variants on that backend instead of the default."""
+    if not known(name):
         raise KeyError(f"unknown variant {name!r}; known: {', '.join(VARIANTS)}")
-    return VARIANTS[name][0](model, ctx)
+    base, _, backend = name.partition("@")
+    if backend:
+        if ctx.backend_comm is None:
+            raise Skip(f"no {backend} communicator in this job")
+        ctx = dataclasses.replace(ctx, communicator=ctx.backend_comm(backend))
+    r = VARIANTS[base][0](model, ctx)
+    r.name = name
+    return r
 
 
 def describe(name: str) -> str:
-    return VARIANTS[name][1] if name in VARIANTS else name
+    base, _, backend = name.partition("@")
+    text = VARIANTS[base][1] if base in VARIANTS else name
+    return f"{text}, on {backend}" if backend else text

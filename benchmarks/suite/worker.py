@@ -101,7 +101,8 @@ def run(args: argparse.Namespace) -> dict:
     x = make_x()
     y = torch.randint(0, 10, (x.shape[0],))
     ctx = V.Ctx(mode="throughput", rank=env.rank, size=env.size, density=args.density, period=args.steps,
-                ddp_group=env.ddp_group, new_ddp_group=env.new_gloo_group, gloo_comm=env.gloo_comm)
+                ddp_group=env.ddp_group, new_ddp_group=env.new_gloo_group, gloo_comm=env.gloo_comm,
+                backend_comm=env.backend_comm)
     tx_start = env.tx_bytes()
     runners, status = _build_all(args.variants.split(","), base, ctx, env)
     env.progress(phase="built", model=args.model, total=len(runners) * (args.blocks + 1))

@@ -15,11 +15,15 @@ from .inproc import InProcBackend, InProcWorld, run_ranks
 __all__ = ["Backend", "Communicator", "Handle", "TrafficCounter", "InProcWorld", "InProcBackend",
            "run_ranks", "REDUCE_OPS", "register_backend", "create_backend", "backend_names"]
 
-_FACTORIES: dict[str, Callable[[], Backend]] = {}
+_FACTORIES: dict[str, Callable[..., Backend]] = {}
+# Backends an adapter provides: asking for one before its adapter is imported names the fix.
+_ADAPTER_BACKENDS = {"gloo": "torch", "nccl": "torch"}
 
 
-def register_backend(name: str, factory: Callable[[], Backend]) -> None:
-    """Make ``init(backend=name)`` build ``factory()`` (adapters register torch.distributed here)."""
+def register_backend(name: str, factory: Callable[..., Backend]) -> None:
+    """Make ``init(backend=name)`` build ``factory(timeout_s=...)`` (adapters register
+    torch.distributed here; the timeout is the communicator's, so the transport's own waits end
+    when ours do)."""
     _FACTORIES[name] = factory
 
 
@@ -27,13 +31,18 @@ def backend_names() -> list[str]:
     return sorted(set(_FACTORIES) | {"mpi", "local"})
 
 
-def create_backend(name: str) -> Backend:
+def create_backend(name: str, timeout_s: float | None = None) -> Backend:
     if name == "mpi":
         from .mpi import MPIBackend
         return MPIBackend()
     if name == "local":
         return InProcBackend(InProcWorld(1), 0)
     if name in _FACTORIES:
-        return _FACTORIES[name]()
+        return _FACTORIES[name](timeout_s=timeout_s)
+    if name in _ADAPTER_BACKENDS:
+        raise ConfigError(
+            f"backend {name!r} is torch.distributed's and needs PyTorch: pip install torch and start with "
+            f"torch_plugin's init() (import torch_plugin as hco; hco.init()), or choose "
+            f"HVD_COMMOPT_BACKEND=mpi (TensorFlow and NumPy tensors run on MPI)")
     raise ConfigError(f"unknown backend {name!r}; available: {backend_names()} "
                       f"(gloo/nccl appear once torch_plugin is imported)")

@@ -117,6 +117,12 @@ class MPIBackend(Backend):
         self._last, self._where = self._where, None
         self._seq += 1
 
+    # A data backend that keeps MPI as its control plane (torch.distributed under mpirun,
+    # docs/backends.md#control-plane) marks its own collectives with these, so that diagnose()
+    # and peer_failure() know where this rank is, exactly as for MPI's own collectives.
+    enter = _begin
+    leave = _end
+
     def diagnose(self) -> tuple[list[int] | None, str]:
         """Called by a thread whose wait timed out: (ranks that did not arrive, explanation)."""
         self._broken = True

@@ -75,6 +75,12 @@ STRATEGIES = ("threshold", "none", "mgwfbp", "optimal", "auto")
 PLANNED = ("mgwfbp", "optimal", "auto")
 
 
+# DDP's first bucket (torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES): the last layers' small
+# gradients go out while backward still runs instead of waiting for a 25 MiB bucket to fill
+# (docs/wrapper.md#first-bucket).
+FIRST_BUCKET_BYTES = 1024 * 1024
+
+
 @dataclass(frozen=True)
 class FusionOptions:
     """Knobs of the planned strategies (``DistributedOptimizer(fusion_options=...)``, a dict works).
@@ -91,6 +97,9 @@ class FusionOptions:
         resolution_s: sparse ``optimal``: the Pareto DP's resolution (0 = exact; see
             :func:`~hvd_commopt.fusion.exact.plan_optimal`).
         verbose: print the report once on rank 0; None = ``HVD_COMMOPT_VERBOSE``.
+        first_bucket_bytes: ``"threshold"`` fusion of a dense reducer: cap of the first bucket
+            (the last layers' gradients), so communication starts early in backward; None =
+            DDP's 1 MiB (docs/wrapper.md#first-bucket), 0 = no separate cap.
     """
 
     warmup_steps: int = 2
@@ -101,6 +110,7 @@ class FusionOptions:
     select_s: float | None = None
     resolution_s: float = 1e-6
     verbose: bool | None = None
+    first_bucket_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.warmup_steps < 0 or self.profile_steps < 1 or self.measure_steps < 0:
@@ -204,7 +214,10 @@ class FusionTuner:
         if self.strategy == "none":
             self.plan = plan_per_tensor(len(sizes))
         else:
-            self.plan = plan_threshold(sizes, self.threshold_bytes)
+            first = None
+            if not self.reducer.sparse:  # a sparse bucket's selection spans the whole bucket
+                first = FIRST_BUCKET_BYTES if self.options.first_bucket_bytes is None else self.options.first_bucket_bytes
+            self.plan = plan_threshold(sizes, self.threshold_bytes, first_bytes=first or None)
         self._report = self._static_report(sizes, self.strategy)
         if self.planned and sizes:
             self.phase, self._steps, self._measured = "warmup", 0, []

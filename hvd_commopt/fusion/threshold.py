@@ -17,8 +17,10 @@ from typing import Sequence
 __all__ = ["plan_threshold", "plan_per_tensor", "plan_single", "validate_plan"]
 
 
-def plan_threshold(sizes_bytes: Sequence[int], threshold_bytes: int) -> list[list[int]]:
-    """Greedy contiguous packing of tensors (in backward order) under ``threshold_bytes``."""
+def plan_threshold(sizes_bytes: Sequence[int], threshold_bytes: int,
+                   first_bytes: int | None = None) -> list[list[int]]:
+    """Greedy contiguous packing of tensors (in backward order) under ``threshold_bytes``;
+    the first group under ``first_bytes`` when given and smaller (DDP's small first bucket)."""
     if threshold_bytes < 0:
         raise ValueError(f"fusion threshold must be >= 0 bytes, got {threshold_bytes}")
     if threshold_bytes == 0:
@@ -26,8 +28,9 @@ def plan_threshold(sizes_bytes: Sequence[int], threshold_bytes: int) -> list[lis
     groups: list[list[int]] = []
     current: list[int] = []
     filled = 0
+    cap = min(threshold_bytes, first_bytes) if first_bytes else threshold_bytes
     for i, nb in enumerate(sizes_bytes):
-        if current and filled + nb > threshold_bytes:
+        if current and filled + nb > (cap if not groups else threshold_bytes):
             groups.append(current)
             current, filled = [], 0
         current.append(i)

@@ -49,6 +49,8 @@ def test_quick_run_writes_every_artefact(quick_run) -> None:
     run = json.loads((out / "bench_loopback.json").read_text())
     assert run["cluster"]["network"] == "loopback" and run["cluster"]["fallback_reason"]
     tp = next(j for j in run["jobs"] if j["mode"] == "throughput")
+    # our variants run on the default backend a user gets: on loopback (every rank on one host)
+    # CPU tensors take MPI's shared memory (docs/backends.md#one-host)
     assert tp["mpi_library"].startswith("Open MPI") and tp["backend"] == "mpi"
     res = tp["results"]
     assert {"compute", "ddp", "ddp_powersgd1", "ssgd", "topk"} <= set(res)

@@ -118,3 +118,15 @@ def test_bad_timeout_variable_fails_every_rank_at_init_without_hanging():
     assert "ConfigError: environment variable HVD_COMMOPT_TIMEOUT='abc' is not a number of seconds" in out, out
     assert "initialised" not in out, out
     assert ended - t0 < 120, out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", ["raise", "exit_early"])
+def test_failures_are_named_over_the_mpi_control_plane_when_gloo_carries_the_data(scenario):
+    # docs/backends.md#control-plane: Gloo's broken connection becomes the notice naming the rank
+    if scenario == "raise":
+        rc, out, ended = run_job(["raise", "1"], env={"HVD_COMMOPT_BACKEND": "gloo"})
+        assert_ended_by(rc, out, ended, 1, "raising", [0], "failed with ValueError: boom on rank 1")
+    else:
+        rc, out, ended = run_job(["exit_early"], env={"HVD_COMMOPT_BACKEND": "gloo"})
+        assert_ended_by(rc, out, ended, 1, "leaving", [0], r"ended its script \(after \d+ collectives")

@@ -42,6 +42,18 @@ def test_rank_skipping_a_step_times_out_naming_it_and_the_job_ends():
     assert "rank 1 is idle" in out, out
 
 
+def test_rank_skipping_a_step_over_gloo_is_named_by_the_mpi_control_plane():
+    # Gloo carries the gradients; the timeout's diagnosis travels over MPI (docs/backends.md#control-plane)
+    proc = run_mpi(3, [sys.executable, str(ROOT / "tests/parallel/mpi_errors.py"), "skip_step"], timeout=280,
+                   env={"HVD_COMMOPT_TIMEOUT": "5", "HVD_COMMOPT_BACKEND": "gloo"}, check=False)
+    ended = time.time()
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    skipped_at = float(re.search(r"skipping step 2 at t=([0-9.]+)", out).group(1))
+    assert ended - skipped_at < 60, f"the job ended {ended - skipped_at:.0f}s after the skip: it hung past the timeout"
+    assert "CollectiveTimeoutError" in out and "missing=[1]" in out and "rank 1 is idle" in out, out
+
+
 def test_launcher_runs_a_job():
     proc = run_mpi(1, [sys.executable, "-c", "print('unused')"], timeout=60)  # mpirun itself works
     assert "unused" in proc.stdout

@@ -68,3 +68,22 @@ def test_markdown_report() -> None:
     assert "| topk | 2.00x | ssgd | 1.07x | 1.07x |" in summary  # topk missed the TTA target
     assert report.best_ours(_run()["jobs"][0]["results"]) == "topk"
     assert report.fmt_bytes(3.87e9) == "3.87 GB"
+
+
+def test_backend_switch_names_our_variants_on_mpi() -> None:
+    from benchmarks.run import parse_args
+    from hvd_commopt import run_ranks
+    a = parse_args(["--variants", "compute,ddp,ssgd,fp16", "--backend", "both", "--no-tta"])
+    assert a.variants.split(",") == ["compute", "ddp", "ssgd", "fp16", "ssgd@mpi", "fp16@mpi", "ssgd@gloo", "fp16@gloo"]
+    assert V.known("topk@gloo") and not V.known("ddp@mpi") and not V.known("ssgd@nccl")
+    assert parse_args(["--variants", "ssgd", "--backend", "mpi"]).backend == "mpi"
+    model = torch.nn.Linear(4, 3)
+    with pytest.raises(V.Skip, match="no mpi communicator"):
+        V.build("ssgd@mpi", model, _ctx())
+
+    def body(comm):  # "<variant>@<backend>" builds the variant on the communicator the job gives
+        ctx = V.Ctx(mode="throughput", rank=0, size=1, backend_comm=lambda name: comm)
+        r = V.build("ssgd@mpi", torch.nn.Linear(4, 3), ctx)
+        assert r.name == "ssgd@mpi" and r.opt.comm_engine.comm is comm
+        assert V.describe("ssgd@mpi").endswith(", on mpi")
+    run_ranks(1, body)
