@@ -206,11 +206,6 @@ def b_schedule(kind: str) -> Callable[[nn.Module, Ctx], Runner]:
         factory = getattr(_hco().Schedule, kind)
         if kind in ("cocod", "local_sgd"):
             sched = factory(period=ctx.period, warmup_steps=ctx.warmup_steps)
-        elif kind == "ssd" and ctx.mode == "tta":
-            # the schedule owners' digits setting (tests/parallel/mpi_digits.py): a local optimizer
-            # mirroring the global one; the reference's (lr 0.1, no momentum, g/P) diverged here
-            sched = factory(warmup_steps=ctx.warmup_steps, local_lr=None, local_momentum=ctx.momentum,
-                            local_scale=1.0)
         elif kind == "cd" and ctx.batch_size:
             sched = factory(warmup_steps=ctx.warmup_steps, batch_size=ctx.batch_size)
         elif kind in ("od", "ssd", "cd"):
