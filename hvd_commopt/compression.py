@@ -19,15 +19,30 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from .errors import ConfigError
 from .compress.cast import BF16Compressor, FP16Compressor, NoneCompressor
 from .compress.dgc import DGCCompressor, DGCMemory
 from .compress.error_feedback import ErrorFeedback
+from .compress.momentum import MomentumCorrection
 from .compress.randomk import RandomKCompressor
 from .compress.topk import Density, TopKCompressor
 from .reduce.gtopk import GTopK
 from .reduce.sparse_allgather import SparseAllgather
 
 __all__ = ["Compression"]
+
+
+def _memory(error_feedback: bool, momentum_correction: bool | None, momentum_masking: bool):
+    """Error feedback, or DGC's momentum correction with the wrapped optimizer's momentum
+    (docs/topk.md#momentum-correction): the one place every sparse reducer gets it from."""
+    if momentum_correction is None:
+        momentum_correction = bool(error_feedback)
+    if not momentum_correction:
+        return ErrorFeedback(error_feedback)
+    if not error_feedback:
+        raise ConfigError("momentum_correction keeps the unsent velocity, which is error feedback: pass "
+                          "error_feedback=True, or momentum_correction=False")
+    return MomentumCorrection(momentum_masking=momentum_masking)
 
 
 class Compression:
@@ -39,7 +54,8 @@ class Compression:
 
     @staticmethod
     def topk(density: Density = 0.001, error_feedback: bool = True,
-             index_dtype: str | None = None) -> SparseAllgather:
+             index_dtype: str | None = None, momentum_correction: bool | None = None,
+             momentum_masking: bool = True, min_k: int = 1) -> SparseAllgather:
         """Top-k S-SGD (docs/topk.md#update-rule): exact top-k per bucket, allgather of (values, indices).
 
         Args:
@@ -47,17 +63,36 @@ class Compression:
                 callable (bucket_name, numel) -> density for per-layer (LAGS) densities.
             error_feedback: keep what was not sent in a residual added to the next gradient.
             index_dtype: "int32" / "int64" / None (int32 when possible).
+            momentum_correction: accumulate the wrapped optimizer's momentum locally before
+                selection, as DGC does (docs/topk.md#momentum-correction); the optimizer then runs
+                without momentum. None (default) = on with error feedback.
+            momentum_masking: with correction, zero the momentum where values were sent.
+            min_k: the fewest elements any bucket sends (docs/topk.md#density-floor): with one
+                bucket per layer (LAGS) it keeps small layers from starving.
         """
-        return SparseAllgather(TopKCompressor(density), ErrorFeedback(error_feedback), index_dtype)
+        return SparseAllgather(TopKCompressor(density, min_k),
+                               _memory(error_feedback, momentum_correction, momentum_masking), index_dtype)
 
     @staticmethod
-    def randomk(density: Density = 0.001, seed: int = 0, error_feedback: bool = True) -> SparseAllgather:
+    def randomk(density: Density = 0.001, seed: int = 0, error_feedback: bool = True,
+                momentum_correction: bool | None = None, momentum_masking: bool = True, min_k: int = 1,
+                unbiased: bool = False) -> SparseAllgather:
         """Random-k with a seed shared by all ranks: the same k indices everywhere, so the k
-        values are allreduced (no indices sent). ``seed`` must be equal on every rank."""
-        return SparseAllgather(RandomKCompressor(density, seed), ErrorFeedback(error_feedback))
+        values are allreduced (no indices sent). ``seed`` must be equal on every rank.
+
+        ``momentum_correction`` (default: on with error feedback) as :meth:`topk`'s: without it,
+        error feedback and the optimizer's momentum diverge (docs/topk.md#randomk-momentum).
+        ``unbiased=True`` scales the sent values by n/k, without error feedback.
+        """
+        if unbiased and error_feedback:
+            raise ConfigError("unbiased random-k scales the sent values by n/k, an estimate of the whole "
+                              "gradient; error feedback would send the rest again later. Pass "
+                              "error_feedback=False with unbiased=True")
+        return SparseAllgather(RandomKCompressor(density, seed, min_k, unbiased),
+                               _memory(error_feedback, momentum_correction, momentum_masking))
 
     @staticmethod
-    def dgc(density: Density = 0.001, momentum: float = 0.9, nesterov: bool = False,
+    def dgc(density: Density = 0.001, momentum: float | None = None, nesterov: bool = False,
             momentum_masking: bool = True, clip_norm: float | None = None, sample_ratio: float = 0.01,
             warmup_epochs: int = 0, warmup_coeff: float | Sequence[float] | None = None,
             steps_per_epoch: int | None = None, seed: int = 0,
@@ -65,7 +100,9 @@ class Compression:
         """Deep Gradient Compression (docs/dgc.md#update-rule): sampled threshold, momentum correction and
         factor masking, optional local clipping, sparsity warm-up.
 
-        DGC applies the momentum itself: wrap an optimizer with ``momentum=0``. For the warm-up
+        DGC applies the momentum itself: ``momentum=None`` (default) takes the wrapped optimizer's
+        momentum (and Nesterov flag) and runs that optimizer without it; an explicit ``momentum``
+        needs an optimizer without momentum (docs/dgc.md#optimizer-momentum). For the warm-up
         give ``steps_per_epoch`` or call ``set_epoch(e)`` on the returned reducer each epoch;
         ``warmup_coeff=None`` is the reference code's schedule (not the README's, see
         :mod:`hvd_commopt.compress.dgc`).
@@ -78,7 +115,11 @@ class Compression:
 
     @staticmethod
     def gtopk(density: Density = 0.001, error_feedback: bool = True, index_dtype: str | None = None,
-              algorithm: str = "recursive_doubling") -> GTopK:
+              algorithm: str = "recursive_doubling", momentum_correction: bool | None = None,
+              momentum_masking: bool = True, min_k: int = 1) -> GTopK:
         """gTop-k S-SGD (docs/gtopk.md#gtopk): global top-k by recursive doubling, O(k log P) traffic, for
-        any number of ranks; dropped local values return to the residual."""
-        return GTopK(density, error_feedback=error_feedback, index_dtype=index_dtype, algorithm=algorithm)
+        any number of ranks; dropped local values return to the residual (the velocity, with
+        momentum correction). ``momentum_correction``, ``momentum_masking`` and ``min_k`` as
+        :meth:`topk`'s."""
+        return GTopK(density, error_feedback=error_feedback, index_dtype=index_dtype, algorithm=algorithm,
+                     memory=_memory(error_feedback, momentum_correction, momentum_masking), min_k=min_k)
