@@ -141,6 +141,7 @@ def variant_kwargs(name: str, steps_per_epoch: int, warmup: int) -> dict:
                          "fusion_options": {"warmup_steps": 1, "profile_steps": 3, "measure_steps": 0}},
         "dgc": lambda: {"compression": Compression.dgc(d, steps_per_epoch=steps_per_epoch)},
         "randomk": lambda: {"compression": Compression.randomk(d)},
+        "randomk_d03": lambda: {"compression": Compression.randomk(max(d, 0.3))},
         "randomk_nocorr": lambda: {"compression": Compression.randomk(d, momentum_correction=False)},
         "randomk_unbiased": lambda: {"compression": Compression.randomk(d, error_feedback=False, unbiased=True)},
         "randomk_noef": lambda: {"compression": Compression.randomk(d, error_feedback=False)},
