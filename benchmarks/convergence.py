@@ -7,6 +7,7 @@ the per-epoch curve. benchmarks/README.md#convergence has the tables.
 
     mpirun -np 2 python -m benchmarks.convergence --task digits --seeds 0,1,2
     mpirun -np 4 python -m benchmarks.convergence --task rings --epochs 6 --variants ssgd,lags
+    python -m benchmarks.convergence table benchmarks/results/convergence_*.txt   # the README tables
 
 Tasks:
 
@@ -96,12 +97,12 @@ def digits(seed: int = 0):
     return x[tr], y[tr].astype(np.int64), x[te], y[te].astype(np.int64), DigitsCNN
 
 
-def rings(seed: int = 0, n_train: int = 4000, n_test: int = 1000, size: int = 16, classes: int = 4):
+def rings(seed: int = 0, n_train: int = 2400, n_test: int = 1000, size: int = 16, classes: int = 4):
     """Generated images: class c is a ring of radius 2 + 1.5c (pixels) at a random centre, with
-    random thickness jitter, 3 random clutter blobs and Gaussian pixel noise. The class depends on
-    a radius, not on where pixels are bright, so it is not linearly separable (a linear model on
-    the pixels sits near chance; checked with scikit-learn's LogisticRegression: ~30 % for 4
-    classes). Fixed by ``seed`` (the data do not depend on the training seed)."""
+    random thickness jitter, scaled to the same total brightness for every class, plus 3 random
+    clutter blobs and Gaussian pixel noise. The class depends on a radius, not on where or how
+    much pixels are bright, so a linear model on the pixels does poorly (scikit-learn's
+    LogisticRegression: see benchmarks/README.md#convergence). The data depend on ``seed``."""
     rng = np.random.RandomState(1000 + seed)
     n = n_train + n_test
     yy, xx = np.mgrid[0:size, 0:size].astype(np.float32)
@@ -111,7 +112,8 @@ def rings(seed: int = 0, n_train: int = 4000, n_test: int = 1000, size: int = 16
         r = 2.0 + 1.5 * y[i] + rng.uniform(-0.4, 0.4)
         cy, cx = rng.uniform(r - 1, size - r, 2) if r < size / 2 else (size / 2, size / 2)
         d = np.sqrt((yy - cy) ** 2 + (xx - cx) ** 2)
-        img[i] = np.exp(-((d - r) ** 2) / (2 * rng.uniform(0.3, 0.6) ** 2))
+        ring = np.exp(-((d - r) ** 2) / (2 * rng.uniform(0.3, 0.6) ** 2))
+        img[i] = ring * (25.0 / ring.sum())  # the same total brightness for every class
         for _ in range(3):
             by, bx = rng.uniform(0, size, 2)
             img[i] += 0.6 * np.exp(-((yy - by) ** 2 + (xx - bx) ** 2) / (2 * 0.8 ** 2))
@@ -208,7 +210,33 @@ def _accuracy(opt, model, x, y, finalized: bool = False) -> float:
     return round(100.0 * (out.argmax(1) == y).float().mean().item(), 3)
 
 
+def table(paths: list[str]) -> str:
+    """Markdown table (mean ± sample std over seeds, and the gap to S-SGD's mean) from CONV lines."""
+    import statistics
+    rows: dict[tuple, dict[str, list[float]]] = {}
+    for path in paths:
+        for ln in open(path):
+            if ln.startswith("CONV "):
+                r = json.loads(ln[5:])
+                rows.setdefault((r["task"], r["ranks"], r["epochs"]), {}).setdefault(r["variant"], []).append(r["acc"])
+    out = []
+    for (task, ranks, epochs), res in sorted(rows.items()):
+        base = statistics.mean(res["ssgd"]) if "ssgd" in res else None
+        out += [f"**{task}, {ranks} ranks, {epochs} epochs**", "",
+                "| algorithm | seeds | test accuracy % (mean ± std) | min–max | vs S-SGD (pt) |", "|---|---|---|---|---|"]
+        for name, accs in res.items():
+            sd = statistics.stdev(accs) if len(accs) > 1 else 0.0
+            gap = "" if base is None else f"{statistics.mean(accs) - base:+.2f}"
+            out.append(f"| {name} | {len(accs)} | {statistics.mean(accs):.2f} ± {sd:.2f} | "
+                       f"{min(accs):.1f}–{max(accs):.1f} | {gap} |")
+        out.append("")
+    return "\n".join(out)
+
+
 def main(argv=None) -> None:
+    if argv is None and len(sys.argv) > 1 and sys.argv[1] == "table":
+        print(table(sys.argv[2:]))
+        return
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--task", default="digits", choices=sorted(TASKS))
     ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS))

@@ -35,14 +35,15 @@ __all__ = ["Compression"]
 def _memory(error_feedback: bool, momentum_correction: bool | None, momentum_masking: bool):
     """Error feedback, or DGC's momentum correction with the wrapped optimizer's momentum
     (docs/topk.md#momentum-correction): the one place every sparse reducer gets it from."""
-    if momentum_correction is None:
+    auto = momentum_correction is None
+    if auto:
         momentum_correction = bool(error_feedback)
     if not momentum_correction:
         return ErrorFeedback(error_feedback)
     if not error_feedback:
         raise ConfigError("momentum_correction keeps the unsent velocity, which is error feedback: pass "
                           "error_feedback=True, or momentum_correction=False")
-    return MomentumCorrection(momentum_masking=momentum_masking)
+    return MomentumCorrection(momentum_masking=momentum_masking, auto=auto)
 
 
 class Compression:

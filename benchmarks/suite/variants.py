@@ -190,6 +190,11 @@ def b_sparse(kind: str, layerwise: bool = False, planner: str | None = None,
         if kind == "dgc":  # DGC applies momentum itself: the wrapped optimizer runs without it
             comp = factory(density=ctx.density, momentum=ctx.momentum, steps_per_epoch=ctx.steps_per_epoch)
             momentum = 0.0
+        elif kind == "randomk" and ctx.mode == "tta":
+            # random-k trains with momentum only at density >= 0.3 (docs/topk.md#randomk-momentum);
+            # at the suite's 0.01 it diverges, which is what the time-to-accuracy table showed
+            from hvd_commopt.compress.randomk import RANDOMK_MIN_DENSITY
+            comp = factory(density=max(ctx.density, RANDOMK_MIN_DENSITY))
         else:
             comp = factory(density=ctx.density)
         if layerwise:

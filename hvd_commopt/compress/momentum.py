@@ -26,10 +26,14 @@ class MomentumCorrection(DGCMemory):
 
     Args:
         momentum_masking: zero the momentum where values were sent (DGC's factor masking).
+        auto: the correction was not asked for explicitly (``momentum_correction=None``): where the
+            adapter cannot run the optimizer without its momentum (Keras), fall back to error
+            feedback with the optimizer's own momentum instead of refusing.
     """
 
-    def __init__(self, momentum_masking: bool = True):
+    def __init__(self, momentum_masking: bool = True, auto: bool = False):
         super().__init__(momentum=None, momentum_masking=momentum_masking)
+        self.auto = bool(auto)
 
     def _check_bound(self) -> None:
         """Unbound: μ = 0, error feedback (see the module docstring)."""

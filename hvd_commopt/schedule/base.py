@@ -56,6 +56,9 @@ def bind_optimizer_momentum(reducer: Reducer, host: ScheduleHost, names: list[st
     if not mu:
         return None
     off = getattr(host, "hyper_without_momentum", None)
+    if off is None and getattr(mem, "auto", False):
+        mem.bind_momentum(0.0)  # the optimizer keeps its momentum: plain error feedback (Keras)
+        return None
     if off is None:
         raise ConfigError(f"the wrapped optimizer has momentum {mu}, which the compression applies itself "
                           f"(momentum correction), and this adapter cannot run the optimizer without it: wrap "

@@ -102,3 +102,28 @@ def test_pinned_plan_for_another_model_is_refused(tmp_path):
         make_engine(comm, "mgwfbp", Clock(), plan_file=str(path))
     with pytest.raises(ConfigError, match="other tensors"):
         run_ranks(2, body)
+
+
+# -- momentum correction with an adapter that cannot switch the optimizer's momentum off (Keras) --
+def test_host_without_momentum_switch_falls_back_or_refuses_with_the_fix():
+    from hvd_commopt import run_ranks as rr
+    from tests.unit.schedule_helpers import NumpyHost, init_params, make_engine as make_sched_engine, one_step
+    from hvd_commopt import Schedule
+
+    def body(comm, factory):
+        host = NumpyHost(init_params(), momentum=0.9)  # no hyper_without_momentum, like Keras' host
+        eng = make_sched_engine(comm, Schedule.sync(), host, compression=factory())
+        one_step(eng, host, comm.rank, 0)
+        return eng.reducer.memory.momentum
+    # the default (correction not asked for): error feedback, the optimizer keeps its momentum
+    assert rr(1, body, lambda: Compression.topk(0.5)) == [0.0]
+    for factory in (lambda: Compression.topk(0.5, momentum_correction=True), lambda: Compression.dgc(0.5)):
+        with pytest.raises(ConfigError, match="momentum=0"):
+            rr(1, body, factory)
+    # without momentum on the optimizer there is nothing to switch off
+    def body0(comm):
+        host = NumpyHost(init_params(), momentum=0.0)
+        eng = make_sched_engine(comm, Schedule.sync(), host, compression=Compression.dgc(0.5, momentum=0.9))
+        one_step(eng, host, comm.rank, 0)
+        return eng.reducer.memory.momentum
+    assert rr(1, body0) == [0.9]
