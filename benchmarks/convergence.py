@@ -41,22 +41,6 @@ DENSITY = 0.01
 
 
 # -- tasks --------------------------------------------------------------------------------------
-class DigitsCNN(nn.Module):
-    """examples/pytorch_digits.py's model."""
-
-    def __init__(self):
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 16, 3, padding=1)
-        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
-        self.fc1 = nn.Linear(32 * 4 * 4, 64)
-        self.fc2 = nn.Linear(64, 10)
-
-    def forward(self, x):
-        x = F.relu(self.conv1(x))
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        return self.fc2(F.relu(self.fc1(x.flatten(1))))
-
-
 class Block(nn.Module):
     def __init__(self, cin: int, cout: int, stride: int):
         super().__init__()
@@ -94,7 +78,8 @@ def digits(seed: int = 0):
     x = (x / 16.0).astype(np.float32).reshape(-1, 1, 8, 8)
     perm = np.random.RandomState(seed).permutation(len(x))
     te, tr = perm[:360], perm[360:]
-    return x[tr], y[tr].astype(np.int64), x[te], y[te].astype(np.int64), DigitsCNN
+    from .suite.tta import _digits_module  # examples/pytorch_digits.py's DigitsCNN
+    return x[tr], y[tr].astype(np.int64), x[te], y[te].astype(np.int64), _digits_module().DigitsCNN
 
 
 def rings(seed: int = 0, n_train: int = 2400, n_test: int = 1000, size: int = 16, classes: int = 4):
