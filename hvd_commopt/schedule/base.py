@@ -55,16 +55,17 @@ def bind_optimizer_momentum(reducer: Reducer, host: ScheduleHost, names: list[st
                           f"compression (it then takes the optimizer's), or wrap an optimizer with momentum=0")
     if not mu:
         return None
-    off = getattr(host, "hyper_without_momentum", None)
+    switch = getattr(host, "hyper_without_momentum", None)
+    off = switch() if switch is not None else None
     if off is None and getattr(mem, "auto", False):
         mem.bind_momentum(0.0)  # the optimizer keeps its momentum: plain error feedback (Keras)
         return None
     if off is None:
         raise ConfigError(f"the wrapped optimizer has momentum {mu}, which the compression applies itself "
-                          f"(momentum correction), and this adapter cannot run the optimizer without it: wrap "
+                          f"(momentum correction), and this optimizer/adapter cannot run without it: wrap "
                           f"an optimizer with momentum=0 (e.g. keras.optimizers.SGD(lr)) and pass "
                           f"momentum={mu} to the compression")
-    return off()
+    return off
 
 
 class RoundPort(Protocol):

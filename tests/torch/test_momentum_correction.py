@@ -122,3 +122,18 @@ def test_randomk_warns_where_it_was_measured_not_to_train():
         train(1, lambda: Compression.randomk(0.5), steps=1)
     with pytest.raises(ConfigError, match="error_feedback=False"):
         Compression.randomk(0.1, unbiased=True)
+
+
+def test_a_non_sgd_optimizer_with_momentum_keeps_it():
+    """RMSprop's momentum is not SGD's: the default falls back to error feedback, DGC refuses."""
+    def body(comm, factory):
+        m = torch.nn.Linear(4, 2)
+        opt = hco.DistributedOptimizer(torch.optim.RMSprop(m.parameters(), lr=0.01, momentum=0.9),
+                                       named_parameters=m.named_parameters(), compression=factory(),
+                                       communicator=comm)
+        m(torch.randn(3, 4)).sum().backward()
+        opt.step()
+        return opt.comm_engine.reducer.memory.momentum, opt.param_groups[0]["momentum"]
+    assert run_ranks(1, body, lambda: Compression.topk(0.5)) == [(0.0, 0.9)]
+    with pytest.raises(ConfigError, match="momentum=0"):
+        run_ranks(1, body, lambda: Compression.dgc(0.5))
