@@ -13,7 +13,7 @@ Variants (interleaved block by block, so machine noise hits all of them alike):
   fp16        Compression.fp16
   topk        Compression.topk(density): global top-k (one bucket), allgather, error feedback
   gtopk       Compression.gtopk(density): global top-k, recursive doubling
-  dgc         Compression.dgc(density): sampled threshold, momentum correction (SGD momentum 0)
+  dgc         Compression.dgc(density): sampled threshold, momentum correction (with the SGD momentum 0.9)
   topk-lags / gtopk-lags   the same with fusion_threshold=0 (one bucket per layer, LAGS-SGD)
 
 Reported per variant: median step time (rank 0; max over ranks too), bytes this rank sent per
@@ -115,7 +115,7 @@ def rank_main(args) -> None:
     make = {
         "dense": (None, 0.9, None), "fp16": (Compression.fp16, 0.9, None),
         "topk": (lambda: Compression.topk(d), 0.9, None), "gtopk": (lambda: Compression.gtopk(d), 0.9, None),
-        "dgc": (lambda: Compression.dgc(d), 0.0, None),
+        "dgc": (lambda: Compression.dgc(d), 0.9, None),  # DGC takes the optimizer's momentum
         "topk-lags": (lambda: Compression.topk(d), 0.9, 0), "gtopk-lags": (lambda: Compression.gtopk(d), 0.9, 0),
     }
     variants = {}

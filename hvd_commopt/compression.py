@@ -19,16 +19,33 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from .errors import ConfigError
 from .compress.cast import BF16Compressor, FP16Compressor, NoneCompressor
 from .compress.dgc import DGCCompressor, DGCMemory
 from .compress.error_feedback import ErrorFeedback
 from .compress.nonfinite import check_policy
+from .compress.momentum import MomentumCorrection
 from .compress.randomk import RandomKCompressor
 from .compress.topk import Density, TopKCompressor
 from .reduce.gtopk import GTopK
 from .reduce.sparse_allgather import SparseAllgather
 
 __all__ = ["Compression"]
+
+
+def _memory(error_feedback: bool, momentum_correction: bool | None, momentum_masking: bool,
+            nonfinite: str = "skip"):
+    """Error feedback, or DGC's momentum correction with the wrapped optimizer's momentum
+    (docs/topk.md#momentum-correction): the one place every sparse reducer gets it from."""
+    auto = momentum_correction is None
+    if auto:
+        momentum_correction = bool(error_feedback)
+    if not momentum_correction:
+        return ErrorFeedback(error_feedback, nonfinite)
+    if not error_feedback:
+        raise ConfigError("momentum_correction keeps the unsent velocity, which is error feedback: pass "
+                          "error_feedback=True, or momentum_correction=False")
+    return MomentumCorrection(momentum_masking=momentum_masking, auto=auto, nonfinite=nonfinite)
 
 
 class Compression:
@@ -40,7 +57,8 @@ class Compression:
 
     @staticmethod
     def topk(density: Density = 0.001, error_feedback: bool = True,
-             index_dtype: str | None = None, nonfinite: str = "skip") -> SparseAllgather:
+             index_dtype: str | None = None, momentum_correction: bool | None = None,
+             momentum_masking: bool = True, min_k: int = 1, nonfinite: str = "skip") -> SparseAllgather:
         """Top-k S-SGD (docs/topk.md#update-rule): exact top-k per bucket, allgather of (values, indices).
 
         Args:
@@ -48,20 +66,38 @@ class Compression:
                 callable (bucket_name, numel) -> density for per-layer (LAGS) densities.
             error_feedback: keep what was not sent in a residual added to the next gradient.
             index_dtype: "int32" / "int64" / None (int32 when possible).
+            momentum_correction: accumulate the wrapped optimizer's momentum locally before
+                selection, as DGC does (docs/topk.md#momentum-correction); the optimizer then runs
+                without momentum. None (default) = on with error feedback.
+            momentum_masking: with correction, zero the momentum where values were sent.
+            min_k: the fewest elements any bucket sends (docs/topk.md#density-floor): with one
+                bucket per layer (LAGS) it keeps small layers from starving.
             nonfinite: "skip" or "raise", for a NaN/Inf gradient (docs/wrapper.md#nonfinite; every
                 constructor below takes it too).
         """
-        return SparseAllgather(TopKCompressor(density), ErrorFeedback(error_feedback, nonfinite), index_dtype)
+        return SparseAllgather(TopKCompressor(density, min_k),
+                               _memory(error_feedback, momentum_correction, momentum_masking, nonfinite), index_dtype)
 
     @staticmethod
     def randomk(density: Density = 0.001, seed: int = 0, error_feedback: bool = True,
-                nonfinite: str = "skip") -> SparseAllgather:
+                momentum_correction: bool | None = None, momentum_masking: bool = True, min_k: int = 1,
+                unbiased: bool = False, nonfinite: str = "skip") -> SparseAllgather:
         """Random-k with a seed shared by all ranks: the same k indices everywhere, so the k
-        values are allreduced (no indices sent). ``seed`` must be equal on every rank."""
-        return SparseAllgather(RandomKCompressor(density, seed), ErrorFeedback(error_feedback, nonfinite))
+        values are allreduced (no indices sent). ``seed`` must be equal on every rank.
+
+        ``momentum_correction`` (default: on with error feedback) as :meth:`topk`'s: without it,
+        error feedback and the optimizer's momentum diverge (docs/topk.md#randomk-momentum).
+        ``unbiased=True`` scales the sent values by n/k, without error feedback.
+        """
+        if unbiased and error_feedback:
+            raise ConfigError("unbiased random-k scales the sent values by n/k, an estimate of the whole "
+                              "gradient; error feedback would send the rest again later. Pass "
+                              "error_feedback=False with unbiased=True")
+        return SparseAllgather(RandomKCompressor(density, seed, min_k, unbiased),
+                               _memory(error_feedback, momentum_correction, momentum_masking, nonfinite))
 
     @staticmethod
-    def dgc(density: Density = 0.001, momentum: float = 0.9, nesterov: bool = False,
+    def dgc(density: Density = 0.001, momentum: float | None = None, nesterov: bool = False,
             momentum_masking: bool = True, clip_norm: float | None = None, sample_ratio: float = 0.01,
             warmup_epochs: int = 0, warmup_coeff: float | Sequence[float] | None = None,
             steps_per_epoch: int | None = None, seed: int = 0,
@@ -69,7 +105,9 @@ class Compression:
         """Deep Gradient Compression (docs/dgc.md#update-rule): sampled threshold, momentum correction and
         factor masking, optional local clipping, sparsity warm-up.
 
-        DGC applies the momentum itself: wrap an optimizer with ``momentum=0``. For the warm-up
+        DGC applies the momentum itself: ``momentum=None`` (default) takes the wrapped optimizer's
+        momentum (and Nesterov flag) and runs that optimizer without it; an explicit ``momentum``
+        needs an optimizer without momentum (docs/dgc.md#optimizer-momentum). For the warm-up
         give ``steps_per_epoch`` or call ``set_epoch(e)`` on the returned reducer each epoch;
         ``warmup_coeff=None`` is the reference code's schedule (not the README's, see
         :mod:`hvd_commopt.compress.dgc`).
@@ -82,9 +120,11 @@ class Compression:
 
     @staticmethod
     def gtopk(density: Density = 0.001, error_feedback: bool = True, index_dtype: str | None = None,
-              algorithm: str = "recursive_doubling", nonfinite: str = "skip") -> GTopK:
+              algorithm: str = "recursive_doubling", momentum_correction: bool | None = None,
+              momentum_masking: bool = True, min_k: int = 1, nonfinite: str = "skip") -> GTopK:
         """gTop-k S-SGD (docs/gtopk.md#gtopk): global top-k by recursive doubling, O(k log P) traffic, for
-        any number of ranks; dropped local values return to the residual."""
-        red = GTopK(density, error_feedback=error_feedback, index_dtype=index_dtype, algorithm=algorithm)
-        red.memory.nonfinite = check_policy(nonfinite)
-        return red
+        any number of ranks; dropped local values return to the residual (the velocity, with
+        momentum correction). ``momentum_correction``, ``momentum_masking`` and ``min_k`` as
+        :meth:`topk`'s."""
+        return GTopK(density, error_feedback=error_feedback, index_dtype=index_dtype, algorithm=algorithm,
+                     memory=_memory(error_feedback, momentum_correction, momentum_masking, nonfinite), min_k=min_k)

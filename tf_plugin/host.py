@@ -107,6 +107,8 @@ class KerasScheduleHost:
             return float(np.asarray(tf.convert_to_tensor(self.opt.learning_rate).numpy()))
         if key == "momentum":
             return float(getattr(self.opt, "momentum", default or 0.0) or 0.0)
+        if key == "nesterov":
+            return bool(getattr(self.opt, "nesterov", default or False))
         # Keras' weight_decay is decoupled (w -= lr*wd*w inside apply) while the core's local
         # update adds L2 to the gradient (torch's convention): not the same update, so the
         # local update does not take it; set the schedule's local_weight_decay= explicitly.

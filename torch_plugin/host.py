@@ -72,6 +72,15 @@ class TorchScheduleHost:
     def hyper(self) -> list[dict]:
         return [{k: _snapshot(v) for k, v in g.items() if k != "params"} for g in self.opt.param_groups]
 
+    def hyper_without_momentum(self) -> list[dict] | None:
+        """A :meth:`hyper` override that runs ``torch.optim.SGD`` without momentum (momentum
+        correction applies it before selection, docs/dgc.md#optimizer-momentum); None for other
+        optimizers (RMSprop's momentum, for one, is not SGD's)."""
+        if not isinstance(self.opt, torch.optim.SGD):
+            return None
+        return [{"momentum": 0.0, "nesterov": False, "dampening": 0.0} if "momentum" in g else {}
+                for g in self.opt.param_groups]
+
     def param_hyper(self, name: str, key: str, default: float | None = None) -> float | None:
         v = self._group_of[id(self.params[name])].get(key, default)
         return float(v) if isinstance(v, torch.Tensor) else v

@@ -15,8 +15,11 @@ Transcribed from the paper's repository, synxlin/deep-gradient-compression
 
 Buckets whose ratio is 1 go the reference's dense way: allreduce(average) of the plain gradient,
 then momentum applied to the average (``compensate(accumulate=False)``), so the result equals
-momentum SGD. Because DGC applies momentum itself, wrap an optimizer **without** momentum (the
-reference's ``DGCSGD`` adds only weight decay, with its own momentum buffer).
+momentum SGD. DGC applies momentum itself, so the wrapped optimizer must not apply it again:
+``momentum=None`` (``Compression.dgc``'s default) takes μ (and Nesterov) from the wrapped
+optimizer and the scheduler runs that optimizer without momentum (docs/dgc.md#optimizer-momentum);
+the reference's ``DGCSGD`` likewise adds only weight decay. The same memory is Top-k's, gTop-k's and
+LAGS's momentum correction (docs/topk.md#momentum-correction).
 
 Sparsity warm-up and the documented discrepancy (docs/dgc.md#sparsity-warm-up): the README lists the
 exponential schedule ``0.25, 0.063, 0.015, 0.004, 0.001``, but the code's default (used when
@@ -217,7 +220,8 @@ class DGCMemory:
     (bit-exact): ``scatter(idx, v_before[idx]) + v_after == v_before``.
 
     Args:
-        momentum: μ (0.9).
+        momentum: μ (0.9); None: the wrapped optimizer's, bound by the scheduler when it attaches
+            the optimizer (:meth:`bind_momentum`).
         nesterov: Nesterov form ``u = μ(u+g); v += u + g``.
         momentum_masking: zero ``u`` where values were sent (the paper's momentum factor masking).
         clip_norm: clip each bucket's local gradient to this L2 norm first (None = no clipping).
@@ -225,13 +229,17 @@ class DGCMemory:
             (docs/wrapper.md#nonfinite).
     """
 
-    def __init__(self, momentum: float = 0.9, nesterov: bool = False, momentum_masking: bool = True,
+    def __init__(self, momentum: float | None = 0.9, nesterov: bool = False, momentum_masking: bool = True,
                  clip_norm: float | None = None, nonfinite: str = "skip"):
-        if not 0.0 <= momentum < 1.0:
-            raise ConfigError(f"DGC momentum must be in [0, 1), got {momentum}")
+        if momentum is not None and not 0.0 <= momentum < 1.0:
+            raise ConfigError(f"DGC momentum must be in [0, 1) or None (the wrapped optimizer's), got {momentum}")
         if clip_norm is not None and not clip_norm > 0:
             raise ConfigError(f"clip_norm must be > 0 (or None for no clipping), got {clip_norm}")
-        self.momentum = float(momentum)
+        # momentum correction: the scheduler reads this and keeps the optimizer's own momentum off
+        self.applies_momentum = True
+        self.from_optimizer = momentum is None
+        self._bound = momentum is not None
+        self.momentum = 0.0 if momentum is None else float(momentum)
         self.nesterov = bool(nesterov)
         self.momentum_masking = bool(momentum_masking)
         self.clip_norm = None if clip_norm is None else float(clip_norm)
@@ -254,6 +262,21 @@ class DGCMemory:
         """Round ``step`` came back non-finite: ``u`` and ``v`` go back to their snapshots."""
         return all([s.restore(name, step) for s in self._snaps])
 
+    def bind_momentum(self, momentum: float, nesterov: bool = False) -> None:
+        """Take μ and Nesterov from the wrapped optimizer (``momentum=None`` at construction)."""
+        if not 0.0 <= momentum < 1.0:
+            raise ConfigError(f"the wrapped optimizer's momentum must be in [0, 1) for momentum correction, "
+                              f"got {momentum}")
+        self.momentum, self.nesterov = float(momentum), bool(nesterov)
+        self._bound = True
+
+    def _check_bound(self) -> None:
+        if not self._bound:
+            raise ConfigError("this compression takes its momentum from the wrapped optimizer (momentum=None), "
+                              "but no optimizer is attached (DistributedGradientTape, reduce_step): pass the "
+                              "momentum explicitly, e.g. Compression.dgc(..., momentum=0.9), and step an "
+                              "optimizer without momentum")
+
     def _clip(self, ops: TensorOps, g: Any) -> Any:
         if self.clip_norm is None:
             return g
@@ -265,6 +288,7 @@ class DGCMemory:
         return ops.zeros(ops.numel(like), ops.dtype_name(like), like=like) if t is None else t
 
     def compensate(self, ops: TensorOps, name: str, flat: Any) -> Any:
+        self._check_bound()
         g = self._clip(ops, flat)
         u = self._buffer(self._u, ops, name, g)
         v = self._buffer(self._v, ops, name, g)
@@ -297,6 +321,7 @@ class DGCMemory:
 
     def finish_dense(self, ops: TensorOps, name: str, reduced: Any) -> Any:
         # ... and applies clipping and momentum to the average (compensate(accumulate=False))
+        self._check_bound()
         g = self._clip(ops, reduced)
         u = self._buffer(self._u, ops, name, g)
         if self.nesterov:
@@ -311,7 +336,8 @@ class DGCMemory:
         return self._v.get(ops, name, like)
 
     def config(self) -> dict:
-        return {"name": "dgc_memory", "momentum": self.momentum, "nesterov": self.nesterov,
+        return {"name": "dgc_memory", "momentum": "optimizer" if self.from_optimizer else self.momentum,
+                "nesterov": self.nesterov,
                 "momentum_masking": self.momentum_masking, "clip_norm": self.clip_norm,
                 "nonfinite": self.nonfinite}
 

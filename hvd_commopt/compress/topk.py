@@ -5,9 +5,10 @@ Paper / reference: Top-k S-SGD with error feedback as in the HKBU code (OMGS-SGD
 
 Choices:
 
-* ``k = max(int(n * density), 1)`` per bucket (docs/wrapper.md#k-per-bucket), so ``k <= n`` always: a layer
-  smaller than ``1/density`` still sends one element, and a bucket never asks for more than it
-  has.
+* ``k = min(max(int(n * density), min_k), n)`` per bucket (docs/wrapper.md#k-per-bucket), so ``k <= n``
+  always: a layer smaller than ``1/density`` still sends ``min_k`` elements (1 by default), and a
+  bucket never asks for more than it has. ``min_k`` is the per-layer floor that keeps LAGS's small
+  layers from starving (docs/topk.md#density-floor).
 * Selection is ``TensorOps.topk_abs``: ties go to the lower index and indices come out ascending,
   identical on every rank and in every framework (docs/wrapper.md#topk-ties; gTop-k relies on it).
 * A selector never communicates and keeps no state (GRACE's lesson): error feedback lives in
@@ -117,12 +118,15 @@ class SparseCompressor:
     collective = "sparse"
     name = "abstract"
 
-    def __init__(self, density: Density = 0.001):
+    def __init__(self, density: Density = 0.001, min_k: int = 1):
         self.density = DensitySpec(density)
+        if isinstance(min_k, bool) or not isinstance(min_k, int) or min_k < 1:
+            raise ConfigError(f"min_k must be an integer >= 1 (the fewest elements a bucket sends), got {min_k!r}")
+        self.min_k = int(min_k)
 
     def k_for(self, numel: int, bucket: Bucket | None = None, step: int = 0) -> int:
-        """Elements to send from ``numel`` elements: ``max(int(numel*density), 1)``."""
-        return max(int(numel * self.density(bucket, numel)), 1) if numel > 0 else 0
+        """Elements to send from ``numel`` elements: ``min(max(int(numel*density), min_k), numel)``."""
+        return min(max(int(numel * self.density(bucket, numel)), self.min_k), numel) if numel > 0 else 0
 
     def select(self, ops: TensorOps, acc: Any, bucket: Bucket | None = None, step: int = 0) -> tuple[Any, Any]:
         """(values, int64 indices ascending) to send from the flat ``acc``; never modifies acc."""
@@ -130,7 +134,7 @@ class SparseCompressor:
 
     def config(self) -> dict:
         """The configuration, as plain values: compared across ranks (they must agree)."""
-        return {"name": self.name, "density": self.density.config()}
+        return {"name": self.name, "density": self.density.config(), "min_k": self.min_k}
 
     def state_dict(self) -> dict:
         return {}

@@ -39,6 +39,7 @@ from ..reduce import make_reducer
 from ..reduce.base import Average, ReduceContext, Reducer, RoundInfo, check_op
 from ..tensor_ops import TensorOps
 from .args import check_backward_passes, check_predivide
+from .relayout import relayout_state
 from .rounds import Round, RoundPlan
 from .settings import DERIVED, engine_settings, plan_setting
 from .specs import verify_same_settings, verify_same_tensors
@@ -221,8 +222,14 @@ class CommEngine:
             validate_plan(plan, len(self._backward))
             if self.scheduler is not None and self.scheduler.outstanding:
                 self.scheduler.drain()  # earlier rounds use the old layout; draining is value-neutral
+            old = getattr(self, "_buckets", None)
             self.plan = [list(g) for g in plan]
             self._buckets = build_buckets(self._backward, self.plan)
+            if old and [b.name for b in old] != [b.name for b in self._buckets]:
+                # residuals/velocities are keyed by bucket: move them (docs/lags-omgs.md#replan-residuals)
+                state, moved = relayout_state(self.ops, self.reducer.state_dict(), old, self._buckets)
+                if moved:
+                    self.reducer.load_state_dict(state)
             self._bucket_of = {n: b for b in self._buckets for n in b.names}
             self._pool = []
             self._reset_step()

@@ -64,7 +64,7 @@ from ..fusion.exact import plan_optimal
 from ..fusion.mgwfbp import plan_mgwfbp
 from ..fusion.omgs import plan_omgs
 from ..fusion.pricing import PER_LAYER_DENSITY, fit_select_s
-from ..fusion.threshold import plan_per_tensor, plan_single, plan_threshold
+from ..fusion.threshold import plan_per_tensor, plan_single, plan_threshold, validate_plan
 from ..reduce.base import Reducer
 from ..reduce.dense import DenseAllreduce
 from .profiler import Profile, StepProfiler
@@ -100,6 +100,9 @@ class FusionOptions:
         first_bucket_bytes: ``"threshold"`` fusion of a dense reducer: cap of the first bucket
             (the last layers' gradients), so communication starts early in backward; None =
             DDP's 1 MiB (docs/wrapper.md#first-bucket), 0 = no separate cap.
+        plan_file: pin the plan (docs/lags-omgs.md#pinned-plan): a JSON path. If it exists, rank 0
+            reads it and every rank uses its plan as is (no profiling: two runs bucket alike);
+            otherwise the plan is made as usual and rank 0 writes it there.
     """
 
     warmup_steps: int = 2
@@ -111,6 +114,7 @@ class FusionOptions:
     resolution_s: float = 1e-6
     verbose: bool | None = None
     first_bucket_bytes: int | None = None
+    plan_file: str | None = None
 
     def __post_init__(self) -> None:
         if self.warmup_steps < 0 or self.profile_steps < 1 or self.measure_steps < 0:
@@ -202,6 +206,13 @@ class FusionTuner:
         """The plan to register now (names and sizes in backward order). Restarts profiling when
         the tensor set differs from the last one; an ``explicit`` plan is used as is (static)."""
         key = (tuple(names), tuple(int(s) for s in sizes_bytes))
+        if explicit is None and self.planned and self.options.plan_file:
+            explicit = self._pinned_plan(list(names))
+            if explicit is not None:
+                self._key, self.phase, self.recording = key, "static", False
+                self.plan = explicit
+                self._report = self._static_report(key[1], "pinned")
+                return self.plan
         if explicit is not None:
             self._key, self.phase, self.recording = key, "static", False
             self.plan = [list(g) for g in explicit]
@@ -283,11 +294,44 @@ class FusionTuner:
         self.plan = [list(g) for g in payload["plan"]]
         self._report = payload["report"]
         self.plans_made += 1
+        if self.options.plan_file and comm.rank == 0:
+            self._save_plan(self.options.plan_file, list(self._key[0]))
         if self.options.measure_steps == 0:
             self._finish()
         else:
             self.phase = "settle"
         return self.plan
+
+    # -- pinned plans (docs/lags-omgs.md#pinned-plan) -------------------------------------------
+    def _pinned_plan(self, names: list[str]) -> list[list[int]] | None:
+        """Rank 0 reads ``plan_file`` (if it exists) and broadcasts it; None = plan as usual."""
+        path = self.options.plan_file
+        payload = None
+        if self.comm.rank == 0:
+            try:
+                with open(path) as f:
+                    payload = json.load(f)
+            except FileNotFoundError:
+                payload = {"missing": True}
+            except (OSError, ValueError) as e:
+                payload = {"error": f"{type(e).__name__}: {e}"}
+        payload = self.comm.broadcast_object(payload, root=0, name="fusion.pinned")
+        if payload.get("missing"):
+            return None
+        if "error" in payload:
+            raise ConfigError(f"cannot read the pinned fusion plan {path!r}: {payload['error']}; delete it to "
+                              f"plan again")
+        if payload.get("names") != names:
+            raise ConfigError(f"the pinned fusion plan {path!r} is for other tensors (or another backward "
+                              f"order) than this model's; delete it or point plan_file elsewhere")
+        plan = [list(map(int, g)) for g in payload["plan"]]
+        validate_plan(plan, len(names))
+        return plan
+
+    def _save_plan(self, path: str, names: list[str]) -> None:
+        with open(path, "w") as f:
+            json.dump({"names": names, "plan": self.plan, "strategy": self.strategy,
+                       "chosen": self._report.get("chosen")}, f)
 
     def _calibrate(self) -> CostModel:
         comm = self.comm

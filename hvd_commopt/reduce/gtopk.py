@@ -55,6 +55,7 @@ import numpy as np
 from ..buckets import Bucket
 from ..comm.communicator import CountingLink
 from ..compress.error_feedback import ErrorFeedback
+from ..compress.memory import Memory
 from ..compress.topk import Density, TopKCompressor
 from ..errors import ConfigError
 from ..fusion.pricing import Pricing, sparse_pricing
@@ -217,6 +218,8 @@ class GTopK(SparseReducer):
         density: fraction of each bucket sent (float, per-layer dict or callable); k per bucket
             is ``max(int(n·density), 1)``.
         error_feedback: keep unsent and dropped values in a residual (default True).
+        memory: another memory instead (``DGCMemory``: momentum correction, docs/topk.md#momentum-correction).
+        min_k: the fewest elements a bucket sends (docs/topk.md#density-floor).
         index_dtype: "int32", "int64" or None (int32 when it can hold every index).
         algorithm: "recursive_doubling" (default) or "allgather" (oracle/fallback, O(kP)).
         dense_when_full: density 1 buckets use a dense allreduce.
@@ -230,10 +233,12 @@ class GTopK(SparseReducer):
     name = "gtopk"
 
     def __init__(self, density: Density = 0.001, error_feedback: bool = True, index_dtype: str | None = None,
-                 algorithm: str = "recursive_doubling", dense_when_full: bool = True):
+                 algorithm: str = "recursive_doubling", dense_when_full: bool = True, memory: Memory | None = None,
+                 min_k: int = 1):
         if algorithm not in ALGORITHMS:
             raise ConfigError(f"gTop-k algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
-        super().__init__(TopKCompressor(density), ErrorFeedback(error_feedback), index_dtype, dense_when_full)
+        super().__init__(TopKCompressor(density, min_k), memory if memory is not None else ErrorFeedback(error_feedback),
+                         index_dtype, dense_when_full)
         self.algorithm = algorithm
 
     def start(self, bucket: Bucket, rnd: RoundInfo, flat: Any, ctx: ReduceContext) -> Pending:

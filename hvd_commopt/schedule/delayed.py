@@ -91,7 +91,10 @@ class DelayedScheduler(Scheduler):
         self.k = config.delay
         self.warmup = config.warmup_steps
         scale = config.local_scale if config.local_scale is not None else 1.0 / port.comm.size
-        self.local = LocalOptimizer(self.ops, config.local_optimizer, config.local_momentum, scale, config.dc_lambda)
+        # local_momentum None mirrors the wrapped optimizer's, read per tensor at each step
+        # (docs/od-sgd.md#local-defaults)
+        self.local = LocalOptimizer(self.ops, config.local_optimizer, config.local_momentum or 0.0, scale,
+                                    config.dc_lambda)
         self.fifo: deque[Round] = deque()
         self.replica: dict[str, Tensor] | None = None
         self.applied = 0  # rounds applied to the replica since the switch
@@ -178,8 +181,13 @@ class DelayedScheduler(Scheduler):
             wd = cfg.local_weight_decay if cfg.local_weight_decay is not None else \
                 (host.param_hyper(n, "weight_decay", 0.0) or 0.0)
             glu = self._glu_dir.get(n) if self._glu_dir is not None else None
+            mom = {}
+            if cfg.local_momentum is None:
+                mom = dict(momentum=float(host.param_hyper(n, "momentum", 0.0) or 0.0),
+                           dampening=float(host.param_hyper(n, "dampening", 0.0) or 0.0),
+                           nesterov=bool(host.param_hyper(n, "nesterov", False)))
             new = self.local.update(n, w[n], None if base is None else base[n], g, lr=float(lr),
-                                    weight_decay=float(wd), glu_dir=glu, glu_coef=cfg.glu)
+                                    weight_decay=float(wd), glu_dir=glu, glu_coef=cfg.glu, **mom)
             host.assign(n, new)
 
     def _glu_refresh(self) -> None:

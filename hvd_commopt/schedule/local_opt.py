@@ -9,11 +9,14 @@ local weights w_c = w_loc(t).
 **SGD** (``local_optimizer="sgd"``), in PyTorch's form (docs/wrapper.md#momentum-form), with its own momentum buffer
 that is never reset when the base jumps to the replica (the reference's behaviour, docs/od-sgd.md#pitfalls):
 
-    d = s*g [+ c*g_glob (GLU, docs/ssd-sgd.md#glu-recommended-form)] + wd*b;   m = mu*m + d (m = d at the first step);   w = b - lr*m
+    d = s*g [+ c*g_glob (GLU, docs/ssd-sgd.md#glu-recommended-form)] + wd*b;   m = mu*m + (1-damp)*d (m = d at the first step)
+    w = b - lr*m      (nesterov: w = b - lr*(d + mu*m))
 
 The operations and their order are exactly ``torch.optim.SGD``'s single-tensor kernel
-(``grad.add(param, alpha=wd)``, ``buf.mul_(mu).add_(d)``, ``param.add_(d, alpha=-lr)``), so with
-equal hyper-parameters and s = 1 the local and the global update are bit-identical (T-OD-1).
+(``grad.add(param, alpha=wd)``, ``buf.mul_(mu).add_(d, alpha=1-dampening)``,
+``param.add_(d, alpha=-lr)``), so with equal hyper-parameters and s = 1 the local and the global
+update are bit-identical (T-OD-1). mu, dampening and nesterov are fixed per optimizer, or given
+per call when the local optimizer mirrors the wrapped one (docs/od-sgd.md#local-defaults).
 
 **DC-ASGD** (``local_optimizer="dcasgd"``), re-derived from its definition (Zheng et al., "Asynchronous
 SGD with Delay Compensation", ICML 2017) rather than from the fork's kernel, whose ``lr/wd/lam``
@@ -43,7 +46,7 @@ class LocalOptimizer:
     Args:
         ops: the adapter's TensorOps.
         kind: "sgd" or "dcasgd".
-        momentum: mu (0 = no buffer).
+        momentum: mu (0 = no buffer); :meth:`update` may override it per tensor (mirroring).
         scale: s_loc, the factor on the worker's own gradient (1/P in the reference).
         dc_lambda: DC-ASGD's lambda.
     """
@@ -54,7 +57,8 @@ class LocalOptimizer:
         self.buf: dict[str, Tensor] = {}
 
     def update(self, name: str, w: Tensor, base: Tensor | None, grad: Tensor, *, lr: float,
-               weight_decay: float = 0.0, glu_dir: Tensor | None = None, glu_coef: float = 0.0) -> Tensor:
+               weight_decay: float = 0.0, glu_dir: Tensor | None = None, glu_coef: float = 0.0,
+               momentum: float | None = None, dampening: float = 0.0, nesterov: bool = False) -> Tensor:
         """Return the new local weights (computed into ``w`` where the framework allows).
 
         Args:
@@ -63,6 +67,8 @@ class LocalOptimizer:
             grad: the worker's own gradient g_i(t).
             lr, weight_decay: the local step size and weight decay for this tensor.
             glu_dir, glu_coef: SSD-SGD's global direction and its coefficient c.
+            momentum, dampening, nesterov: this tensor's momentum settings (None = the
+                optimizer's own ``momentum``, no dampening, no Nesterov).
         """
         ops = self.ops
         d = ops.clone(grad)
@@ -77,14 +83,15 @@ class LocalOptimizer:
         b = w if base is None else base
         if weight_decay:
             d = ops.axpy_(d, weight_decay, b)
-        if self.momentum:
+        mu = self.momentum if momentum is None else float(momentum)
+        if mu:
             m = self.buf.get(name)
             if m is None:
                 m = ops.clone(d)  # torch: buf = clone(d_p) at the first step
             else:
-                m = ops.axpy_(ops.scale(m, self.momentum), 1.0, d)
+                m = ops.axpy_(ops.scale(m, mu), 1.0 - dampening, d)
             self.buf[name] = m
-            d = m
+            d = ops.axpy_(d, mu, m) if nesterov else m
         if base is not None:
             w = ops.copy_(w, base)
         return ops.axpy_(w, -lr, d)

@@ -39,7 +39,7 @@ class SyncScheduler(Scheduler):
                               "in `with optimizer.skip_synchronize():`.")
             loss = self._sync_step(closure)
         else:  # the framework's gradients as they are (reduced by an explicit synchronize())
-            loss = self.host.apply_optimizer(closure=closure)
+            loss = self.host.apply_optimizer(closure=closure, hyper=self._hyper_override)
             self.step += 1
         self._synchronized = False
         return loss

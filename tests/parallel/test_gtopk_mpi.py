@@ -163,7 +163,7 @@ def test_randomk_same_indices_on_every_rank():
 @host_only
 def test_dgc_ranks_agree():
     n = 50_000
-    red = Compression.dgc(0.001)
+    red = Compression.dgc(0.001, momentum=0.9)
     for s in range(2):
         _, out, after, _ = step_with(red, "b", local_data(s, n), 1.0 / P)
         assert np.array_equal(gather_rows(out), np.broadcast_to(out, (P, n)))

@@ -58,8 +58,8 @@ FACTORIES = {
     "gtopk": lambda: Compression.gtopk(0.02),
     "gtopk_allgather": lambda: Compression.gtopk(0.02, algorithm="allgather"),
     "randomk": lambda: Compression.randomk(0.02, seed=3),
-    "dgc": lambda: Compression.dgc(0.02),
-    "dgc_clip": lambda: Compression.dgc(0.02, clip_norm=5.0),
+    "dgc": lambda: Compression.dgc(0.02, momentum=0.9),
+    "dgc_clip": lambda: Compression.dgc(0.02, clip_norm=5.0, momentum=0.9),
     "topk_dense": lambda: Compression.topk(1.0),
 }
 

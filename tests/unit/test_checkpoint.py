@@ -25,7 +25,8 @@ def grads(rank, step):
 
 
 def engine(comm):
-    eng = build_engine(comm, ops, compression=Compression.topk(0.2), fusion_threshold=1 << 30)
+    eng = build_engine(comm, ops, compression=Compression.topk(0.2, momentum_correction=False),
+                       fusion_threshold=1 << 30)
     eng.register(SPECS)
     return eng
 

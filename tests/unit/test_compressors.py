@@ -170,7 +170,7 @@ def test_make_reducer_checks_the_collective():
         DenseAllreduce(DGCCompressor(0.1))
     with pytest.raises(ConfigError, match="sparse compressor"):
         SparseAllgather(FP16Compressor())
-    for red in (Compression.topk(0.1), Compression.randomk(0.1), Compression.dgc(0.1), Compression.gtopk(0.1)):
+    for red in (Compression.topk(0.1), Compression.randomk(0.1), Compression.dgc(0.1, momentum=0.9), Compression.gtopk(0.1)):
         assert make_reducer(red) is red
     assert isinstance(Compression.gtopk(0.1), GTopK)
     with pytest.raises(ConfigError, match="index_dtype"):
@@ -202,7 +202,7 @@ def test_dgc_epoch_from_steps_or_set_epoch():
         DGCCompressor(0.001, warmup_epochs=5).ratio(None, 100)
     with pytest.raises(ConfigError, match="one ratio per warm-up epoch"):
         DGCCompressor(0.001, warmup_epochs=5, warmup_coeff=[0.1, 0.01])
-    red = Compression.dgc(0.001, warmup_epochs=2, steps_per_epoch=1)
+    red = Compression.dgc(0.001, warmup_epochs=2, steps_per_epoch=1, momentum=0.9)
     red.set_epoch(1)
     assert red.compressor.ratio(None, 100) == pytest.approx(0.001 ** (2 / 3))
 

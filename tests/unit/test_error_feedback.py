@@ -121,7 +121,7 @@ def test_state_dict_is_a_copy_and_size_mismatch_is_explained():
 
 
 @pytest.mark.parametrize("factory", [lambda: Compression.topk(0.05), lambda: Compression.randomk(0.05, seed=3),
-                                     lambda: Compression.dgc(0.05, warmup_epochs=2, steps_per_epoch=2),
+                                     lambda: Compression.dgc(0.05, warmup_epochs=2, steps_per_epoch=2, momentum=0.9),
                                      lambda: Compression.gtopk(0.05)])
 def test_reducer_checkpoint_round_trip_three_ranks(factory):
     """Run 3 steps, checkpoint (pickled), then 3 more: a fresh reducer loaded from the checkpoint

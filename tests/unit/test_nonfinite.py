@@ -27,8 +27,8 @@ FACTORIES = {
     "topk": lambda: Compression.topk(0.1),
     "topk_dense": lambda: Compression.topk(1.0),
     "randomk": lambda: Compression.randomk(0.1, seed=3),
-    "dgc": lambda: Compression.dgc(0.1, sample_ratio=1.0),
-    "dgc_dense": lambda: Compression.dgc(1.0),
+    "dgc": lambda: Compression.dgc(0.1, momentum=0.9, sample_ratio=1.0),
+    "dgc_dense": lambda: Compression.dgc(1.0, momentum=0.9),
     "gtopk": lambda: Compression.gtopk(0.1),
     "fp16_ef": lambda: DenseAllreduce(FP16Compressor(), ErrorFeedback()),
 }

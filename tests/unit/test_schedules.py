@@ -42,12 +42,20 @@ def assert_same(a, b):
 
 
 # -- configuration ------------------------------------------------------------------------------
-def test_defaults_are_the_references():
+def test_defaults_are_the_references_with_a_mirroring_local_optimizer():
     od, ssd, cd = Schedule.od(), Schedule.ssd(), Schedule.cd()
-    assert (od.delay, od.warmup_steps, od.local_lr, od.local_momentum, od.local_scale) == (1, 200, 0.1, 0.1, None)
-    assert (ssd.delay, ssd.warmup_steps, ssd.local_lr, ssd.local_momentum, ssd.glu) == (5, 500, 0.1, 0.0, 0.0)
+    # the local optimizer follows the wrapped one (docs/od-sgd.md#local-defaults)
+    for c in (od, ssd, cd):
+        assert (c.local_lr, c.local_momentum, c.local_scale) == (None, None, 1.0)
+    assert (od.delay, od.warmup_steps, ssd.delay, ssd.warmup_steps, ssd.glu) == (1, 200, 5, 500, 0.0)
     assert (cd.delay, cd.warmup_steps, cd.correction_every, cd.threshold) == (1, 1000, 5, 0.5)
-    assert cd.flush_residual_on_correction is False and cd.local_momentum == 0.1
+    assert cd.flush_residual_on_correction is False
+    od, ssd, cd = Schedule.od(local="reference"), Schedule.ssd(local="reference"), Schedule.cd(local="reference")
+    assert (od.local_lr, od.local_momentum, od.local_scale) == (0.1, 0.1, None)
+    assert (ssd.local_lr, ssd.local_momentum, ssd.local_scale) == (0.1, 0.0, None)
+    assert (cd.local_lr, cd.local_momentum, cd.local_scale) == (0.1, 0.1, None)
+    # a value given explicitly overrides the preset
+    assert Schedule.od(local="reference", local_momentum=0.5).local_momentum == 0.5
     assert Schedule.cd(threshold=0.5, batch_size=32).theta == 0.5 / 32
     assert Schedule.cocod(4).period == 4 and Schedule.local_sgd(8).kind == "local_sgd"
 
@@ -60,6 +68,7 @@ def test_defaults_are_the_references():
     (lambda: Schedule.od(local_momentum=1.0), "local_momentum"),
     (lambda: Schedule.od(local_scale=0), "local_scale"),
     (lambda: Schedule.od(local_optimizer="adam"), "local_optimizer must be one of"),
+    (lambda: Schedule.od(local="paper"), "local must be one of"),
     (lambda: Schedule.ssd(delay=0, glu=0.5), "glu has no effect with delay=0"),
     (lambda: Schedule.ssd(local_optimizer="dcasgd", glu=0.5), "choose one compensation"),
     (lambda: Schedule.cd(correction_every=0), "correction_every"),
@@ -170,6 +179,18 @@ def test_T_OD_1_single_rank_equals_plain_sgd_bit_for_bit():
     (model2, rep2, _, _), = train(1, sched, 10, lr=0.1, wd=1e-3, finalize=True)
     assert_same(model2, ref)
     assert_same(rep2, ref)
+
+
+def test_mirroring_local_optimizer_is_plain_momentum_sgd_at_one_rank():
+    """The default local optimizer mirrors the wrapped one (docs/od-sgd.md#local-defaults): with no
+    warm-up its momentum buffer sees the same gradients as the global one, so at P = 1 OD-SGD's
+    local weights are momentum SGD's bit for bit."""
+    (ref, _, _, _), = train(1, Schedule.sync(), 10, lr=0.1, momentum=0.9, wd=1e-3)
+    (model, _, _, _), = train(1, Schedule.od(warmup_steps=0), 10, lr=0.1, momentum=0.9, wd=1e-3)
+    assert_same(model, ref)
+    (model, _, _, _), = train(1, Schedule.cd(warmup_steps=0, correction_every=1), 10, lr=0.1, momentum=0.9,
+                              wd=1e-3)
+    assert_same(model, ref)
 
 
 def test_T_OD_2_identical_data_reproduces_single_worker_sgd():

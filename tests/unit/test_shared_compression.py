@@ -12,7 +12,7 @@ SPECS = [TensorSpec("w", (40,), "float32"), TensorSpec("b", (10,), "float32")]
 
 
 @pytest.mark.parametrize("make", [lambda: Compression.topk(0.1), lambda: Compression.gtopk(0.1),
-                                  lambda: Compression.dgc(0.1), lambda: Compression.randomk(0.1, seed=3)])
+                                  lambda: Compression.dgc(0.1, momentum=0.9), lambda: Compression.randomk(0.1, seed=3)])
 def test_second_engine_gets_a_fresh_reducer_with_the_same_config_and_compressor(make):
     def body(comm):
         comp = make()

@@ -182,7 +182,7 @@ def test_merge_is_robust_union():
 
 
 @pytest.mark.parametrize("factory", [lambda: Compression.topk(0.02), lambda: Compression.gtopk(0.02),
-                                     lambda: Compression.randomk(0.02, seed=5), lambda: Compression.dgc(0.02)])
+                                     lambda: Compression.randomk(0.02, seed=5), lambda: Compression.dgc(0.02, momentum=0.9)])
 @pytest.mark.parametrize("P", [4, 5])
 def test_all_ranks_hold_identical_results(factory, P):
     data = data_for(P, 3, 1000, seed=7)
@@ -226,7 +226,7 @@ def test_randomk_indices_identical_across_ranks_and_values_averaged():
 def test_dgc_across_ranks_sends_velocity_and_masks():
     P, n = 3, 50_000
     data = data_for(P, 2, n, seed=12)
-    recs = run(P, lambda: Compression.dgc(0.001), data, 2)
+    recs = run(P, lambda: Compression.dgc(0.001, momentum=0.9), data, 2)
     for s in range(2):
         out = recs[0][s][1]
         assert 0 < np.count_nonzero(out) <= P * 50
@@ -237,7 +237,7 @@ def test_dgc_across_ranks_sends_velocity_and_masks():
 
 # -- dtypes, small layers ----------------------------------------------------------------------
 @pytest.mark.parametrize("factory", [lambda: Compression.topk(0.05), lambda: Compression.gtopk(0.05),
-                                     lambda: Compression.randomk(0.05), lambda: Compression.dgc(0.05),
+                                     lambda: Compression.randomk(0.05), lambda: Compression.dgc(0.05, momentum=0.9),
                                      lambda: Compression.gtopk(1.0)])
 @pytest.mark.parametrize("dtype", [np.float16, np.float64])
 def test_dtype_round_trip(factory, dtype):
@@ -344,7 +344,8 @@ def test_lags_per_layer_buckets_pipelined_from_hooks_with_per_layer_density():
             assert np.array_equal(results[r][1][s.name].reshape(-1), ref)
 
 
-@pytest.mark.parametrize("factory", [lambda: Compression.gtopk(0.01), lambda: Compression.topk(0.01)])
+@pytest.mark.parametrize("factory", [lambda: Compression.gtopk(0.01, momentum_correction=False),
+                                     lambda: Compression.topk(0.01, momentum_correction=False)])
 def test_whole_model_single_bucket_is_global_topk(factory):
     P = 3
     grads = {(r, s.name): np.random.default_rng(r * 10 + i).standard_normal(s.numel).astype(np.float32)
@@ -371,7 +372,8 @@ def test_whole_model_single_bucket_is_global_topk(factory):
     assert res[0][1]["step"] == 2 and list(res[0][1]["ranks"][0]["reducer"]["memory"]["residuals"]) == ["bucket0:w2+2"]
 
 
-@pytest.mark.parametrize("factory", [lambda: Compression.gtopk(0.03), lambda: Compression.topk(0.03)])
+@pytest.mark.parametrize("factory", [lambda: Compression.gtopk(0.03, momentum_correction=False),
+                                     lambda: Compression.topk(0.03, momentum_correction=False)])
 def test_delayed_rounds_share_bucket_state_and_conserve_mass(factory):
     """Delayed schedules name rounds ``bucket@r<step>`` and start round t+1 before finishing
     round t: state is keyed by the bucket, and no gradient mass is lost or duplicated."""
