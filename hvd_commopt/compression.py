@@ -38,8 +38,8 @@ class Compression:
     bf16 = BF16Compressor()
 
     @staticmethod
-    def topk(density: Density = 0.001, error_feedback: bool = True,
-             index_dtype: str | None = None) -> SparseAllgather:
+    def topk(density: Density = 0.001, error_feedback: bool = True, index_dtype: str | None = None,
+             selection: str = "exact", tau: int = 16, band: float = 0.2) -> SparseAllgather:
         """Top-k S-SGD (docs/topk.md#update-rule): exact top-k per bucket, allgather of (values, indices).
 
         Args:
@@ -47,8 +47,13 @@ class Compression:
                 callable (bucket_name, numel) -> density for per-layer (LAGS) densities.
             error_feedback: keep what was not sent in a residual added to the next gradient.
             index_dtype: "int32" / "int64" / None (int32 when possible).
+            selection: "exact" (bit-identical to the reference top-k), "threshold" (Ok-Topk's
+                threshold reuse: exact every ``tau`` steps, the count kept within
+                ``k·(1 ± band)``; drift in ``reducer.stats()``) or "sampled" (DGC's sampled
+                threshold); docs/selection.md.
         """
-        return SparseAllgather(TopKCompressor(density), ErrorFeedback(error_feedback), index_dtype)
+        return SparseAllgather(TopKCompressor(density, selection, tau, band), ErrorFeedback(error_feedback),
+                               index_dtype)
 
     @staticmethod
     def randomk(density: Density = 0.001, seed: int = 0, error_feedback: bool = True) -> SparseAllgather:
@@ -61,17 +66,20 @@ class Compression:
             momentum_masking: bool = True, clip_norm: float | None = None, sample_ratio: float = 0.01,
             warmup_epochs: int = 0, warmup_coeff: float | Sequence[float] | None = None,
             steps_per_epoch: int | None = None, seed: int = 0,
-            index_dtype: str | None = None) -> SparseAllgather:
+            index_dtype: str | None = None, selection: str = "sampled", tau: int = 16,
+            band: float = 0.2) -> SparseAllgather:
         """Deep Gradient Compression (docs/dgc.md#update-rule): sampled threshold, momentum correction and
         factor masking, optional local clipping, sparsity warm-up.
 
         DGC applies the momentum itself: wrap an optimizer with ``momentum=0``. For the warm-up
         give ``steps_per_epoch`` or call ``set_epoch(e)`` on the returned reducer each epoch;
         ``warmup_coeff=None`` is the reference code's schedule (not the README's, see
-        :mod:`hvd_commopt.compress.dgc`).
+        :mod:`hvd_commopt.compress.dgc`). ``selection`` "sampled" is DGC's threshold; "exact" or
+        "threshold" select k = ceil(n·ratio) as :meth:`topk` does (docs/selection.md).
         """
         comp = DGCCompressor(density, sample_ratio=sample_ratio, warmup_epochs=warmup_epochs,
-                             warmup_coeff=warmup_coeff, steps_per_epoch=steps_per_epoch, seed=seed)
+                             warmup_coeff=warmup_coeff, steps_per_epoch=steps_per_epoch, seed=seed,
+                             selection=selection, tau=tau, band=band)
         mem = DGCMemory(momentum=momentum, nesterov=nesterov, momentum_masking=momentum_masking,
                         clip_norm=clip_norm)
         return SparseAllgather(comp, mem, index_dtype)

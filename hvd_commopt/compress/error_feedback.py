@@ -114,6 +114,19 @@ class ErrorFeedback:
         r = ops.clone(acc) if r is None else ops.copy_into(r, 0, acc)  # reuse the buffer
         self._res.set(name, ops.index_fill(r, sent_idx, 0.0))
 
+    def compensate_select(self, ops: TensorOps, name: str, flat: Any, select: Any) -> tuple[Any, Any]:
+        """compensate + select + update in one sweep (docs/selection.md#fused-ef).
+
+        ``select(r, addend)`` returns ``(values, indices, acc)`` with ``acc = r + addend`` computed
+        into the residual buffer ``r`` during its candidate pass; the sent positions of that same
+        buffer are then zeroed. Bit-identical to :meth:`compensate`, select, :meth:`update`
+        (``r + flat == flat + r`` in IEEE arithmetic), with no copy of ``acc``.
+        """
+        r = self._res.get(ops, name, flat)
+        vals, idx, acc = select(ops.clone(flat), None) if r is None else select(r, flat)
+        self._res.set(name, ops.index_fill(acc, idx, 0.0))
+        return vals, idx
+
     def update_quantized(self, ops: TensorOps, name: str, acc: Any, sent: Any) -> None:
         """Residual := ``acc - sent``: a lossy dense encoding of ``acc`` was sent, worth ``sent``.
 

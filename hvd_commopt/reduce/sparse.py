@@ -30,6 +30,7 @@ from typing import Any
 
 from ..buckets import Bucket
 from ..compress.memory import Memory
+from ..compress.selection import select_with_memory
 from ..compress.topk import SparseCompressor
 from ..errors import ConfigError
 from .base import Pending, ReduceContext, Reducer, RoundInfo
@@ -109,9 +110,7 @@ class SparseReducer(Reducer):
         n = ops.numel(flat)
         if self.dense_when_full and self.compressor.k_for(n, bucket, rnd.step) >= n:
             return dense_start(self.memory, bucket, rnd, flat, ctx)
-        acc = self.memory.compensate(ops, bucket.name, flat)
-        vals, idx = self.compressor.select(ops, acc, bucket, rnd.step)
-        self.memory.update(ops, bucket.name, acc, idx)
+        vals, idx = select_with_memory(self.compressor, self.memory, ops, bucket, rnd.step, flat)
         return vals, idx, n
 
     def config(self) -> dict:
@@ -121,6 +120,11 @@ class SparseReducer(Reducer):
     @property
     def density(self) -> float | None:
         return self.compressor.density.constant
+
+    def stats(self) -> dict:
+        """The selection's statistics (threshold reuse: per-bucket k drift; docs/selection.md#reuse)."""
+        fn = getattr(self.compressor, "selection_stats", None)
+        return fn() if fn is not None else {}
 
     def residual(self, ops: Any, key: str, like: Any) -> Any | None:
         """The memory's residual (velocity for DGC) of the bucket named ``key``; None = zero."""
