@@ -35,6 +35,10 @@ class NumpyOps:
 
     def clone(self, t): return np.array(t, copy=True)
 
+    def zero_(self, t):
+        t.fill(0)
+        return t
+
     def cast(self, t, dtype):
         # host-side bfloat16 is carried as uint16 bit patterns (hvd_commopt.dtypes)
         if dtype == "bfloat16":

@@ -170,6 +170,10 @@ class TFOps:
         return tf.concat([dst[:offset], tf.cast(src, dst.dtype), dst[offset + n:]], axis=0)
 
     def clone(self, t): return tf.identity(tf.convert_to_tensor(_t(t)))
+
+    def zero_(self, t):
+        t = tf.convert_to_tensor(_t(t))
+        return tf.zeros_like(t)
     def cast(self, t, dtype): return tf.cast(_t(t), TF_DTYPES[dtype])
 
     # -- arithmetic --------------------------------------------------------------------------

@@ -91,6 +91,10 @@ class TorchOps:
 
     def clone(self, t): return t.detach().clone()
 
+    def zero_(self, t):
+        with torch.no_grad():
+            return t.zero_()
+
     def cast(self, t, dtype):
         return t.to(TORCH_DTYPES[dtype])
 
