@@ -25,6 +25,7 @@ from .compress.error_feedback import ErrorFeedback
 from .compress.randomk import RandomKCompressor
 from .compress.topk import Density, TopKCompressor
 from .reduce.gtopk import GTopK
+from .reduce.oktopk import OkTopK
 from .reduce.sparse_allgather import SparseAllgather
 
 __all__ = ["Compression"]
@@ -90,3 +91,13 @@ class Compression:
         """gTop-k S-SGD (docs/gtopk.md#gtopk): global top-k by recursive doubling, O(k log P) traffic, for
         any number of ranks; dropped local values return to the residual."""
         return GTopK(density, error_feedback=error_feedback, index_dtype=index_dtype, algorithm=algorithm)
+
+    @staticmethod
+    def oktopk(density: Density = 0.001, error_feedback: bool = True, index_dtype: str | None = None,
+               selection: str = "exact", tau: int = 16, band: float = 0.2, rebalance: int = 16) -> OkTopK:
+        """Ok-Topk (docs/oktopk.md#oktopk): O(k) sparse allreduce, split-and-reduce over P load-balanced
+        regions, the exact global top-k, a balanced allgatherv; every rank gets the same k
+        entries, dropped local values return to the residual. ``rebalance``: steps between
+        recomputations of the region cuts; ``selection``/``tau``/``band``: the local selection."""
+        return OkTopK(density, error_feedback=error_feedback, index_dtype=index_dtype, selection=selection,
+                      tau=tau, band=band, rebalance=rebalance)

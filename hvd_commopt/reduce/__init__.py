@@ -6,10 +6,11 @@ from ..errors import ConfigError
 from .base import REDUCE_AVERAGING_OPS, Average, Pending, ReduceContext, Reducer, RoundInfo, Sum, check_op
 from .dense import DenseAllreduce
 from .gtopk import GTopK
+from .oktopk import OkTopK
 from .sparse import SparseReducer
 from .sparse_allgather import SparseAllgather
 
-__all__ = ["Reducer", "ReduceContext", "Pending", "RoundInfo", "DenseAllreduce", "SparseReducer", "SparseAllgather", "GTopK",
+__all__ = ["Reducer", "ReduceContext", "Pending", "RoundInfo", "DenseAllreduce", "SparseReducer", "SparseAllgather", "GTopK", "OkTopK",
            "Average", "Sum", "REDUCE_AVERAGING_OPS", "check_op", "make_reducer"]
 
 
