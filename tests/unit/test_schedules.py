@@ -9,7 +9,6 @@ from hvd_commopt import Compression, Schedule, build_engine, run_ranks
 from hvd_commopt.compress import ErrorFeedback, TernaryCompressor, wire_dtype_for
 from hvd_commopt.errors import ConfigError, RankMismatchError
 from hvd_commopt.reduce import DenseAllreduce
-from hvd_commopt.reduce.base import Pending, Reducer
 from hvd_commopt.schedule import CDScheduler
 from hvd_commopt.schedule.local_opt import LocalOptimizer
 from tests.reducers import start
