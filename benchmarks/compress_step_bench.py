@@ -31,6 +31,8 @@ def main() -> None:
     p.add_argument("--density", type=float, default=0.01)
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--profile", default=None, help="a variant to profile with cProfile on rank 0")
+    p.add_argument("--model", default="mlp25x512", choices=["mlp25x512", "suite_mlp"],
+                   help="the 25x512 MLP, or the suite's deep_mlp (48x256, 3.05M parameters, inputs 64)")
     p.add_argument("--quick", action="store_true")
     args = p.parse_args()
     if args.quick:
@@ -48,8 +50,11 @@ def main() -> None:
     torch.set_num_threads(1)
     rank = hco.rank()
     torch.manual_seed(0)
-    base = deep_mlp(depth=26, width=512, inputs=512)
-    x, y = torch.randn(32, 512), torch.randint(0, 10, (32,))
+    if args.model == "suite_mlp":
+        base, x = deep_mlp(), torch.randn(32, 64)
+    else:
+        base, x = deep_mlp(depth=26, width=512, inputs=512), torch.randn(32, 512)
+    y = torch.randint(0, 10, (32,))
     d = args.density
     comps = {"dense": None, "topk": hco.Compression.topk(d),
              "topk_thr": hco.Compression.topk(d, selection="threshold"),
@@ -83,7 +88,7 @@ def main() -> None:
     med = {k: max(comm.allgather_object(sorted(v)[len(v) // 2])) for k, v in samples.items()}
     nparams = sum(q.numel() for q in base.parameters())
     if rank == 0:
-        print(f"\ndeep MLP 25x512: {nparams / 1e6:.2f}M params, batch 32, {hco.size()} ranks, one thread each, "
+        print(f"\n{args.model}: {nparams / 1e6:.2f}M params, batch 32, {hco.size()} ranks, one thread each, "
               f"density {d}, median of {args.blocks} blocks x {args.steps} steps")
         print(table(["variant", "median step (ms)", "vs compute-only"],
                     [[k, med[k] * 1e3, med[k] / med["compute"]] for k in med]), flush=True)
