@@ -40,7 +40,7 @@ from ..errors import ConfigError
 from ..fusion.pricing import Pricing, sparse_pricing
 from ..fusion.sparse_scaling import hist_bins
 from .base import Pending, ReduceContext, RoundInfo
-from .sparse import SparseReducer, WholeBucket, dense_finish, index_dtype_for
+from .sparse import SparseReducer, WholeBucket, dense_finish, index_dtype_for, scatter_result
 
 __all__ = ["OkTopK", "oktopk_exchange", "balanced_bounds", "global_topk_mask", "REBALANCE_BINS"]
 
@@ -250,10 +250,7 @@ class OkTopK(SparseReducer):
                 d = ops.from_numpy(dropped, like=st.idx)
                 self.memory.restore(ops, st.key, ops.gather(st.idx, d), ops.gather(st.vals, d))
             I, V = ops.from_numpy(gi, like=st.idx), ops.from_numpy(np.array(gv), like=st.vals)
-        out = ops.zero_(st.out) if ops.dtype_name(st.out) == ops.dtype_name(V) else \
-            ops.zeros(st.n, ops.dtype_name(V), like=V)
-        out = ops.scatter_add(out, I, V)
-        return ops.scale(out, ctx.postscale) if ctx.postscale != 1.0 else out
+        return scatter_result(ops, st.out, st.n, I, V, ctx.postscale)
 
     def config(self) -> dict:
         return {**super().config(), "rebalance": self.rebalance}

@@ -35,7 +35,8 @@ from ..compress.topk import SparseCompressor
 from ..errors import ConfigError
 from .base import Pending, ReduceContext, Reducer, RoundInfo
 
-__all__ = ["SparseReducer", "WholeBucket", "index_dtype_for", "prescaled", "dense_start", "dense_finish"]
+__all__ = ["SparseReducer", "WholeBucket", "index_dtype_for", "prescaled", "dense_start", "dense_finish",
+           "scatter_result"]
 
 INDEX_DTYPES = ("int32", "int64")
 
@@ -55,6 +56,16 @@ def index_dtype_for(n: int, requested: str | None = None) -> str:
 def prescaled(flat: Any, ctx: ReduceContext) -> Any:
     """The bucket times the context's prescale factor (the prologue every sparse reducer shares)."""
     return ctx.ops.scale(flat, ctx.prescale) if ctx.prescale != 1.0 else flat
+
+
+def scatter_result(ops: Any, buf: Any, n: int, idx: Any, vals: Any, postscale: float) -> Any:
+    """``scatter_add(zeros(n), idx, vals) · postscale``, built in ``buf`` (the round's bucket
+    buffer, free once the selection is made) when its dtype fits: a fresh n-element tensor per
+    step costs page faults worth several passes (docs/selection.md#step-cost)."""
+    dt = ops.dtype_name(vals)
+    out = ops.zero_(buf) if buf is not None and ops.dtype_name(buf) == dt else ops.zeros(n, dt, like=vals)
+    out = ops.scatter_add(out, idx, vals)
+    return ops.scale(out, postscale) if postscale != 1.0 else out
 
 
 @dataclass

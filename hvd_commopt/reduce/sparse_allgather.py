@@ -28,7 +28,7 @@ from ..compress.topk import SparseCompressor
 from ..errors import ConfigError
 from ..fusion.pricing import Pricing, sparse_pricing
 from .base import Pending, ReduceContext, RoundInfo
-from .sparse import SparseReducer, WholeBucket, dense_finish, index_dtype_for
+from .sparse import SparseReducer, WholeBucket, dense_finish, index_dtype_for, scatter_result
 
 __all__ = ["SparseAllgather"]
 
@@ -103,12 +103,7 @@ class SparseAllgather(SparseReducer):
         elif st.mode == "allgather":
             vals = comm.wait(pending.handles[0])[0]
             idx = ops.cast(comm.wait(pending.handles[1])[0], "int64")
-        # into the round's bucket buffer (the selection no longer needs it): a fresh n-element
-        # tensor per step costs page faults worth several passes (docs/selection.md#step-cost)
-        out = ops.zero_(st.out) if st.out is not None and ops.dtype_name(st.out) == ops.dtype_name(vals) \
-            else ops.zeros(st.n, ops.dtype_name(vals), like=vals)
-        out = ops.scatter_add(out, idx, vals)
-        return ops.scale(out, ctx.postscale) if ctx.postscale != 1.0 else out
+        return scatter_result(ops, st.out, st.n, idx, vals, ctx.postscale)
 
     # -- pricing and state ------------------------------------------------------------------
     def price(self, cost: Any, select_s: float | None = None) -> Pricing:
