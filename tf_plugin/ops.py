@@ -172,8 +172,10 @@ class TFOps:
     def clone(self, t): return tf.identity(tf.convert_to_tensor(_t(t)))
 
     def zero_(self, t):
-        t = tf.convert_to_tensor(_t(t))
-        return tf.zeros_like(t)
+        if isinstance(t, PackBuffer):  # no need to assemble the parts for zeros
+            with tf.device(t.device):
+                return tf.zeros([t.n], t.dtype)
+        return tf.zeros_like(tf.convert_to_tensor(_t(t)))
     def cast(self, t, dtype): return tf.cast(_t(t), TF_DTYPES[dtype])
 
     # -- arithmetic --------------------------------------------------------------------------

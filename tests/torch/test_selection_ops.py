@@ -403,3 +403,16 @@ def test_error_feedback_fused_equals_unfused(variant):
         assert same_bits(host(ops, v1), host(ops, v2))
         assert same_bits(host(ops, fused.residual(ops, "b", to_native(ops, g))),
                          host(ops, plain.residual(ops, "b", to_native(ops, g))))
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_zero_gives_zeros_of_the_same_dtype(variant):
+    ops = VARIANTS[variant]
+    for dt in (np.float32, np.float64, np.float16):
+        x = np.arange(1, 11, dtype=dt)
+        z = host(ops, ops.zero_(to_native(ops, x)))
+        assert z.dtype == dt and np.array_equal(z, np.zeros(10, dt))
+    if variant.startswith("tf"):  # the engine's lazy fusion buffer: zeros without assembling it
+        from tf_plugin.ops import PackBuffer
+        pb = PackBuffer(6, tf.float32, None, parts=[(0, tf.ones([6]))])
+        assert np.array_equal(ops.zero_(pb).numpy(), np.zeros(6, np.float32))
