@@ -126,3 +126,14 @@ def test_cost_model_compares_the_three_to_1024_ranks():
     small = compare_sparse(10_000, [1024], link)[0]
     assert small["gtopk"] < small["oktopk"] < small["topk_allgather"]
     assert NP_KEYS  # the key tables the global cut relies on are importable
+
+
+def test_reducer_price_feeds_the_planners_and_simulator():
+    from hvd_commopt.fusion.cost_model import CostModel
+    from hvd_commopt.fusion.sparse_scaling import oktopk_time
+    link = AlphaBeta(alpha=5e-6, beta=1e-9)
+    cost = CostModel.from_link(link, ranks=8)
+    pricing = Compression.oktopk(0.01).price(cost, select_s=0.0)
+    nbytes = 4 * 1_000_000
+    assert pricing.comm_time(nbytes) == pytest.approx(oktopk_time(10_000, 8, link))
+    assert "Ok-Topk" in pricing.description
