@@ -10,7 +10,7 @@ from .comm import Communicator, Handle, InProcWorld, run_ranks
 from .compression import Compression
 from .engine import CommEngine, TensorSpec
 from .errors import (CollectiveTimeoutError, ConfigError, HvdCommoptError, LaunchEnvironmentError,
-                     RankFailedError, RankMismatchError)
+                     NonFiniteGradientError, RankFailedError, RankMismatchError)
 from .host import GradientCapture, ScheduleHost
 from .numpy_ops import NumpyOps
 from .reduce import Average, Sum
@@ -24,6 +24,6 @@ __all__ = [
     "local_size", "Communicator", "Handle", "InProcWorld", "run_ranks", "Compression", "CommEngine",
     "build_engine", "TensorSpec", "NumpyOps", "ScheduleHost", "GradientCapture", "Average", "Sum",
     "HvdCommoptError", "CollectiveTimeoutError", "RankMismatchError", "RankFailedError",
-    "LaunchEnvironmentError",
+    "LaunchEnvironmentError", "NonFiniteGradientError",
     "ConfigError", "Schedule",
 ]

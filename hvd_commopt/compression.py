@@ -22,6 +22,7 @@ from typing import Sequence
 from .compress.cast import BF16Compressor, FP16Compressor, NoneCompressor
 from .compress.dgc import DGCCompressor, DGCMemory
 from .compress.error_feedback import ErrorFeedback
+from .compress.nonfinite import check_policy
 from .compress.randomk import RandomKCompressor
 from .compress.topk import Density, TopKCompressor
 from .reduce.gtopk import GTopK
@@ -40,7 +41,7 @@ class Compression:
 
     @staticmethod
     def topk(density: Density = 0.001, error_feedback: bool = True, index_dtype: str | None = None,
-             selection: str = "exact", tau: int = 16, band: float = 0.2) -> SparseAllgather:
+             nonfinite: str = "skip", selection: str = "exact", tau: int = 16, band: float = 0.2) -> SparseAllgather:
         """Top-k S-SGD (docs/topk.md#update-rule): exact top-k per bucket, allgather of (values, indices).
 
         Args:
@@ -48,26 +49,29 @@ class Compression:
                 callable (bucket_name, numel) -> density for per-layer (LAGS) densities.
             error_feedback: keep what was not sent in a residual added to the next gradient.
             index_dtype: "int32" / "int64" / None (int32 when possible).
+            nonfinite: "skip" or "raise", for a NaN/Inf gradient (docs/wrapper.md#nonfinite; every
+                constructor below takes it too).
             selection: "exact" (bit-identical to the reference top-k), "threshold" (Ok-Topk's
                 threshold reuse: exact every ``tau`` steps, the count kept within
                 ``k·(1 ± band)``; drift in ``reducer.stats()``) or "sampled" (DGC's sampled
                 threshold); docs/selection.md.
         """
-        return SparseAllgather(TopKCompressor(density, selection, tau, band), ErrorFeedback(error_feedback),
+        return SparseAllgather(TopKCompressor(density, selection, tau, band), ErrorFeedback(error_feedback, nonfinite),
                                index_dtype)
 
     @staticmethod
-    def randomk(density: Density = 0.001, seed: int = 0, error_feedback: bool = True) -> SparseAllgather:
+    def randomk(density: Density = 0.001, seed: int = 0, error_feedback: bool = True,
+                nonfinite: str = "skip") -> SparseAllgather:
         """Random-k with a seed shared by all ranks: the same k indices everywhere, so the k
         values are allreduced (no indices sent). ``seed`` must be equal on every rank."""
-        return SparseAllgather(RandomKCompressor(density, seed), ErrorFeedback(error_feedback))
+        return SparseAllgather(RandomKCompressor(density, seed), ErrorFeedback(error_feedback, nonfinite))
 
     @staticmethod
     def dgc(density: Density = 0.001, momentum: float = 0.9, nesterov: bool = False,
             momentum_masking: bool = True, clip_norm: float | None = None, sample_ratio: float = 0.01,
             warmup_epochs: int = 0, warmup_coeff: float | Sequence[float] | None = None,
             steps_per_epoch: int | None = None, seed: int = 0,
-            index_dtype: str | None = None, selection: str = "sampled", tau: int = 16,
+            index_dtype: str | None = None, nonfinite: str = "skip", selection: str = "sampled", tau: int = 16,
             band: float = 0.2) -> SparseAllgather:
         """Deep Gradient Compression (docs/dgc.md#update-rule): sampled threshold, momentum correction and
         factor masking, optional local clipping, sparsity warm-up.
@@ -82,22 +86,27 @@ class Compression:
                              warmup_coeff=warmup_coeff, steps_per_epoch=steps_per_epoch, seed=seed,
                              selection=selection, tau=tau, band=band)
         mem = DGCMemory(momentum=momentum, nesterov=nesterov, momentum_masking=momentum_masking,
-                        clip_norm=clip_norm)
+                        clip_norm=clip_norm, nonfinite=nonfinite)
         return SparseAllgather(comp, mem, index_dtype)
 
     @staticmethod
     def gtopk(density: Density = 0.001, error_feedback: bool = True, index_dtype: str | None = None,
-              algorithm: str = "recursive_doubling") -> GTopK:
+              algorithm: str = "recursive_doubling", nonfinite: str = "skip") -> GTopK:
         """gTop-k S-SGD (docs/gtopk.md#gtopk): global top-k by recursive doubling, O(k log P) traffic, for
         any number of ranks; dropped local values return to the residual."""
-        return GTopK(density, error_feedback=error_feedback, index_dtype=index_dtype, algorithm=algorithm)
+        red = GTopK(density, error_feedback=error_feedback, index_dtype=index_dtype, algorithm=algorithm)
+        red.memory.nonfinite = check_policy(nonfinite)
+        return red
 
     @staticmethod
     def oktopk(density: Density = 0.001, error_feedback: bool = True, index_dtype: str | None = None,
-               selection: str = "exact", tau: int = 16, band: float = 0.2, rebalance: int = 16) -> OkTopK:
+               selection: str = "exact", tau: int = 16, band: float = 0.2, rebalance: int = 16,
+               nonfinite: str = "skip") -> OkTopK:
         """Ok-Topk (docs/oktopk.md#oktopk): O(k) sparse allreduce, split-and-reduce over P load-balanced
         regions, the exact global top-k, a balanced allgatherv; every rank gets the same k
         entries, dropped local values return to the residual. ``rebalance``: steps between
         recomputations of the region cuts; ``selection``/``tau``/``band``: the local selection."""
-        return OkTopK(density, error_feedback=error_feedback, index_dtype=index_dtype, selection=selection,
-                      tau=tau, band=band, rebalance=rebalance)
+        red = OkTopK(density, error_feedback=error_feedback, index_dtype=index_dtype, selection=selection,
+                     tau=tau, band=band, rebalance=rebalance)
+        red.memory.nonfinite = check_policy(nonfinite)
+        return red

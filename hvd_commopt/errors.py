@@ -61,3 +61,8 @@ class LaunchEnvironmentError(HvdCommoptError):
 
 class ConfigError(HvdCommoptError, ValueError):
     """A bad argument or setting."""
+
+
+class NonFiniteGradientError(HvdCommoptError):
+    """A rank's gradient for a compressed bucket holds NaN or Inf under ``nonfinite="raise"``
+    (docs/wrapper.md#nonfinite)."""

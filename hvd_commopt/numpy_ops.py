@@ -112,6 +112,12 @@ class NumpyOps:
 
     def kth_largest_abs(self, t, k): return np_kth_largest_abs(t, k)
 
+    def all_finite(self, t):
+        # One summing pass: any NaN/Inf makes the sum non-finite; only then (or on an overflow of
+        # finite values) the exact element check runs.
+        with np.errstate(over="ignore", invalid="ignore"):
+            return bool(np.isfinite(np.sum(t))) or bool(np.isfinite(t).all())
+
     def norm(self, t):
         acc = np.float64 if t.dtype == np.float64 else np.float32
         return float(np.sqrt(np.sum(np.square(t, dtype=acc), dtype=acc)))

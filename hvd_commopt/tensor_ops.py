@@ -110,6 +110,9 @@ class TensorOps(Protocol):
     def norm(self, t: Tensor) -> float:
         """L2 norm of t as a Python float, accumulated in at least float32 (DGC's clipping)."""
         ...
+    def all_finite(self, t: Tensor) -> bool:
+        """True when no element of t is NaN or +-Inf (docs/wrapper.md#nonfinite)."""
+        ...
 
     # -- host exchange (communicators that need host buffers) ---------------------------------
     def to_numpy(self, t: Tensor):

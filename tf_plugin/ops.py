@@ -324,6 +324,13 @@ class TFOps:
             return math.nan
         return float(tf.bitcast(tf.constant(kk, dtype=kd), t.dtype).numpy())
 
+    def all_finite(self, t):
+        t = tf.convert_to_tensor(_t(t))
+        if not t.dtype.is_floating:
+            return True
+        # one summing pass; the exact element check only when the sum is not finite
+        return bool(tf.math.is_finite(tf.reduce_sum(t))) or bool(tf.reduce_all(tf.math.is_finite(t)))
+
     def norm(self, t):
         t = tf.convert_to_tensor(_t(t))
         acc = tf.float64 if t.dtype == tf.float64 else tf.float32

@@ -110,18 +110,29 @@ class _DistributedOptimizerMixin:
         return self._hco_engine.use_global_weights()
 
     def state_dict(self):
-        """The wrapped optimizer's state plus ``"hvd_commopt"``: step, reducer and schedule state
-        (a delayed schedule drains first; see CommEngine.state_dict). Call it after step()."""
+        """The wrapped optimizer's state plus ``"hvd_commopt"``: step, schedule state and every
+        rank's per-rank state (residuals, DGC memory, local weights and, under local SGD/CoCoD,
+        the local optimizer state) gathered into rank 0's copy (docs/wrapper.md#checkpoints).
+
+        **A collective: call it on every rank**, after step() (a delayed schedule drains first),
+        then save rank 0's result. Every rank can then load that one file (or rank 0 loads it and
+        ``broadcast_optimizer_state`` sends it) and continues bit-exactly."""
         sd = self._hco_base.state_dict(self)
-        sd["hvd_commopt"] = self._hco_engine.state_dict()
+        engine = self._hco_engine
+        local = {"optimizer": sd["state"]} if engine.scheduler.rank_local_optimizer else None
+        sd["hvd_commopt"] = engine.state_dict(rank_local=local)
         return sd
 
     def load_state_dict(self, state_dict):
+        """Load a :meth:`state_dict` (rank 0's or this rank's own); this rank takes its own part.
+        Load the model's state first: per-rank local weights are then put back on each rank."""
         state_dict = dict(state_dict)
         engine_state = state_dict.pop("hvd_commopt", None)
         self._hco_engine.abandon()  # like Horovod: pending handles are dropped on load
         if engine_state is not None:
-            self._hco_engine.load_state_dict(engine_state)
+            own = self._hco_engine.load_state_dict(engine_state)
+            if "optimizer" in own:  # this rank's local optimizer state (local SGD, CoCoD)
+                state_dict["state"] = own["optimizer"]
         return self._hco_base.load_state_dict(self, state_dict)
 
 

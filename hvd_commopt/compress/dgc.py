@@ -44,7 +44,8 @@ import numpy as np
 from ..buckets import Bucket
 from ..errors import ConfigError
 from ..tensor_ops import TensorOps
-from .error_feedback import TensorStore
+from .error_feedback import Snapshots, TensorStore
+from .nonfinite import check_policy
 from .selection import Selection
 from .topk import Density, SparseCompressor, check_density
 
@@ -235,10 +236,12 @@ class DGCMemory:
         nesterov: Nesterov form ``u = μ(u+g); v += u + g``.
         momentum_masking: zero ``u`` where values were sent (the paper's momentum factor masking).
         clip_norm: clip each bucket's local gradient to this L2 norm first (None = no clipping).
+        nonfinite: "skip" (default) or "raise": a NaN/Inf gradient never enters ``u`` or ``v``
+            (docs/wrapper.md#nonfinite).
     """
 
     def __init__(self, momentum: float = 0.9, nesterov: bool = False, momentum_masking: bool = True,
-                 clip_norm: float | None = None):
+                 clip_norm: float | None = None, nonfinite: str = "skip"):
         if not 0.0 <= momentum < 1.0:
             raise ConfigError(f"DGC momentum must be in [0, 1), got {momentum}")
         if clip_norm is not None and not clip_norm > 0:
@@ -247,8 +250,24 @@ class DGCMemory:
         self.nesterov = bool(nesterov)
         self.momentum_masking = bool(momentum_masking)
         self.clip_norm = None if clip_norm is None else float(clip_norm)
+        self.nonfinite = check_policy(nonfinite)
         self._u = TensorStore("DGC momentum")
         self._v = TensorStore("DGC velocity")
+        self._snaps = (Snapshots(self._u), Snapshots(self._v))
+        self._skipped: set[str] = set()
+
+    def snapshot(self, ops: TensorOps, name: str, like: Any, step: int) -> None:
+        """Copies of ``u`` and ``v`` before round ``step`` (for :meth:`rollback`)."""
+        self._skipped.discard(name)
+        for s in self._snaps:
+            s.take(ops, name, like, step)
+
+    def skip(self, name: str) -> None:
+        self._skipped.add(name)
+
+    def rollback(self, ops: TensorOps, name: str, step: int) -> bool:
+        """Round ``step`` came back non-finite: ``u`` and ``v`` go back to their snapshots."""
+        return all([s.restore(name, step) for s in self._snaps])
 
     def _clip(self, ops: TensorOps, g: Any) -> Any:
         if self.clip_norm is None:
@@ -285,7 +304,7 @@ class DGCMemory:
 
     def restore(self, ops: TensorOps, name: str, idx: Any, vals: Any) -> None:
         """Selected values that were not delivered go back into the velocity."""
-        if ops.numel(idx):
+        if ops.numel(idx) and name not in self._skipped:
             self._v.set(name, ops.scatter_add(self._v.live(name), idx, vals))
 
     def compensate_dense(self, ops: TensorOps, name: str, flat: Any) -> Any:
@@ -308,12 +327,15 @@ class DGCMemory:
 
     def config(self) -> dict:
         return {"name": "dgc_memory", "momentum": self.momentum, "nesterov": self.nesterov,
-                "momentum_masking": self.momentum_masking, "clip_norm": self.clip_norm}
+                "momentum_masking": self.momentum_masking, "clip_norm": self.clip_norm,
+                "nonfinite": self.nonfinite}
 
     def state_dict(self) -> dict:
         return {"momentums": self._u.state_dict(), "velocities": self._v.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
+        for s in self._snaps:
+            s.clear()
         self._u.load_state_dict(dict(state.get("momentums", {})))
         self._v.load_state_dict(dict(state.get("velocities", {})))
 

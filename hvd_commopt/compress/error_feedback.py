@@ -27,7 +27,9 @@ import numpy as np
 from ..errors import ConfigError
 from ..tensor_ops import TensorOps
 
-__all__ = ["TensorStore", "ErrorFeedback"]
+from .nonfinite import check_policy
+
+__all__ = ["TensorStore", "Snapshots", "ErrorFeedback"]
 
 
 class TensorStore:
@@ -81,6 +83,48 @@ class TensorStore:
         self._loaded = dict(state)
 
 
+class Snapshots:
+    """Copies of a :class:`TensorStore`'s entries taken before a round, so a round whose reduced
+    result is non-finite can be rolled back bit for bit (docs/wrapper.md#nonfinite). The copy
+    buffers are reused from round to round (no allocation per step)."""
+
+    def __init__(self, store: TensorStore):
+        self.store = store
+        self._saved: dict[str, tuple[int, Any]] = {}  # name -> (step, copy or None = nothing stored)
+        self._bufs: dict[str, Any] = {}
+
+    def take(self, ops: TensorOps, name: str, like: Any, step: int) -> None:
+        t = self.store.get(ops, name, like)
+        prev = self._saved.pop(name, None)
+        buf = prev[1] if prev is not None and prev[1] is not None else self._bufs.pop(name, None)
+        if t is None:
+            if buf is not None:
+                self._bufs[name] = buf
+            self._saved[name] = (step, None)
+            return
+        ok = buf is not None and ops.numel(buf) == ops.numel(t) and ops.dtype_name(buf) == ops.dtype_name(t)
+        self._saved[name] = (step, ops.copy_into(buf, 0, t) if ok else ops.clone(t))
+
+    def restore(self, name: str, step: int) -> bool:
+        """Put back the copy taken for ``step``; False when a later round has replaced it."""
+        saved = self._saved.get(name)
+        if saved is None or saved[0] != step:
+            return False
+        del self._saved[name]
+        old = self.store.live(name)
+        if saved[1] is None:
+            self.store.pop(name)
+        else:
+            self.store.set(name, saved[1])
+        if old is not None:
+            self._bufs[name] = old
+        return True
+
+    def clear(self) -> None:
+        self._saved.clear()
+        self._bufs.clear()
+
+
 def _host(ops: TensorOps, v: Any) -> np.ndarray:
     try:
         return np.asarray(ops.to_numpy(v))
@@ -93,11 +137,64 @@ class ErrorFeedback:
 
     Args:
         enabled: False makes it a no-op (plain sparsification: unsent values are dropped).
+        nonfinite: what a rank does when its bucket holds NaN/Inf: "skip" (default: the residual
+            is left as it was and the step is skipped on every rank) or "raise"
+            (docs/wrapper.md#nonfinite).
     """
 
-    def __init__(self, enabled: bool = True):
+    def __init__(self, enabled: bool = True, nonfinite: str = "skip"):
         self.enabled = bool(enabled)
+        self.nonfinite = check_policy(nonfinite)
         self._res = TensorStore("residual")
+        # Rollback without a copy: the residual before a round stays in its buffer (_saved) and the
+        # round's update writes into a second one (_spare), so each bucket has two buffers.
+        self._saved: dict[str, tuple[int, Any]] = {}
+        self._spare: dict[str, Any] = {}
+        self._skipped: set[str] = set()
+
+    def snapshot(self, ops: TensorOps, name: str, like: Any, step: int) -> None:
+        """Keep the residual before round ``step`` (for :meth:`rollback`); no copy is made."""
+        self._skipped.discard(name)
+        if not self.enabled:
+            return
+        r = self._res.get(ops, name, like)
+        prev = self._saved.get(name)
+        if prev is not None and prev[1] is not None and prev[1] is not r:
+            self._spare[name] = prev[1]  # two rounds old: free for the next update
+        self._saved[name] = (step, r)
+
+    def _writable(self, ops: TensorOps, name: str, acc: Any) -> Any:
+        """A buffer holding a copy of ``acc`` for the new residual, never the snapshot's."""
+        r = self._res.get(ops, name, acc)
+        saved = self._saved.get(name)
+        if r is not None and saved is not None and saved[1] is r:
+            r = self._spare.pop(name, None)
+            if r is not None and ops.numel(r) != ops.numel(acc):
+                r = None
+        return ops.clone(acc) if r is None else ops.copy_into(r, 0, acc)
+
+    def skip(self, name: str) -> None:
+        """This round leaves ``name`` untouched (its contribution was not finite): :meth:`restore`
+        ignores the marker selection sent in its place."""
+        self._skipped.add(name)
+
+    def rollback(self, ops: TensorOps, name: str, step: int) -> bool:
+        """The reduced bucket of round ``step`` was not finite: the residual goes back to its
+        snapshot. False when a later round already built on it (delayed schedules)."""
+        if not self.enabled:
+            return True
+        saved = self._saved.get(name)
+        if saved is None or saved[0] != step:
+            return False
+        del self._saved[name]
+        cur = self._res.live(name)
+        if cur is not None and cur is not saved[1]:
+            self._spare[name] = cur
+        if saved[1] is None:
+            self._res.pop(name)
+        else:
+            self._res.set(name, saved[1])
+        return True
 
     def compensate(self, ops: TensorOps, name: str, flat: Any) -> Any:
         """``flat + residual`` (into ``flat`` where the framework allows; use the result)."""
@@ -110,21 +207,22 @@ class ErrorFeedback:
         """Residual := ``acc`` with the positions ``sent_idx`` set to zero (bit-exact partition)."""
         if not self.enabled:
             return
-        r = self._res.get(ops, name, acc)
-        r = ops.clone(acc) if r is None else ops.copy_into(r, 0, acc)  # reuse the buffer
+        r = self._writable(ops, name, acc)  # reuse a buffer
         self._res.set(name, ops.index_fill(r, sent_idx, 0.0))
 
     def compensate_select(self, ops: TensorOps, name: str, flat: Any, select: Any) -> tuple[Any, Any]:
-        """compensate + select + update in one sweep (docs/selection.md#fused-ef).
+        """compensate + select + update with the add fused into the selection's pass
+        (docs/selection.md#fused-ef).
 
-        ``select(r, addend)`` returns ``(values, indices, acc)`` with ``acc = r + addend`` computed
-        into the residual buffer ``r`` during its candidate pass; the sent positions of that same
-        buffer are then zeroed. Bit-identical to :meth:`compensate`, select, :meth:`update`
-        (``r + flat == flat + r`` in IEEE arithmetic), with no copy of ``acc``.
+        ``select(acc, addend)`` returns ``(values, indices, acc + addend)``, the sum computed into
+        ``acc`` during its candidate pass. The sum goes into ``flat`` (the round's buffer, as
+        :meth:`compensate` does), so the residual before the round stays intact for
+        :meth:`rollback`; :meth:`update` then writes the new residual into a buffer of its own.
+        Bit-identical to :meth:`compensate`, select, :meth:`update`.
         """
         r = self._res.get(ops, name, flat)
-        vals, idx, acc = select(ops.clone(flat), None) if r is None else select(r, flat)
-        self._res.set(name, ops.index_fill(acc, idx, 0.0))
+        vals, idx, acc = select(flat, r)
+        self.update(ops, name, acc, idx)
         return vals, idx
 
     def update_quantized(self, ops: TensorOps, name: str, acc: Any, sent: Any) -> None:
@@ -135,8 +233,7 @@ class ErrorFeedback:
         """
         if not self.enabled:
             return
-        r = self._res.get(ops, name, acc)
-        r = ops.clone(acc) if r is None else ops.copy_into(r, 0, acc)
+        r = self._writable(ops, name, acc)
         self._res.set(name, ops.sub(r, sent))
 
     def restore(self, ops: TensorOps, name: str, idx: Any, vals: Any) -> None:
@@ -146,7 +243,7 @@ class ErrorFeedback:
         survive the merges (docs/gtopk.md#recursive-doubling, docs/gtopk.md#t-gt-5); :meth:`update` had zeroed them, so the
         addition is ``0 + v = v``, exact, and the invariant still holds bit for bit.
         """
-        if not self.enabled or ops.numel(idx) == 0:
+        if not self.enabled or ops.numel(idx) == 0 or name in self._skipped:
             return
         r = self._res.live(name)
         if r is None:
@@ -171,13 +268,15 @@ class ErrorFeedback:
         return {n: self._res.live(n) for n in self._res.names() if self._res.live(n) is not None}
 
     def config(self) -> dict:
-        return {"name": "error_feedback", "enabled": self.enabled}
+        return {"name": "error_feedback", "enabled": self.enabled, "nonfinite": self.nonfinite}
 
     def state_dict(self) -> dict:
         return {"residuals": self._res.state_dict()} if self.enabled else {}
 
     def load_state_dict(self, state: dict) -> None:
+        self._saved.clear()
+        self._spare.clear()
         self._res.load_state_dict(dict(state.get("residuals", {})))
 
     def __repr__(self) -> str:
-        return f"ErrorFeedback(enabled={self.enabled})"
+        return f"ErrorFeedback(enabled={self.enabled}, nonfinite={self.nonfinite!r})"

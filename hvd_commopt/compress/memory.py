@@ -12,7 +12,13 @@ with the bucket's name (``Bucket.name``) as the key::
     x   = memory.compensate_dense(ops, key, flat)    # all of it is sent: residual -> 0
     out = memory.finish_dense(ops, key, reduced)     # post-processing of a dense result
     memory.residual(ops, key, like)                  # the stored residual (None = zero)
+    memory.snapshot(ops, key, like, step)            # before a round: a copy to roll back to
+    memory.skip(key)                                 # this rank's bucket is NaN/Inf: left untouched
+    memory.rollback(ops, key, step)                  # the reduced bucket is NaN/Inf: undo the round
     memory.config() / memory.state_dict() / memory.load_state_dict(state)
+
+``memory.nonfinite`` ("skip" or "raise") is the policy for NaN/Inf contributions
+(docs/wrapper.md#nonfinite): non-finite values never enter a memory.
 
 Invariant (bit-exact, docs/topk.md#invariants): after ``update``/``update_quantized``, what was sent plus
 the new residual equals ``acc``.
@@ -54,6 +60,21 @@ class Memory(Protocol):
 
     def finish_dense(self, ops: TensorOps, key: str, reduced: Tensor) -> Tensor:
         """Post-process the reduced result of a :meth:`compensate_dense` step."""
+        ...
+
+    nonfinite: str
+
+    def snapshot(self, ops: TensorOps, key: str, like: Tensor, step: int) -> None:
+        """Copy the state of ``key`` before round ``step`` (what :meth:`rollback` restores)."""
+        ...
+
+    def skip(self, key: str) -> None:
+        """This rank's bucket was not finite this round: the state of ``key`` stays as it is."""
+        ...
+
+    def rollback(self, ops: TensorOps, key: str, step: int) -> bool:
+        """Round ``step``'s reduced bucket was not finite: restore the snapshot (False when a
+        later round has already replaced it)."""
         ...
 
     def residual(self, ops: TensorOps, key: str, like: Tensor) -> Tensor | None:

@@ -25,7 +25,7 @@ import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Protocol, Sequence
 
-from .. import env
+from .. import checkpoint, env
 from .. import timeline as _timeline
 from ..buckets import Bucket, TensorSpec, build_buckets
 from ..comm.communicator import Communicator
@@ -52,6 +52,9 @@ class StepScheduler(Protocol):
     name: str
     step: int
     drains_for_checkpoint: bool
+    rank_local_state: tuple[str, ...]
+    rank_local_weights: bool
+    rank_local_optimizer: bool
 
     def attach(self, host: ScheduleHost) -> None: ...
     @property
@@ -125,6 +128,9 @@ class CommEngine:
         self._sync_on_step = True
         self._capture = GradientCapture()
         self.scheduler: StepScheduler | None = None
+        # other ranks' parts of the checkpoint loaded last, until the next step: rank 0 loads, then
+        # broadcast_optimizer_state sends them on (docs/wrapper.md#checkpoints)
+        self._held_parts: dict[int, dict] = {}
         self.tuner = FusionTuner(fusion, comm, threshold_bytes=self.fusion_threshold, reducer=self.reducer,
                                  ops=ops, options=fusion_options)
 
@@ -320,7 +326,9 @@ class CommEngine:
         stats = StepStats(step=rnd.step)
         for b in self._buckets:
             pending = rnd.pending.pop(b.index)
-            out.update(b.views(self.ops, rnd.reducer.finish(pending, self.ctx)))
+            flat = rnd.reducer.finish(pending, self.ctx)
+            rnd.reducer.settle(b, rnd.info, flat, self.ctx)  # NaN/Inf: memory rolled back
+            out.update(b.views(self.ops, flat))
             comm_s = sum(h.comm_seconds for h in pending.handles)
             stats.per_bucket[b.name] = {"bytes_sent": pending.bytes_sent,
                                         "bytes_received": pending.bytes_received,
@@ -357,6 +365,7 @@ class CommEngine:
         strategy may switch to its new plan (same step on every rank).
         """
         sched = self._sched()
+        self._held_parts = {}  # the state moves on: a loaded checkpoint's parts are stale
         with self._lock, _timeline.span(f"{sched.name} step", "update"):
             loss = sched.on_step(closure, self._sync_on_step)
             new_plan = self.tuner.step_end()  # same step on every rank; the plan comes from rank 0
@@ -434,21 +443,50 @@ class CommEngine:
             self._reset_step()
 
     # -- checkpoint ---------------------------------------------------------------------------
-    def state_dict(self) -> dict:
-        """Step counter, reducer state and the schedule's state. A schedule that keeps rounds in
-        flight across steps drains them first (value-neutral), so no pending collective is saved;
-        it must be called between steps."""
+    def state_dict(self, rank_local: dict | None = None) -> dict:
+        """Step counter, schedule state, and every rank's per-rank state (residuals, DGC memory,
+        local weights, the schedule's local state, ``rank_local`` from the adapter) gathered into
+        rank 0's result (docs/wrapper.md#checkpoints). **A collective: call it on every rank**
+        (then save rank 0's), between steps. A schedule that keeps rounds in flight across steps
+        drains them first (value-neutral), so no pending collective is saved."""
         sched = self._sched()
         if sched.drains_for_checkpoint:
             self.drain()
-        return {"step": sched.step, "reducer": self.reducer.state_dict(), "schedule": sched.state_dict()}
+        sched_state = dict(sched.state_dict())
+        local = {"reducer": self.reducer.state_dict(),
+                 "schedule": {k: sched_state.pop(k) for k in sched.rank_local_state if k in sched_state}}
+        if sched.rank_local_weights and self.host is not None:
+            local["weights"] = dict(self.host.weights())
+        local.update(rank_local or {})
+        state = checkpoint.gather(self.comm, self.ops, {"step": sched.step, "schedule": sched_state}, local)
+        for r in state["ranks"]:  # loaded here, not stepped since: the checkpoint's parts stand
+            if r != self.comm.rank and r in self._held_parts:
+                state["ranks"][r] = self._held_parts[r]
+        return state
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict) -> dict:
+        """Restore a checkpoint from :meth:`state_dict` (rank 0's, or this rank's own); this rank
+        takes its own part. Returns what the adapter gave as ``rank_local`` when saving ({} when
+        the per-rank state was reset: another world size, docs/wrapper.md#checkpoints)."""
         sched = self._sched()
         self.abandon()
         sched.abandon()
-        self.reducer.load_state_dict(state.get("reducer", {}))
-        sched.load_state_dict(state.get("schedule", {}), int(state.get("step", 0)))
+        shared, own, first = checkpoint.select(self.comm, state)
+        self._held_parts = {} if own is None else {int(r): p for r, p in state.get("ranks", {}).items()
+                                                     if int(r) != self.comm.rank}
+        if own is None:  # keep what every rank shares (a compressor's epoch), drop the memory
+            self.reducer.load_state_dict(checkpoint.shared_of((first or {}).get("reducer"), ("memory",)))
+        else:
+            self.reducer.load_state_dict(own.get("reducer", {}))
+        sched_state = dict(shared.get("schedule", {}))
+        sched_state.update((own or {}).get("schedule", {}))
+        sched.load_state_dict(sched_state, int(shared.get("step", 0)))
+        own = own or {}
+        if own.get("weights") and self.host is not None:
+            w = self.host.weights()
+            for n, v in own["weights"].items():
+                self.host.assign(n, self.ops.copy_(w[n], v))
+        return {k: v for k, v in own.items() if k not in ("reducer", "schedule", "weights")}
 
     @property
     def fusion_report(self) -> dict | None:

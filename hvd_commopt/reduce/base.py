@@ -112,8 +112,14 @@ class Reducer(abc.ABC):
         """Wait and return the reduced flat tensor (same length and dtype as the input)."""
 
     def reduce(self, bucket: Bucket, rnd: RoundInfo, flat: Any, ctx: ReduceContext) -> Any:
-        """``finish(start(...))``: a blocking reduction."""
-        return self.finish(self.start(bucket, rnd, flat, ctx), ctx)
+        """``finish(start(...))`` then :meth:`settle`: a blocking reduction."""
+        out = self.finish(self.start(bucket, rnd, flat, ctx), ctx)
+        self.settle(bucket, rnd, out, ctx)
+        return out
+
+    def settle(self, bucket: Bucket, rnd: RoundInfo, out: Any, ctx: ReduceContext) -> None:
+        """Called with the reduced result ``out`` of a finished round (the engine does it): a
+        reducer with a memory rolls it back when ``out`` is not finite (docs/wrapper.md#nonfinite)."""
 
     def config(self) -> dict:
         """The configuration as plain values (kind, compressor, density, seed, ...): ranks must

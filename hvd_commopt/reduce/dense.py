@@ -14,6 +14,7 @@ from typing import Any
 from ..buckets import Bucket
 from ..compress.base import Compressor
 from ..compress.cast import NoneCompressor
+from ..compress import nonfinite
 from ..compress.memory import Memory
 from ..errors import ConfigError
 from ..fusion.pricing import Pricing, dense_pricing
@@ -59,8 +60,16 @@ class DenseAllreduce(Reducer):
             pre, post = ctx.prescale * ctx.postscale, 1.0
         if pre != 1.0:
             flat = ops.scale(flat, pre)
+        if self.memory is not None:
+            self.memory.snapshot(ops, bucket.name, flat, rnd.step)
         if self.memory is None:
             payload, cctx = comp.compress(ops, flat)
+        elif not ops.all_finite(flat):  # docs/wrapper.md#nonfinite: the memory never sees it
+            nonfinite.report(self.memory.nonfinite, comm.rank, bucket.name)
+            self.memory.skip(bucket.name)
+            payload, cctx = comp.compress(ops, flat)
+            if not nonfinite.carries_nonfinite(ops, payload):  # integer signs: drop the contribution
+                payload, cctx = comp.compress(ops, ops.zeros(ops.numel(flat), ops.dtype_name(flat), like=flat))
         elif comp.lossless:  # everything is sent: the remembered part goes along and is cleared
             payload, cctx = comp.compress(ops, self.memory.compensate_dense(ops, bucket.name, flat))
         else:
@@ -79,6 +88,10 @@ class DenseAllreduce(Reducer):
         if st.post != 1.0:
             out = ctx.ops.scale(out, st.post)
         return out
+
+    def settle(self, bucket: Bucket, rnd: RoundInfo, out: Any, ctx: ReduceContext) -> None:
+        if self.memory is not None and not ctx.ops.all_finite(out):
+            self.memory.rollback(ctx.ops, bucket.name, rnd.step)
 
     def config(self) -> dict:
         return {"reducer": self.name, "compressor": self.compressor.config(),

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..buckets import Bucket
+from ..compress import nonfinite
 from ..compress.memory import Memory
 from ..compress.selection import select_with_memory
 from ..compress.topk import SparseCompressor
@@ -76,10 +77,12 @@ class WholeBucket:
     key: str
 
 
-def dense_start(memory: Memory, bucket: Bucket, rnd: RoundInfo, flat: Any, ctx: ReduceContext) -> Pending:
-    """Density-1 path shared by the sparse reducers: allreduce(sum) of ``flat + residual``."""
+def dense_start(memory: Memory, bucket: Bucket, rnd: RoundInfo, flat: Any, ctx: ReduceContext,
+                finite: bool = True) -> Pending:
+    """Density-1 path shared by the sparse reducers: allreduce(sum) of ``flat + residual``
+    (of ``flat`` alone, the memory untouched, when ``flat`` is not finite)."""
     name = rnd.wire(bucket)
-    x = memory.compensate_dense(ctx.ops, bucket.name, flat)
+    x = memory.compensate_dense(ctx.ops, bucket.name, flat) if finite else flat
     if ctx.comm.size == 1:
         return Pending(name, WholeBucket(x, bucket.name))
     return Pending(name, WholeBucket(x, bucket.name), (ctx.comm.allreduce_tensor_async(ctx.ops, x, "sum", f"{name}.dense"),))
@@ -90,6 +93,8 @@ def dense_finish(memory: Memory, pending: Pending, ctx: ReduceContext) -> Any:
     x = ctx.comm.wait(pending.handles[0]) if pending.handles else st.x
     if ctx.postscale != 1.0:
         x = ctx.ops.scale(x, ctx.postscale)
+    if not ctx.ops.all_finite(x):
+        return x  # skipped step: DGC's momentum must not see it (docs/wrapper.md#nonfinite)
     return memory.finish_dense(ctx.ops, st.key, x)
 
 
@@ -119,14 +124,33 @@ class SparseReducer(Reducer):
         ops = ctx.ops
         flat = prescaled(flat, ctx)
         n = ops.numel(flat)
-        if self.dense_when_full and self.compressor.k_for(n, bucket, rnd.step) >= n:
-            return dense_start(self.memory, bucket, rnd, flat, ctx)
+        self.memory.snapshot(ops, bucket.name, flat, rnd.step)
+        finite = ops.all_finite(flat)
+        if not finite:  # docs/wrapper.md#nonfinite: the memory never sees it
+            nonfinite.report(self.memory.nonfinite, ctx.comm.rank, bucket.name)
+            self.memory.skip(bucket.name)
+        k = self.compressor.k_for(n, bucket, rnd.step)
+        if self.dense_when_full and k >= n:
+            return dense_start(self.memory, bucket, rnd, flat, ctx, finite)
+        if not finite:
+            if self.compressor.collective == "allreduce":  # shared indices (random-k): keep them
+                _, idx = self.compressor.select(ops, flat, bucket, rnd.step)
+                vals = nonfinite.marker(ops, ops.numel(idx), flat)[0]
+            else:
+                vals, idx = nonfinite.marker(ops, k, flat)
+            return vals, idx, n
         vals, idx = select_with_memory(self.compressor, self.memory, ops, bucket, rnd.step, flat)
         return vals, idx, n
 
     def config(self) -> dict:
         return {"reducer": self.name, "compressor": self.compressor.config(), "memory": self.memory.config(),
                 "index_dtype": self.index_dtype, "dense_when_full": self.dense_when_full}
+
+    def settle(self, bucket: Bucket, rnd: RoundInfo, out: Any, ctx: ReduceContext) -> None:
+        """A non-finite reduced bucket (identical on every rank) rolls the memory back, so the
+        skipped step leaves no trace in it (docs/wrapper.md#nonfinite)."""
+        if not ctx.ops.all_finite(out):
+            self.memory.rollback(ctx.ops, bucket.name, rnd.step)
 
     @property
     def density(self) -> float | None:

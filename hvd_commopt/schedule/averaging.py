@@ -22,6 +22,9 @@ Tensor = Any
 class AveragingScheduler(Scheduler):
     """Warm-up, local steps, and a ``_sync()`` every ``period`` local steps (subclasses)."""
 
+    rank_local_weights = True    # each worker's own model between averagings
+    rank_local_optimizer = True  # the user's optimizer steps on local gradients
+
     def __init__(self, config: AveragingConfig, port: RoundPort):
         super().__init__(config, port)
         self.name = config.kind

@@ -76,11 +76,19 @@ class Scheduler(abc.ABC):
         drains_for_checkpoint: ``state_dict()`` first applies every round in flight, so it must be
             called between steps (the synchronous schedule, like Horovod, saves at any time and
             drops what is in flight).
+        rank_local_state: keys of :meth:`state_dict` that differ from rank to rank (gathered
+            per rank into a checkpoint, docs/wrapper.md#checkpoints); the others are shared.
+        rank_local_weights: the model's weights differ from rank to rank (local updates).
+        rank_local_optimizer: the wrapped optimizer's state differs from rank to rank (it steps
+            on local gradients).
     """
 
     name = "abstract"
     needs_weights = True
     drains_for_checkpoint = True
+    rank_local_state: tuple[str, ...] = ()
+    rank_local_weights = False
+    rank_local_optimizer = False
 
     def __init__(self, config: Any, port: RoundPort):
         self.config = config

@@ -39,6 +39,8 @@ __all__ = ["CDScheduler"]
 class CDScheduler(DelayedScheduler):
     """OD-SGD's scheduler with CD-SGD's per-round choice of reducer."""
 
+    rank_local_state = ("local", "ternary")  # + the ternary error feedback (docs/wrapper.md#checkpoints)
+
     def __init__(self, config: CDConfig, port: RoundPort):
         super().__init__(config, port)
         self.ternary = DenseAllreduce(TernaryCompressor(config.theta, port.comm.size), ErrorFeedback())

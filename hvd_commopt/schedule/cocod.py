@@ -43,6 +43,8 @@ __all__ = ["CoCoDScheduler"]
 class CoCoDScheduler(AveragingScheduler):
     """CoCoD-SGD: the average of sync n is computed while the next tau local steps run."""
 
+    rank_local_state = ("s",)  # this worker's snapshot; z (the average) is shared
+
     def __init__(self, config: AveragingConfig, port: RoundPort):
         super().__init__(config, port)
         self._pending: list[Pending] | None = None  # the average in flight
@@ -102,6 +104,8 @@ class CoCoDScheduler(AveragingScheduler):
         self.abandon()
         self.syncs = int(state.get("syncs", 0))
         z, s = state.get("z"), state.get("s")
+        if s is None:  # per-rank state reset (docs/wrapper.md#checkpoints): the next sync is a first one
+            z = None
         w = self.host.weights()  # new buffers go where the model is (a checkpoint may be on the CPU)
         self._z = None if z is None else self.pack(z, like=w)
         self._s = None if s is None else self.pack(s, like=w)

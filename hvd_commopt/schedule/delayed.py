@@ -82,6 +82,9 @@ def digest(ops: Any, tensors: list) -> str:
 class DelayedScheduler(Scheduler):
     """OD-SGD (delay 1), SSD-SGD (delay k) and the delay-disabled replica path (delay 0)."""
 
+    rank_local_state = ("local",)  # the local optimizer's momentum; the replica is shared
+    rank_local_weights = True      # the model holds w_loc
+
     def __init__(self, config: DelayConfig, port: RoundPort):
         super().__init__(config, port)
         self.name = config.kind

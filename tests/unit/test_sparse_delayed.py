@@ -72,11 +72,8 @@ def test_error_feedback_is_exact_with_rounds_in_flight():
 
     def record(comm, eng, red, t):
         seen.append(sorted(red.memory.residuals()))
-    out = train(2, Schedule.ssd(delay=2, warmup_steps=1), SPARSE["topk"], 6, record=record)
-    assert seen and all(s == seen[0] for s in seen)
-    eng = out[0][3]
-    sd = eng.state_dict()
-    assert sd  # the reducer's residuals and the schedule's replica travel in the engine's state
+    train(2, Schedule.ssd(delay=2, warmup_steps=1), SPARSE["topk"], 6, record=record)
+    assert seen and all(s == seen[0] for s in seen)  # one residual per bucket, whatever is in flight
 
 
 @pytest.mark.parametrize("name", ["topk", "topk_thr", "oktopk", "dgc"])

@@ -368,7 +368,7 @@ def test_whole_model_single_bucket_is_global_topk(factory):
     for r in range(1, P):
         for name in res[0][2]:
             assert np.array_equal(res[r][2][name], res[0][2][name])
-    assert res[0][1]["step"] == 2 and list(res[0][1]["reducer"]["memory"]["residuals"]) == ["bucket0:w2+2"]
+    assert res[0][1]["step"] == 2 and list(res[0][1]["ranks"][0]["reducer"]["memory"]["residuals"]) == ["bucket0:w2+2"]
 
 
 @pytest.mark.parametrize("factory", [lambda: Compression.gtopk(0.03), lambda: Compression.topk(0.03)])

@@ -1,0 +1,159 @@
+"""NaN/Inf never enter a memory; a skipped step costs exactly one step (docs/wrapper.md#nonfinite).
+
+In-process ranks, NumpyOps. Run A injects an Inf into rank 0's gradient at step BAD and skips the
+step when the reduced bucket is non-finite (what a GradScaler does); run B never runs step BAD.
+Every later output and the final memories must be bit-identical.
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+from hvd_commopt import Compression, NumpyOps, run_ranks
+from hvd_commopt.buckets import Bucket
+from hvd_commopt.compress import ErrorFeedback, TernaryCompressor
+from hvd_commopt.compress.cast import FP16Compressor
+from hvd_commopt.compress.nonfinite import NonFiniteGradientError
+from hvd_commopt.errors import ConfigError
+from hvd_commopt.reduce import DenseAllreduce, ReduceContext
+from hvd_commopt.reduce.base import RoundInfo
+
+ops = NumpyOps()
+N, STEPS, BAD = 64, 6, 2
+
+FACTORIES = {
+    "topk": lambda: Compression.topk(0.1),
+    "topk_dense": lambda: Compression.topk(1.0),
+    "randomk": lambda: Compression.randomk(0.1, seed=3),
+    "dgc": lambda: Compression.dgc(0.1, sample_ratio=1.0),
+    "dgc_dense": lambda: Compression.dgc(1.0),
+    "gtopk": lambda: Compression.gtopk(0.1),
+    "fp16_ef": lambda: DenseAllreduce(FP16Compressor(), ErrorFeedback()),
+}
+
+
+def grads(P, bad_value):
+    out = {}
+    for r in range(P):
+        rng = np.random.default_rng(100 + r)
+        for s in range(STEPS):
+            out[r, s] = (rng.standard_normal(N) * (1 + r)).astype(np.float32)
+    out[0, BAD] = out[0, BAD].copy()
+    out[0, BAD][[5, 17]] = bad_value
+    return out
+
+
+def memory_state(red):
+    """Every tensor the memory holds, as host copies."""
+    sd = red.state_dict().get("memory", {})
+    return {f"{k}/{n}": np.array(t, copy=True) for k, d in sd.items() for n, t in d.items()}
+
+
+def run(P, factory, data, skip_bad_step):
+    bucket = Bucket.single("b", N, "float32")
+
+    def body(comm):
+        ctx = ReduceContext(comm, ops, 1.0, 1.0 / comm.size)
+        red = factory()
+        outs = {}
+        for s in range(STEPS):
+            if skip_bad_step and s == BAD:
+                continue
+            out = red.reduce(bucket, RoundInfo(s), data[comm.rank, s].copy(), ctx)
+            outs[s] = np.array(out, copy=True)
+            for k, v in memory_state(red).items():
+                assert np.isfinite(v).all(), (comm.rank, s, k)
+        return outs, memory_state(red)
+    return run_ranks(P, body)
+
+
+@pytest.mark.parametrize("kind", sorted(FACTORIES))
+@pytest.mark.parametrize("bad_value", [np.inf, np.nan])
+def test_skipped_step_costs_one_step(kind, bad_value):
+    P = 2
+    data = grads(P, bad_value)
+    with pytest.warns(RuntimeWarning, match=r"rank 0: the gradient of bucket 'b' holds NaN or Inf"):
+        a = run(P, FACTORIES[kind], data, skip_bad_step=False)
+    b = run(P, FACTORIES[kind], data, skip_bad_step=True)
+    for r in range(P):
+        outs_a, mem_a = a[r]
+        outs_b, mem_b = b[r]
+        assert not np.isfinite(outs_a[BAD]).all(), "every rank sees the skipped step"
+        for s in outs_b:
+            np.testing.assert_array_equal(outs_a[s], outs_b[s], err_msg=f"{kind} rank {r} step {s}")
+        assert mem_a.keys() == mem_b.keys()
+        for k in mem_a:
+            np.testing.assert_array_equal(mem_a[k], mem_b[k], err_msg=f"{kind} rank {r} {k}")
+    np.testing.assert_array_equal(a[0][0][BAD], a[1][0][BAD])  # the same result on every rank
+
+
+def test_ternary_drops_the_contribution_and_keeps_the_residual():
+    """Integer sums cannot carry Inf: the bad rank sends zeros, its residual stays as it was."""
+    P = 2
+    data = grads(P, np.inf)
+    bucket = Bucket.single("b", N, "float32")
+
+    def body(comm):
+        ctx = ReduceContext(comm, ops, 1.0, 1.0 / comm.size)
+        red = DenseAllreduce(TernaryCompressor(0.5, comm.size), ErrorFeedback())
+        rec = []
+        for s in range(STEPS):
+            before = memory_state(red)
+            out = red.reduce(bucket, RoundInfo(s), data[comm.rank, s].copy(), ctx)
+            rec.append((before, memory_state(red), np.array(out, copy=True)))
+        return rec
+    with pytest.warns(RuntimeWarning, match="rank 0"):
+        res = run_ranks(P, body)
+    before, after, out = res[0][BAD]
+    assert np.isfinite(out).all()
+    assert before.keys() == after.keys()
+    for k in before:
+        np.testing.assert_array_equal(before[k], after[k])
+    for r in range(P):
+        for _, mem, o in res[r]:
+            assert np.isfinite(o).all() and all(np.isfinite(v).all() for v in mem.values())
+
+
+def test_raise_names_rank_and_bucket_and_leaves_memory_alone():
+    bucket = Bucket.single("layer.w", N, "float32")
+    red = Compression.topk(0.1, nonfinite="raise")
+    x = np.ones(N, np.float32)
+
+    def body(comm):
+        ctx = ReduceContext(comm, ops)
+        red.reduce(bucket, RoundInfo(0), x.copy(), ctx)
+        before = memory_state(red)
+        bad = x.copy()
+        bad[3] = np.nan
+        with pytest.raises(NonFiniteGradientError, match=r"rank 0: the gradient of bucket 'layer.w'"):
+            red.reduce(bucket, RoundInfo(1), bad, ctx)
+        after = memory_state(red)
+        for k in before:
+            np.testing.assert_array_equal(before[k], after[k])
+    run_ranks(1, body)
+
+
+def test_policy_is_checked_and_part_of_the_config():
+    with pytest.raises(ConfigError, match="nonfinite must be one of"):
+        Compression.dgc(0.1, nonfinite="ignore")
+    with pytest.raises(ConfigError, match="nonfinite must be one of"):
+        ErrorFeedback(nonfinite=None)
+    assert Compression.topk(0.1).config()["memory"]["nonfinite"] == "skip"
+    assert Compression.gtopk(0.1, nonfinite="raise").config()["memory"]["nonfinite"] == "raise"
+
+
+def test_warning_once_per_rank_and_bucket_under_the_default_filter():
+    data = grads(1, np.inf)
+    bucket = Bucket.single("b", N, "float32")
+
+    def body(comm):
+        ctx = ReduceContext(comm, ops)
+        red = Compression.topk(0.1)
+        for _ in range(3):
+            red.reduce(bucket, RoundInfo(0), data[0, BAD].copy(), ctx)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("default")
+        run_ranks(1, body)
+    assert len([x for x in w if "holds NaN or Inf" in str(x.message)]) == 1
