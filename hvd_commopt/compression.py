@@ -23,11 +23,11 @@ from .errors import ConfigError
 from .compress.cast import BF16Compressor, FP16Compressor, NoneCompressor
 from .compress.dgc import DGCCompressor, DGCMemory
 from .compress.error_feedback import ErrorFeedback
-from .compress.nonfinite import check_policy
 from .compress.momentum import MomentumCorrection
 from .compress.randomk import RandomKCompressor
 from .compress.topk import Density, TopKCompressor
 from .reduce.gtopk import GTopK
+from .reduce.oktopk import OkTopK
 from .reduce.sparse_allgather import SparseAllgather
 
 __all__ = ["Compression"]
@@ -56,9 +56,9 @@ class Compression:
     bf16 = BF16Compressor()
 
     @staticmethod
-    def topk(density: Density = 0.001, error_feedback: bool = True,
-             index_dtype: str | None = None, momentum_correction: bool | None = None,
-             momentum_masking: bool = True, min_k: int = 1, nonfinite: str = "skip") -> SparseAllgather:
+    def topk(density: Density = 0.001, error_feedback: bool = True, index_dtype: str | None = None,
+             momentum_correction: bool | None = None, momentum_masking: bool = True, min_k: int = 1,
+             nonfinite: str = "skip", selection: str = "exact", tau: int = 16, band: float = 0.2) -> SparseAllgather:
         """Top-k S-SGD (docs/topk.md#update-rule): exact top-k per bucket, allgather of (values, indices).
 
         Args:
@@ -74,8 +74,12 @@ class Compression:
                 bucket per layer (LAGS) it keeps small layers from starving.
             nonfinite: "skip" or "raise", for a NaN/Inf gradient (docs/wrapper.md#nonfinite; every
                 constructor below takes it too).
+            selection: "exact" (bit-identical to the reference top-k), "threshold" (Ok-Topk's
+                threshold reuse: exact every ``tau`` steps, the count kept within
+                ``k·(1 ± band)``; drift in ``reducer.stats()``) or "sampled" (DGC's sampled
+                threshold); docs/selection.md.
         """
-        return SparseAllgather(TopKCompressor(density, min_k),
+        return SparseAllgather(TopKCompressor(density, selection, tau, band, min_k=min_k),
                                _memory(error_feedback, momentum_correction, momentum_masking, nonfinite), index_dtype)
 
     @staticmethod
@@ -101,7 +105,8 @@ class Compression:
             momentum_masking: bool = True, clip_norm: float | None = None, sample_ratio: float = 0.01,
             warmup_epochs: int = 0, warmup_coeff: float | Sequence[float] | None = None,
             steps_per_epoch: int | None = None, seed: int = 0,
-            index_dtype: str | None = None, nonfinite: str = "skip") -> SparseAllgather:
+            index_dtype: str | None = None, nonfinite: str = "skip", selection: str = "sampled", tau: int = 16,
+            band: float = 0.2) -> SparseAllgather:
         """Deep Gradient Compression (docs/dgc.md#update-rule): sampled threshold, momentum correction and
         factor masking, optional local clipping, sparsity warm-up.
 
@@ -110,10 +115,12 @@ class Compression:
         needs an optimizer without momentum (docs/dgc.md#optimizer-momentum). For the warm-up
         give ``steps_per_epoch`` or call ``set_epoch(e)`` on the returned reducer each epoch;
         ``warmup_coeff=None`` is the reference code's schedule (not the README's, see
-        :mod:`hvd_commopt.compress.dgc`).
+        :mod:`hvd_commopt.compress.dgc`). ``selection`` "sampled" is DGC's threshold; "exact" or
+        "threshold" select k = ceil(n·ratio) as :meth:`topk` does (docs/selection.md).
         """
         comp = DGCCompressor(density, sample_ratio=sample_ratio, warmup_epochs=warmup_epochs,
-                             warmup_coeff=warmup_coeff, steps_per_epoch=steps_per_epoch, seed=seed)
+                             warmup_coeff=warmup_coeff, steps_per_epoch=steps_per_epoch, seed=seed,
+                             selection=selection, tau=tau, band=band)
         mem = DGCMemory(momentum=momentum, nesterov=nesterov, momentum_masking=momentum_masking,
                         clip_norm=clip_norm, nonfinite=nonfinite)
         return SparseAllgather(comp, mem, index_dtype)
@@ -128,3 +135,17 @@ class Compression:
         :meth:`topk`'s."""
         return GTopK(density, error_feedback=error_feedback, index_dtype=index_dtype, algorithm=algorithm,
                      memory=_memory(error_feedback, momentum_correction, momentum_masking, nonfinite), min_k=min_k)
+
+    @staticmethod
+    def oktopk(density: Density = 0.001, error_feedback: bool = True, index_dtype: str | None = None,
+               selection: str = "exact", tau: int = 16, band: float = 0.2, rebalance: int = 16,
+               momentum_correction: bool | None = None, momentum_masking: bool = True, min_k: int = 1,
+               nonfinite: str = "skip") -> OkTopK:
+        """Ok-Topk (docs/oktopk.md#oktopk): O(k) sparse allreduce, split-and-reduce over P load-balanced
+        regions, the exact global top-k, a balanced allgatherv; every rank gets the same k
+        entries, dropped local values return to the residual (the velocity, with momentum
+        correction). ``rebalance``: steps between recomputations of the region cuts;
+        ``selection``/``tau``/``band``: the local selection; the rest as :meth:`topk`'s."""
+        return OkTopK(density, error_feedback=error_feedback, index_dtype=index_dtype, selection=selection,
+                      tau=tau, band=band, rebalance=rebalance, min_k=min_k,
+                      memory=_memory(error_feedback, momentum_correction, momentum_masking, nonfinite))

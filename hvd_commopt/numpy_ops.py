@@ -6,6 +6,7 @@ from typing import Sequence
 import numpy as np
 
 from .dtypes import float32_to_half, half_to_float32, numpy_dtype
+from .select_kernels import np_abs_where, np_add_abs_where, np_kth_largest_abs
 
 __all__ = ["NumpyOps", "numpy_dtype"]
 
@@ -33,6 +34,10 @@ class NumpyOps:
         return dst
 
     def clone(self, t): return np.array(t, copy=True)
+
+    def zero_(self, t):
+        t.fill(0)
+        return t
 
     def cast(self, t, dtype):
         # host-side bfloat16 is carried as uint16 bit patterns (hvd_commopt.dtypes)
@@ -101,6 +106,12 @@ class NumpyOps:
     def isin(self, elements, test, invert=False): return np.isin(elements, test, invert=invert)
     def nonzero(self, mask): return np.flatnonzero(mask).astype(np.int64, copy=False)
     def abs_ge(self, t, threshold): return np.abs(t) >= threshold
+
+    def abs_where(self, t, op, thr): return np_abs_where(t, op, thr)
+
+    def add_abs_where(self, acc, g, op, thr): return np_add_abs_where(acc, g, op, thr)
+
+    def kth_largest_abs(self, t, k): return np_kth_largest_abs(t, k)
 
     def all_finite(self, t):
         # One summing pass: any NaN/Inf makes the sum non-finite; only then (or on an overflow of

@@ -49,6 +49,7 @@ class TensorOps(Protocol):
     def cat(self, ts: Sequence[Tensor]) -> Tensor: ...
     def copy_into(self, dst: Tensor, offset: int, src: Tensor) -> Tensor: ...  # dst[offset:offset+n] = flat(src)
     def clone(self, t: Tensor) -> Tensor: ...
+    def zero_(self, t: Tensor) -> Tensor: ...  # zeros shaped like t (in place allowed: no allocation)
     def cast(self, t: Tensor, dtype: str) -> Tensor: ...
 
     # -- arithmetic --------------------------------------------------------------------------
@@ -91,6 +92,20 @@ class TensorOps(Protocol):
         ...
     def abs_ge(self, t: Tensor, threshold: float) -> Tensor:
         """bool tensor ``|t| >= threshold`` (DGC's sampled-threshold selection)."""
+        ...
+    # -- fast selection (docs/selection.md#primitives) ----------------------------------------
+    # Magnitudes are ordered +0 == -0 < denormals < normals < +Inf < NaN (every NaN equal);
+    # ``thr`` is a Python float rounded to t's dtype (nan: the NaN class, < 0: below every |x|).
+    def abs_where(self, t: Tensor, op: str, thr: float) -> tuple[Tensor, Tensor]:
+        """(int64 ascending positions i with ``|t[i]| op thr``, ``t`` at them); ``op`` one of
+        "ge" "gt" "le" "lt". The one full pass of a selection."""
+        ...
+    def add_abs_where(self, acc: Tensor, g: Tensor, op: str, thr: float) -> tuple[Tensor, Tensor, Tensor]:
+        """``acc + g`` (into acc where allowed; bit-identical to ``add``) and ``abs_where`` of it,
+        fused in one sweep where the framework allows: (acc', indices, values)."""
+        ...
+    def kth_largest_abs(self, t: Tensor, k: int) -> float:
+        """The exact k-th largest ``|t|`` (1 <= k <= numel) as a Python float, nan for a NaN."""
         ...
     def norm(self, t: Tensor) -> float:
         """L2 norm of t as a Python float, accumulated in at least float32 (DGC's clipping)."""

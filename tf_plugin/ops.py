@@ -20,8 +20,13 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import math
+
 import numpy as np
 import tensorflow as tf
+
+from hvd_commopt.select_kernels import (ALL, NONE, np_all_none, np_key_of, np_kth_largest_abs, np_sweep,
+                                        threshold_plan)
 
 __all__ = ["TFOps", "PackBuffer", "TF_DTYPES"]
 
@@ -40,6 +45,24 @@ def _idx(*values: int) -> np.ndarray:
 
 _ONE = _idx(1)
 _FLAT = _idx(-1)
+
+
+# float dtype -> (key dtype, +Inf key): |x| as its bit pattern (hvd_commopt.select_kernels)
+_KEYS = {tf.float32: (tf.int32, 0x7F800000), tf.float64: (tf.int64, 0x7FF0000000000000),
+         tf.float16: (tf.int16, 0x7C00), tf.bfloat16: (tf.int16, 0x7F80)}
+_NP_OF = {tf.float32: np.float32, tf.float64: np.float64, tf.float16: np.float16}
+_CMP = {"ge": tf.greater_equal, "gt": tf.greater, "le": tf.less_equal, "lt": tf.less}
+
+
+def _tf_key_of(dtype):
+    if dtype in _NP_OF:  # host arithmetic: no eager op per call
+        return np_key_of(np.dtype(_NP_OF[dtype]))
+    kd = _KEYS[dtype][0]
+    return lambda thr: int(tf.bitcast(tf.abs(tf.constant(thr, dtype=dtype)), kd).numpy())
+
+
+def _on_cpu(t) -> bool:
+    return "GPU" not in (getattr(t, "device", "") or "").upper()
 
 
 def _device_of(like) -> str | None:
@@ -147,6 +170,12 @@ class TFOps:
         return tf.concat([dst[:offset], tf.cast(src, dst.dtype), dst[offset + n:]], axis=0)
 
     def clone(self, t): return tf.identity(tf.convert_to_tensor(_t(t)))
+
+    def zero_(self, t):
+        if isinstance(t, PackBuffer):  # no need to assemble the parts for zeros
+            with tf.device(t.device):
+                return tf.zeros([t.n], t.dtype)
+        return tf.zeros_like(tf.convert_to_tensor(_t(t)))
     def cast(self, t, dtype): return tf.cast(_t(t), TF_DTYPES[dtype])
 
     # -- arithmetic --------------------------------------------------------------------------
@@ -244,6 +273,56 @@ class TFOps:
     def abs_ge(self, t, threshold):
         t = tf.convert_to_tensor(_t(t))
         return tf.abs(t) >= tf.constant(threshold, dtype=t.dtype)
+
+    # -- fast selection (contracts in hvd_commopt.tensor_ops) ---------------------------------
+    # host_kernels: CPU tensors run the core's NumPy kernels on ``t.numpy()`` (one copy out) and
+    # convert the small result back; otherwise TF ops (docs/selection.md#primitives).
+    host_kernels = True
+
+    def _flat(self, t):
+        return tf.reshape(tf.convert_to_tensor(_t(t)), _FLAT)
+
+    def abs_where(self, t, op, thr):
+        t = self._flat(t)
+        if t.dtype not in _KEYS:
+            raise TypeError(f"abs_where: a floating tensor is needed, got {t.dtype.name}")
+        plan = threshold_plan(op, thr, _tf_key_of(t.dtype), _KEYS[t.dtype][1])
+        if self.host_kernels and _on_cpu(t) and t.dtype in _NP_OF:
+            x = t.numpy()
+            idx, vals = np_all_none(x, plan) if plan in (ALL, NONE) else np_sweep(x, plan)
+            return tf.convert_to_tensor(idx), tf.convert_to_tensor(vals)
+        if plan == ALL:
+            return tf.range(int(t.shape[0]), dtype=tf.int64), t
+        if plan == NONE:
+            return tf.zeros([0], tf.int64), t[:0]
+        op, key = plan
+        kd = _KEYS[t.dtype][0]
+        m = _CMP[op](tf.bitcast(tf.abs(t), kd), tf.constant(key, dtype=kd))
+        idx = tf.reshape(tf.where(m), _FLAT)
+        return idx, tf.gather(t, idx)
+
+    def add_abs_where(self, acc, g, op, thr):
+        acc = self._flat(acc) + self._flat(g)  # immutable tensors: a new accumulator
+        idx, vals = self.abs_where(acc, op, thr)
+        return acc, idx, vals
+
+    def kth_largest_abs(self, t, k):
+        t = self._flat(t)
+        n, k = int(t.shape[0]), int(k)
+        if not 1 <= k <= n:
+            raise ValueError(f"kth_largest_abs: k={k} outside [1, {n}]")
+        if self.host_kernels and _on_cpu(t) and t.dtype in _NP_OF:
+            return np_kth_largest_abs(t.numpy(), k)
+        kd, inf_key = _KEYS[t.dtype]
+        key = tf.minimum(tf.cast(tf.bitcast(tf.abs(t), kd), tf.int64), inf_key + 1)  # NaNs: one key
+        # tf.math.top_k does not order NaNs, hence the integer keys; take the nearer side
+        if k <= n - k + 1:
+            kk = int(tf.math.top_k(key, k=k, sorted=True).values[k - 1])
+        else:
+            kk = -int(tf.math.top_k(-key, k=n - k + 1, sorted=True).values[n - k])
+        if kk > inf_key:
+            return math.nan
+        return float(tf.bitcast(tf.constant(kk, dtype=kd), t.dtype).numpy())
 
     def all_finite(self, t):
         t = tf.convert_to_tensor(_t(t))

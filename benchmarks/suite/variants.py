@@ -188,13 +188,17 @@ def b_fusion(kind: str) -> Callable[[nn.Module, Ctx], Runner]:
 
 
 def b_sparse(kind: str, layerwise: bool = False, planner: str | None = None,
-             name: str | None = None) -> Callable[[nn.Module, Ctx], Runner]:
+             name: str | None = None, selection: str | None = None,
+             schedule: str | None = None) -> Callable[[nn.Module, Ctx], Runner]:
+    """A sparse variant; ``selection`` picks the selection mode (docs/selection.md), ``schedule``
+    "od"/"ssd" runs it under a delayed schedule (docs/ssd-sgd.md#sparse-delayed)."""
     def build_(model: nn.Module, ctx: Ctx) -> Runner:
         factory = getattr(_hco().Compression, kind)
         kw: dict[str, Any] = {}
         momentum = None
+        sel = {} if selection is None else {"selection": selection}
         if kind == "dgc":  # DGC applies momentum itself: the wrapped optimizer runs without it
-            comp = factory(density=ctx.density, momentum=ctx.momentum, steps_per_epoch=ctx.steps_per_epoch)
+            comp = factory(density=ctx.density, momentum=ctx.momentum, steps_per_epoch=ctx.steps_per_epoch, **sel)
             momentum = 0.0
         elif kind == "randomk" and ctx.mode == "tta":
             # random-k trains with momentum only at density >= 0.3 (docs/topk.md#randomk-momentum);
@@ -202,7 +206,9 @@ def b_sparse(kind: str, layerwise: bool = False, planner: str | None = None,
             from hvd_commopt.compress.randomk import RANDOMK_MIN_DENSITY
             comp = factory(density=max(ctx.density, RANDOMK_MIN_DENSITY))
         else:
-            comp = factory(density=ctx.density)
+            comp = factory(density=ctx.density, **sel)
+        if schedule is not None:
+            kw["schedule"] = getattr(_hco().Schedule, schedule)(warmup_steps=ctx.warmup_steps)
         if layerwise:
             kw["fusion_threshold"] = 0  # one bucket per layer: LAGS (layer-wise selection, sent from the hooks)
         if planner is not None:
@@ -249,6 +255,13 @@ VARIANTS: dict[str, tuple[Callable[[nn.Module, Ctx], Runner], str]] = {
     "omgs": (b_sparse("topk", planner="mgwfbp", name="omgs"),
              "OMGS-SGD: top-k, sparse buckets merged by the OMGS planner (fusion='mgwfbp' on a sparse reducer)"),
     "dgc": (b_sparse("dgc"), "Deep Gradient Compression"),
+    "dgc_exact": (b_sparse("dgc", selection="exact", name="dgc_exact"), "DGC with the exact (fast) top-k selection"),
+    "topk_thr": (b_sparse("topk", selection="threshold", name="topk_thr"),
+                 "Top-k with Ok-Topk's threshold reuse (exact threshold every 16 steps)"),
+    "oktopk": (b_sparse("oktopk"), "Ok-Topk: O(k) split-and-reduce sparse allreduce"),
+    "ssd_topk": (b_sparse("topk", schedule="ssd", name="ssd_topk"), "SSD-SGD (k = 5) with Top-k exchange"),
+    "od_topk": (b_sparse("topk", schedule="od", name="od_topk"), "OD-SGD with Top-k exchange"),
+    "od_dgc": (b_sparse("dgc", schedule="od", name="od_dgc"), "OD-SGD with DGC exchange"),
     "randomk": (b_sparse("randomk"), "Random-k (shared seed, allreduce of k values)"),
     "od": (b_schedule("od"), "OD-SGD (one-step delayed global update)"),
     "ssd": (b_schedule("ssd"), "SSD-SGD (k = 5 delay, GLU)"),

@@ -49,6 +49,7 @@ from ..errors import ConfigError
 from ..tensor_ops import TensorOps
 from .error_feedback import Snapshots, TensorStore
 from .nonfinite import check_policy
+from .selection import Selection
 from .topk import Density, SparseCompressor, check_density
 
 __all__ = ["DGCCompressor", "DGCMemory", "warmup_ratio"]
@@ -79,6 +80,8 @@ class DGCCompressor(SparseCompressor):
         warmup_coeff: None (the code's schedule), a scalar, or one ratio per warm-up epoch.
         steps_per_epoch: derive the epoch from the bucket's step number (else call set_epoch).
         seed: seeds the sample start.
+        selection: "sampled" (DGC's own, above), "exact" or "threshold" (docs/selection.md),
+            with ``k = ceil(n·ratio)`` in every mode; ``tau``/``band`` for "threshold".
     """
 
     name = "dgc"
@@ -87,8 +90,9 @@ class DGCCompressor(SparseCompressor):
                  compress_upper_bound: float = 1.3, compress_lower_bound: float = 0.8,
                  max_adaptation_iters: int = 10, resample: bool = True, warmup_epochs: int = 0,
                  warmup_coeff: float | Sequence[float] | None = None, steps_per_epoch: int | None = None,
-                 seed: int = 0):
+                 seed: int = 0, selection: str = "sampled", tau: int = 16, band: float = 0.2):
         super().__init__(density)
+        self.selection = Selection(selection, tau, band, sampled=self._sampled_select)
         self.sample_ratio = min(max(float(sample_ratio), 0.01), 1.0)
         self.strided_sample = bool(strided_sample)
         self.upper, self.lower = float(compress_upper_bound), float(compress_lower_bound)
@@ -152,6 +156,16 @@ class DGCCompressor(SparseCompressor):
 
     # -- selection ----------------------------------------------------------------------------
     def select(self, ops: TensorOps, acc: Any, bucket: Bucket | None = None, step: int = 0) -> tuple[Any, Any]:
+        if self.selection.mode == "sampled":
+            return self._sampled_select(ops, acc, bucket, step)
+        vals, idx, _ = self.selection.select_acc(ops, acc, self.k_for(ops.numel(acc), bucket, step), bucket, step,
+                                                 None)
+        return vals, idx
+
+    def selection_stats(self) -> dict:
+        return self.selection.stats()
+
+    def _sampled_select(self, ops: TensorOps, acc: Any, bucket: Bucket | None, step: int) -> tuple[Any, Any]:
         n = ops.numel(acc)
         ratio = self.ratio(bucket, n, step)
         k = self.k_for(n, bucket, step)
@@ -169,9 +183,8 @@ class DGCCompressor(SparseCompressor):
             else:
                 sidx = rng.integers(0, n, size=num_samples, dtype=np.int64)
             samples = ops.gather(acc, ops.from_numpy(sidx, like=acc))
-        top, _ = ops.topk_abs(samples, top_k_samples)
-        thr = float(np.abs(ops.to_numpy(ops.cast(top, "float32"))).min())
-        idx = ops.nonzero(ops.abs_ge(acc, thr))
+        thr = ops.kth_largest_abs(samples, top_k_samples)  # the smallest |x| of the samples' top-k
+        idx, _ = ops.abs_where(acc, "ge", thr)
         count = ops.numel(idx)
         if n > num_samples:  # adaptation (the reference's loop, from GRACE's DGC)
             for _ in range(self.max_adaptation_iters):
@@ -189,7 +202,7 @@ class DGCCompressor(SparseCompressor):
                     thr *= self.lower
                 else:
                     break
-                idx = ops.nonzero(ops.abs_ge(acc, thr))
+                idx, _ = ops.abs_where(acc, "ge", thr)
                 count = ops.numel(idx)
         if count > k:
             idx = ops.slice(idx, 0, k)
@@ -199,13 +212,15 @@ class DGCCompressor(SparseCompressor):
         return {**super().config(), "sample_ratio": self.sample_ratio, "strided_sample": self.strided_sample,
                 "bounds": (self.upper, self.lower), "max_adaptation_iters": self.max_adaptation_iters,
                 "resample": self.resample, "warmup_epochs": self.warmup_epochs,
-                "warmup_coeff": self.warmup_coeff, "steps_per_epoch": self.steps_per_epoch, "seed": self.seed}
+                "warmup_coeff": self.warmup_coeff, "steps_per_epoch": self.steps_per_epoch, "seed": self.seed,
+                **self.selection.config()}
 
     def state_dict(self) -> dict:
-        return {} if self._epoch is None else {"epoch": self._epoch}
+        return {**({} if self._epoch is None else {"epoch": self._epoch}), **self.selection.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self._epoch = state.get("epoch")
+        self.selection.load_state_dict(state)
 
     def __repr__(self) -> str:
         return (f"DGCCompressor(density={self.density!r}, sample_ratio={self.sample_ratio}, "
@@ -334,6 +349,11 @@ class DGCMemory:
 
     def residual(self, ops: TensorOps, name: str, like: Any) -> Any | None:
         return self._v.get(ops, name, like)
+
+    def residuals(self) -> dict[str, Any]:
+        """The velocities in use (what was not sent yet), by bucket name, as
+        ``ErrorFeedback.residuals`` (for tests and diagnostics)."""
+        return {n: self._v.live(n) for n in self._v.names() if self._v.live(n) is not None}
 
     def config(self) -> dict:
         return {"name": "dgc_memory", "momentum": "optimizer" if self.from_optimizer else self.momentum,

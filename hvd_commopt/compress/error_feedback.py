@@ -210,6 +210,21 @@ class ErrorFeedback:
         r = self._writable(ops, name, acc)  # reuse a buffer
         self._res.set(name, ops.index_fill(r, sent_idx, 0.0))
 
+    def compensate_select(self, ops: TensorOps, name: str, flat: Any, select: Any) -> tuple[Any, Any]:
+        """compensate + select + update with the add fused into the selection's pass
+        (docs/selection.md#fused-ef).
+
+        ``select(acc, addend)`` returns ``(values, indices, acc + addend)``, the sum computed into
+        ``acc`` during its candidate pass. The sum goes into ``flat`` (the round's buffer, as
+        :meth:`compensate` does), so the residual before the round stays intact for
+        :meth:`rollback`; :meth:`update` then writes the new residual into a buffer of its own.
+        Bit-identical to :meth:`compensate`, select, :meth:`update`.
+        """
+        r = self._res.get(ops, name, flat)
+        vals, idx, acc = select(flat, r)
+        self.update(ops, name, acc, idx)
+        return vals, idx
+
     def update_quantized(self, ops: TensorOps, name: str, acc: Any, sent: Any) -> None:
         """Residual := ``acc - sent``: a lossy dense encoding of ``acc`` was sent, worth ``sent``.
 

@@ -28,6 +28,7 @@ from typing import Any, Callable, Mapping, Union
 from ..buckets import Bucket
 from ..errors import ConfigError
 from ..tensor_ops import TensorOps
+from .selection import Selection
 
 __all__ = ["DensitySpec", "SparseCompressor", "TopKCompressor", "check_density"]
 
@@ -147,9 +148,54 @@ class SparseCompressor:
 
 
 class TopKCompressor(SparseCompressor):
-    """The k largest-magnitude elements of the bucket, exactly (ties to the lower index)."""
+    """The k largest-magnitude elements of the bucket: exactly (ties to the lower index), or
+    approximately by the user's choice (docs/selection.md).
+
+    Args:
+        density: see :class:`DensitySpec`.
+        selection: "exact" (the same result as ``topk_abs``, fast), "threshold" (Ok-Topk's
+            threshold reuse: exact every ``tau`` steps, the count within ``k·(1 ± band)``) or
+            "sampled" (DGC's sampled threshold, with DGC's ``k = ceil(n·density)``).
+    """
 
     name = "topk"
 
+    def __init__(self, density: Density = 0.001, selection: str = "exact", tau: int = 16, band: float = 0.2,
+                 min_k: int = 1):
+        super().__init__(density, min_k)
+        self.selection = Selection(selection, tau, band, sampled=self._sampled)
+        self._dgc = None
+
+    def _sampled(self, ops: TensorOps, acc: Any, bucket: Bucket | None, step: int) -> tuple[Any, Any]:
+        if self._dgc is None:
+            from .dgc import DGCCompressor  # dgc imports this module
+            self._dgc = DGCCompressor()
+            self._dgc.density = self.density  # the same per-bucket densities
+        return self._dgc.select(ops, acc, bucket, step)
+
+    def select_acc(self, ops: TensorOps, r: Any, bucket: Bucket | None, step: int, addend: Any) -> tuple[Any, Any, Any]:
+        """(values, indices, acc) of ``acc = r + addend`` (into r where allowed): the fused form
+        the error-feedback memory calls (docs/selection.md#fused-ef)."""
+        n = ops.numel(r)
+        if self.selection.mode == "threshold":
+            self.selection.check_k(n * self.density(bucket, n), n, bucket.name if bucket is not None else "")
+        return self.selection.select_acc(ops, r, self.k_for(n, bucket, step), bucket, step, addend)
+
     def select(self, ops: TensorOps, acc: Any, bucket: Bucket | None = None, step: int = 0) -> tuple[Any, Any]:
-        return ops.topk_abs(acc, self.k_for(ops.numel(acc), bucket, step))
+        vals, idx, _ = self.select_acc(ops, acc, bucket, step, None)
+        return vals, idx
+
+    def config(self) -> dict:
+        return {**super().config(), **self.selection.config()}
+
+    def selection_stats(self) -> dict:
+        return self.selection.stats()
+
+    def state_dict(self) -> dict:
+        return self.selection.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.selection.load_state_dict(state)
+
+    def __repr__(self) -> str:
+        return f"TopKCompressor(density={self.density!r}, selection={self.selection.mode!r})"

@@ -311,7 +311,13 @@ class CostModel:
         if compression == "gtopk":
             sparse_k(0, density, elem_bytes)
             return lambda nbytes: self.gtopk_time(nbytes, density, elem_bytes, value_bytes, index_bytes)
-        raise ValueError(f"compression {compression!r} unknown; use 'none', 'fp16', 'topk' or 'gtopk'")
+        if compression == "oktopk":  # docs/oktopk.md#traffic: pairwise rounds on the p2p fit if any
+            from .sparse_scaling import oktopk_time
+            sparse_k(0, density, elem_bytes)
+            link = self.p2p if self.p2p is not None else self.allgather
+            return lambda nbytes: oktopk_time(sparse_k(nbytes, density, elem_bytes), self.ranks, link,
+                                              value_bytes, index_bytes)
+        raise ValueError(f"compression {compression!r} unknown; use 'none', 'fp16', 'topk', 'gtopk' or 'oktopk'")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable form (``json.dumps`` works on it directly)."""

@@ -90,7 +90,8 @@ def sparse_pricing(cost: CostModel, kind: str, density: float | None, select_s: 
         raise ConfigError("gTop-k buckets are priced with the point-to-point fit: calibrate with p2p "
                           "(the default) or give a cost model with a 'p2p' entry")
     return Pricing(cost.comm_time_fn(kind, density=density), ts, None, False,
-                   f"{'gTop-k' if kind == 'gtopk' else 'top-k allgather'}, density {density}, {s_text}")
+                   f"{ {'gtopk': 'gTop-k', 'oktopk': 'Ok-Topk'}.get(kind, 'top-k allgather')}, density {density}, "
+                   f"{s_text}")
 
 
 def fit_select_s(ops: Any, like: Any, density: float, max_numel: int,

@@ -9,11 +9,13 @@ from .base import (REDUCE_AVERAGING_OPS, TENSOR_OPS, Adasum, Average, Max, Min, 
                    Reducer, RoundInfo, Sum, check_op, check_tensor_op)
 from .dense import DenseAllreduce
 from .gtopk import GTopK
+from .oktopk import OkTopK
 from .sparse import SparseReducer
 from .sparse_allgather import SparseAllgather
 
 __all__ = ["Reducer", "ReduceContext", "Pending", "RoundInfo", "DenseAllreduce", "SparseReducer", "SparseAllgather", "GTopK",
-           "Average", "Sum", "REDUCE_AVERAGING_OPS", "check_op", "make_reducer", "Min", "Max", "Product", "Adasum", "TENSOR_OPS", "check_tensor_op", "AdasumReducer"]
+           "OkTopK", "Average", "Sum", "REDUCE_AVERAGING_OPS", "check_op", "make_reducer", "Min", "Max", "Product", "Adasum",
+           "TENSOR_OPS", "check_tensor_op", "AdasumReducer"]
 
 
 def make_reducer(compression: Compressor | Reducer | None, op: str = Average) -> Reducer:

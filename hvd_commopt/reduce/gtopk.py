@@ -237,7 +237,7 @@ class GTopK(SparseReducer):
                  min_k: int = 1):
         if algorithm not in ALGORITHMS:
             raise ConfigError(f"gTop-k algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
-        super().__init__(TopKCompressor(density, min_k), memory if memory is not None else ErrorFeedback(error_feedback),
+        super().__init__(TopKCompressor(density, min_k=min_k), memory if memory is not None else ErrorFeedback(error_feedback),
                          index_dtype, dense_when_full)
         self.algorithm = algorithm
 

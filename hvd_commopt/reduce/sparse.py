@@ -31,11 +31,13 @@ from typing import Any
 from ..buckets import Bucket
 from ..compress import nonfinite
 from ..compress.memory import Memory
+from ..compress.selection import select_with_memory
 from ..compress.topk import SparseCompressor
 from ..errors import ConfigError
 from .base import Pending, ReduceContext, Reducer, RoundInfo
 
-__all__ = ["SparseReducer", "WholeBucket", "index_dtype_for", "prescaled", "dense_start", "dense_finish"]
+__all__ = ["SparseReducer", "WholeBucket", "index_dtype_for", "prescaled", "dense_start", "dense_finish",
+           "scatter_result"]
 
 INDEX_DTYPES = ("int32", "int64")
 
@@ -55,6 +57,16 @@ def index_dtype_for(n: int, requested: str | None = None) -> str:
 def prescaled(flat: Any, ctx: ReduceContext) -> Any:
     """The bucket times the context's prescale factor (the prologue every sparse reducer shares)."""
     return ctx.ops.scale(flat, ctx.prescale) if ctx.prescale != 1.0 else flat
+
+
+def scatter_result(ops: Any, buf: Any, n: int, idx: Any, vals: Any, postscale: float) -> Any:
+    """``scatter_add(zeros(n), idx, vals) · postscale``, built in ``buf`` (the round's bucket
+    buffer, free once the selection is made) when its dtype fits: a fresh n-element tensor per
+    step costs page faults worth several passes (docs/selection.md#step-cost)."""
+    dt = ops.dtype_name(vals)
+    out = ops.zero_(buf) if buf is not None and ops.dtype_name(buf) == dt else ops.zeros(n, dt, like=vals)
+    out = ops.scatter_add(out, idx, vals)
+    return ops.scale(out, postscale) if postscale != 1.0 else out
 
 
 @dataclass
@@ -127,9 +139,7 @@ class SparseReducer(Reducer):
             else:
                 vals, idx = nonfinite.marker(ops, k, flat)
             return vals, idx, n
-        acc = self.memory.compensate(ops, bucket.name, flat)
-        vals, idx = self.compressor.select(ops, acc, bucket, rnd.step)
-        self.memory.update(ops, bucket.name, acc, idx)
+        vals, idx = select_with_memory(self.compressor, self.memory, ops, bucket, rnd.step, flat)
         return vals, idx, n
 
     def config(self) -> dict:
@@ -145,6 +155,11 @@ class SparseReducer(Reducer):
     @property
     def density(self) -> float | None:
         return self.compressor.density.constant
+
+    def stats(self) -> dict:
+        """The selection's statistics (threshold reuse: per-bucket k drift; docs/selection.md#reuse)."""
+        fn = getattr(self.compressor, "selection_stats", None)
+        return fn() if fn is not None else {}
 
     def residual(self, ops: Any, key: str, like: Any) -> Any | None:
         """The memory's residual (velocity for DGC) of the bucket named ``key``; None = zero."""

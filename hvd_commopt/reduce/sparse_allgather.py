@@ -28,7 +28,7 @@ from ..compress.topk import SparseCompressor
 from ..errors import ConfigError
 from ..fusion.pricing import Pricing, sparse_pricing
 from .base import Pending, ReduceContext, RoundInfo
-from .sparse import SparseReducer, WholeBucket, dense_finish, index_dtype_for
+from .sparse import SparseReducer, WholeBucket, dense_finish, index_dtype_for, scatter_result
 
 __all__ = ["SparseAllgather"]
 
@@ -42,6 +42,7 @@ class _Sparse:
     vals: Any
     idx: Any
     n: int
+    out: Any = None  # the round's bucket buffer, free after start: the result is built in it
 
 
 class SparseAllgather(SparseReducer):
@@ -82,14 +83,14 @@ class SparseAllgather(SparseReducer):
         vals, idx, n = sel
         name = rnd.wire(bucket)
         if comm.size == 1:
-            return Pending(name, _Sparse("local", vals, idx, n))
+            return Pending(name, _Sparse("local", vals, idx, n, flat))
         if self.compressor.collective == "allreduce":  # same indices everywhere: sum the values
             h = comm.allreduce_tensor_async(ops, vals, "sum", f"{name}.values")
-            return Pending(name, _Sparse("allreduce", vals, idx, n), (h,))
+            return Pending(name, _Sparse("allreduce", vals, idx, n, flat), (h,))
         wire_idx = ops.cast(idx, index_dtype_for(n, self.index_dtype))
         hv = comm.allgather_tensor_async(ops, vals, f"{name}.values")
         hi = comm.allgather_tensor_async(ops, wire_idx, f"{name}.indices")
-        return Pending(name, _Sparse("allgather", vals, wire_idx, n), (hv, hi))
+        return Pending(name, _Sparse("allgather", vals, wire_idx, n, flat), (hv, hi))
 
     def finish(self, pending: Pending, ctx: ReduceContext) -> Any:
         st = pending.state
@@ -102,8 +103,7 @@ class SparseAllgather(SparseReducer):
         elif st.mode == "allgather":
             vals = comm.wait(pending.handles[0])[0]
             idx = ops.cast(comm.wait(pending.handles[1])[0], "int64")
-        out = ops.scatter_add(ops.zeros(st.n, ops.dtype_name(vals), like=vals), idx, vals)
-        return ops.scale(out, ctx.postscale) if ctx.postscale != 1.0 else out
+        return scatter_result(ops, st.out, st.n, idx, vals, ctx.postscale)
 
     # -- pricing and state ------------------------------------------------------------------
     def price(self, cost: Any, select_s: float | None = None) -> Pricing:

@@ -57,10 +57,11 @@ def require_gradient_schedule(schedule: Any) -> None:
 def build_scheduler(schedule: Any, port: RoundPort) -> Scheduler:
     """The scheduler for ``schedule`` (None = sync), after checking it against the engine.
 
-    Refused, with the reason (the papers define no such combination):
+    OD/SSD take every reducer, sparse ones included (docs/ssd-sgd.md#sparse-delayed): each round's
+    bucket is selected with error feedback when it completes and exchanged while the next steps
+    compute; the residual is keyed by bucket, not by round, so it stays exact across rounds in
+    flight. Refused, with the reason (the papers define no such combination):
 
-    * OD/SSD with a sparse exchange (Top-k, DGC, gTop-k): the delay is defined on dense
-      gradients; fp16/bf16 casts are fine (still a dense allreduce).
     * CD-SGD with any ``compression=``: CD-SGD brings its own (ternary) compression.
     * CoCoD-SGD / local SGD with any ``compression=``: they average models, not gradients.
     """
@@ -77,11 +78,6 @@ def build_scheduler(schedule: Any, port: RoundPort) -> Scheduler:
                               f"drop compression={_compression_name(reducer)!r} (use Compression.none)")
         return CDScheduler(schedule, port)
     if isinstance(schedule, DelayConfig):
-        if not dense:
-            raise ConfigError(
-                f"Schedule.{schedule.kind}() with the sparse exchange {_compression_name(reducer)!r} is not "
-                f"supported: OD/SSD-SGD delay dense gradients and the papers define no sparse variant. "
-                f"Use Schedule.cd() for delay with compression, or Schedule.sync() with sparse compression.")
         return DelayedScheduler(schedule, port)
     if isinstance(schedule, AveragingConfig):
         if not uncompressed:

@@ -9,7 +9,6 @@ from hvd_commopt import Compression, Schedule, build_engine, run_ranks
 from hvd_commopt.compress import ErrorFeedback, TernaryCompressor, wire_dtype_for
 from hvd_commopt.errors import ConfigError, RankMismatchError
 from hvd_commopt.reduce import DenseAllreduce
-from hvd_commopt.reduce.base import Pending, Reducer
 from hvd_commopt.schedule import CDScheduler
 from hvd_commopt.schedule.local_opt import LocalOptimizer
 from tests.reducers import start
@@ -82,16 +81,7 @@ def test_bad_arguments_name_the_fix(make, match):
         make()
 
 
-class FakeSparse(Reducer):
-    name = "topk"
-
-    def start(self, name, flat, ctx): return Pending(name, flat)
-    def finish(self, pending, ctx): return pending.state
-
-
 @pytest.mark.parametrize("schedule, compression, match", [
-    (Schedule.od(), FakeSparse(), "sparse exchange 'topk' is not supported"),
-    (Schedule.ssd(), FakeSparse(), "Use Schedule.cd"),
     (Schedule.cd(), Compression.fp16, "cd\\(\\) quantizes gradients itself"),
     (Schedule.cocod(2), Compression.fp16, "averages models"),
     (Schedule.local_sgd(2), Compression.bf16, "averages models"),
@@ -102,6 +92,11 @@ def test_unsupported_combinations_are_refused(schedule, compression, match):
         with pytest.raises(ConfigError, match=match):
             build_engine(comm, OPS, schedule=schedule, compression=compression)
     run_ranks(1, body)
+
+
+def test_sparse_with_od_and_ssd_is_allowed():  # docs/ssd-sgd.md#sparse-delayed
+    for sched in (Schedule.od(), Schedule.ssd()):
+        run_ranks(1, lambda comm: build_engine(comm, OPS, schedule=sched, compression=Compression.topk(0.01)))
 
 
 def test_fp16_with_od_is_allowed():

@@ -1,0 +1,117 @@
+"""Step time with sparse compression against the compute-only step, same job, loopback.
+
+    python -m benchmarks.compress_step_bench            # re-launches itself on 2 local ranks
+    python -m benchmarks.compress_step_bench --profile topk   # + cProfile of one variant (rank 0)
+
+The model is the 25-layer 512-wide MLP (6.6M parameters, batch 32), one thread per rank. Variants
+are interleaved block by block so machine noise hits all alike: ``compute`` (no communication,
+the lower bound), ``dense`` (our SSGD), ``topk`` / ``topk_thr`` (Top-k 1 %, exact / threshold
+reuse), ``dgc`` / ``dgc_exact`` (DGC 1 %, sampled / exact selection). Prints the median step and
+its ratio to the compute-only step (target: Top-k 1 % and DGC 1 % <= 1.3x).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import machine_info, relaunch_under_mpirun, table, time_steps, write_json  # noqa: E402
+
+VARIANTS = ("compute", "dense", "topk", "topk_thr", "dgc", "dgc_exact")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--blocks", type=int, default=3)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--density", type=float, default=0.01)
+    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--profile", default=None, help="a variant to profile with cProfile on rank 0")
+    p.add_argument("--model", default="mlp25x512", choices=["mlp25x512", "suite_mlp"],
+                   help="the 25x512 MLP, or the suite's deep_mlp (48x256, 3.05M parameters, inputs 64)")
+    p.add_argument("--quick", action="store_true")
+    args = p.parse_args()
+    if args.quick:
+        args.blocks, args.steps = 2, 3
+    relaunch_under_mpirun(args.ranks, sys.argv)
+
+    import torch
+    import torch.nn.functional as F
+
+    import torch_plugin as hco
+    from benchmarks.models import deep_mlp
+    from hvd_commopt import runtime
+
+    hco.init()
+    torch.set_num_threads(1)
+    rank = hco.rank()
+    torch.manual_seed(0)
+    if args.model == "suite_mlp":
+        base, x = deep_mlp(), torch.randn(32, 64)
+    else:
+        base, x = deep_mlp(depth=26, width=512, inputs=512), torch.randn(32, 512)
+    y = torch.randint(0, 10, (32,))
+    d = args.density
+    comps = {"dense": None, "topk": hco.Compression.topk(d),
+             "topk_thr": hco.Compression.topk(d, selection="threshold"),
+             "dgc": hco.Compression.dgc(d), "dgc_exact": hco.Compression.dgc(d, selection="exact")}
+    models = {}
+    for name in args.variants.split(","):
+        m = copy.deepcopy(base)
+        mom = 0.0 if name.startswith("dgc") else 0.9  # DGC applies the momentum itself
+        opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=mom)
+        if name != "compute":
+            kw = {} if comps[name] is None else {"compression": comps[name]}
+            opt = hco.DistributedOptimizer(opt, named_parameters=m.named_parameters(), **kw)
+        models[name] = (m, opt)
+
+    def stepper(model, opt):
+        def step():
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+        return step
+
+    steps = {k: stepper(*v) for k, v in models.items()}
+    for s in steps.values():
+        s()
+    barrier = runtime.communicator().barrier
+    samples: dict[str, list[float]] = {k: [] for k in steps}
+    for _ in range(args.blocks):
+        for k, s in steps.items():
+            samples[k].append(time_steps(s, args.steps, barrier=barrier))
+    comm = runtime.communicator()
+    med = {k: max(comm.allgather_object(sorted(v)[len(v) // 2])) for k, v in samples.items()}
+    nparams = sum(q.numel() for q in base.parameters())
+    if rank == 0:
+        print(f"\n{args.model}: {nparams / 1e6:.2f}M params, batch 32, {hco.size()} ranks, one thread each, "
+              f"density {d}, median of {args.blocks} blocks x {args.steps} steps")
+        print(table(["variant", "median step (ms)", "vs compute-only"],
+                    [[k, med[k] * 1e3, med[k] / med["compute"]] for k in med]), flush=True)
+        for k in models:
+            red = comps.get(k)
+            if red is not None and red.stats().get("threshold"):
+                print(f"{k}: threshold reuse {red.stats()['threshold']}")
+        write_json("compress_step_bench", {"params": nparams, "density": d, "median_step_s": med,
+                                           "ratio_vs_compute": {k: v / med["compute"] for k, v in med.items()},
+                                           "machine": machine_info()})
+    if args.profile:
+        import cProfile
+        import pstats
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(10):
+            steps[args.profile]()
+        prof.disable()
+        if rank == 0:
+            print(f"\nprofile of 10 '{args.profile}' steps (rank 0), by own time:")
+            pstats.Stats(prof).sort_stats("tottime").print_stats(18)
+    barrier()
+
+
+if __name__ == "__main__":
+    main()

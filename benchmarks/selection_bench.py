@@ -1,0 +1,100 @@
+"""Selection cost in memory passes: selection time / time of one pass over the same buffer.
+
+For 1M-64M float32 elements and densities 0.001-0.05, on one thread, in one process (the ratio's
+two terms are measured back to back, interleaved, so the shared machine's noise cancels):
+
+* ``pass``: ``torch.abs(t, out=buf)``, one read and one write of the buffer (the unit);
+* ``torch.topk``: ``torch.topk(t.abs(), k)``; ``topk_abs``: the TensorOps reference;
+* ``exact``: :class:`~hvd_commopt.compress.selection.ExactTopK` (bit-identical to topk_abs);
+* ``reuse``: :class:`~hvd_commopt.compress.selection.ReuseTopK` in steady state (a reused step);
+* ``EF exact`` / ``EF reuse``: the fused error-feedback step (residual += g, select, zero sent);
+  ``EF reuse`` with tau 16 and band 0.2, its exact steps and recomputations included.
+
+Targets (docs/selection.md#selection-bench): exact <= 4 passes, threshold reuse <= 2.
+
+Run: ``python -m benchmarks.selection_bench [--quick] [--sizes 1,4,16,64] [--densities ...]``
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from benchmarks.common import table, write_json
+from hvd_commopt.compress.error_feedback import ErrorFeedback
+from hvd_commopt.compress.selection import ExactTopK, ReuseTopK
+from torch_plugin.ops import TorchOps
+
+OPS = TorchOps()
+
+
+def _median(fn, reps: int) -> float:
+    fn()  # warm (plans, scratch buffers, page faults)
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def measure(n: int, d: float, reps: int, slow_refs: bool) -> dict:
+    k = max(int(n * d), 1)
+    g = torch.from_numpy(np.random.default_rng(n).standard_normal(n).astype(np.float32))
+    t = g.clone()
+    buf = torch.empty_like(t)
+    one_pass = _median(lambda: torch.abs(t, out=buf), reps)
+    out = {"n": n, "density": d, "k": k, "pass_ms": one_pass * 1e3}
+    ex = ExactTopK()
+    out["exact"] = _median(lambda: ex.select(OPS, t, k), reps) / one_pass
+    reuse = ReuseTopK(tau=1 << 30, band=0.5)
+    reuse.select(OPS, t, k, key="b")  # the exact step sets the threshold
+    out["reuse"] = _median(lambda: reuse.select(OPS, t, k, key="b"), reps) / one_pass
+    assert reuse.stats()["b"]["last_action"] == "reuse"
+    # the fused error-feedback step: residual += g during the pass, select, zero the sent
+    ef = ErrorFeedback()
+    sel = ExactTopK()
+    fn = lambda r, a: (lambda res: (res.values, res.indices, res.acc))(sel.select(OPS, r, k, addend=a))  # noqa: E731
+    out["ef_exact"] = _median(lambda: ef.compensate_select(OPS, "b", g, fn), reps) / one_pass
+    ef2, rs = ErrorFeedback(), ReuseTopK(tau=16, band=0.2)  # amortised: exact steps and recomputations included
+    fn2 = lambda r, a: (lambda res: (res.values, res.indices, res.acc))(rs.select(OPS, r, k, "b", a))  # noqa: E731
+    out["ef_reuse"] = _median(lambda: ef2.compensate_select(OPS, "b", g, fn2), reps) / one_pass
+    if slow_refs:
+        out["torch.topk"] = _median(lambda: torch.topk(t.abs(), k, sorted=False), max(3, reps // 3)) / one_pass
+        out["topk_abs"] = _median(lambda: OPS.topk_abs(t, k), max(3, reps // 3)) / one_pass
+    return out
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="1M and 4M only, fewer repetitions")
+    p.add_argument("--sizes", default="1,4,16,64", help="sizes in Mi elements")
+    p.add_argument("--densities", default="0.001,0.01,0.05")
+    p.add_argument("--reps", type=int, default=15)
+    p.add_argument("--no-refs", action="store_true", help="skip torch.topk / topk_abs (slow at 64M)")
+    a = p.parse_args(argv)
+    torch.set_num_threads(1)
+    sizes = [1, 4] if a.quick else [int(s) for s in a.sizes.split(",")]
+    reps = 5 if a.quick else a.reps
+    rows, res = [], []
+    cols = ["torch.topk", "topk_abs", "exact", "reuse", "ef_exact", "ef_reuse"]
+    for m in sizes:
+        for d in (float(x) for x in a.densities.split(",")):
+            r = measure(m << 20, d, reps, not a.no_refs)
+            res.append(r)
+            rows.append([f"{m}M", d, f"{r['pass_ms']:.2f}"] + [f"{r[c]:.2f}" if c in r else "-" for c in cols])
+            print(rows[-1], flush=True)
+    print("\nselection time / one pass (torch.abs(t, out=buf)), one thread; targets: exact <= 4, reuse <= 2")
+    print(table(["n", "density", "pass ms"] + cols, rows))
+    ok_exact = max(r["exact"] for r in res) <= 4.0
+    ok_reuse = max(r["reuse"] for r in res) <= 2.0
+    print(f"worst exact {max(r['exact'] for r in res):.2f} passes ({'meets' if ok_exact else 'misses'} <= 4); "
+          f"worst reuse {max(r['reuse'] for r in res):.2f} ({'meets' if ok_reuse else 'misses'} <= 2)")
+    write_json("selection_bench", {"rows": res})
+
+
+if __name__ == "__main__":
+    main()

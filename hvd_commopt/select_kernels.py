@@ -1,0 +1,176 @@
+"""Host kernels of the selection primitives (``abs_where``, ``add_abs_where``, ``kth_largest_abs``).
+
+NumPy only, so the core can hold them: :class:`hvd_commopt.numpy_ops.NumpyOps` calls them, and
+the adapters call them on the memory of contiguous CPU tensors (torch's ``Tensor.numpy()`` is
+zero-copy), because ATen's CPU ``nonzero`` and bool comparisons alone cost 3-5 memory passes
+(docs/selection.md#primitives).
+
+The order on magnitudes (docs/selection.md#order): ``+0 == -0 < denormals < normals < +Inf <
+NaN`` with every NaN equal, the order of ``torch.topk`` / ``np.partition``. Comparisons work on
+the bit pattern of ``|x|`` read as a signed integer (the *key*), monotone in the value, so NaNs
+need no extra pass and the result does not depend on the CPU's denormals-are-zero mode.
+
+A threshold ``thr`` is a Python float rounded to the tensor's dtype. ``thr = nan`` is the NaN
+class (``ge``: the NaNs, ``gt``: nothing, ``le``: everything, ``lt``: every non-NaN); a negative
+threshold is below every ``|x|``.
+"""
+from __future__ import annotations
+
+import math
+import threading
+
+import numpy as np
+
+__all__ = ["OPS", "ALL", "NONE", "threshold_plan", "np_abs_where", "np_add_abs_where",
+           "np_kth_largest_abs", "np_key_of", "np_sweep", "np_all_none", "NP_KEYS"]
+
+OPS = ("ge", "gt", "le", "lt")
+
+# The key domain: |x| as its bit pattern, an integer that orders like the value
+#
+# For IEEE floats with the sign bit cleared, the bit pattern read as a signed integer is monotone
+# in the value: +0 < denormals < normals < +Inf (INF_KEY) < every NaN (> INF_KEY). Comparing keys
+# instead of floats gives the NaN-largest order for free (no isnan pass), treats -0 as +0 (abs
+# clears the sign), orders denormals as values, and does not depend on the CPU's
+# denormals-are-zero mode. Equal to IEEE comparison of |x| whenever DAZ is off.
+
+# numpy dtype -> (key dtype, abs mask, +Inf key)
+NP_KEYS = {
+    np.dtype(np.float32): (np.dtype(np.int32), 0x7FFFFFFF, 0x7F800000),
+    np.dtype(np.float64): (np.dtype(np.int64), 0x7FFFFFFFFFFFFFFF, 0x7FF0000000000000),
+    np.dtype(np.float16): (np.dtype(np.int16), 0x7FFF, 0x7C00),
+}
+ALL, NONE = "all", "none"
+
+
+def threshold_plan(op: str, thr: float, key_of, inf_key: int):
+    """``abs_where``'s comparison in the key domain: ALL, NONE or (op, key).
+
+    ``key_of(thr)`` is the key of ``thr`` rounded to the tensor's dtype (a non-negative float).
+    NaN thresholds select the NaN class (ge: NaNs, lt: non-NaNs, gt: none, le: all); negative
+    thresholds are below every |x| (ge/gt: all, le/lt: none).
+    """
+    if op not in OPS:
+        raise ValueError(f"abs_where: op must be one of {OPS}, got {op!r}")
+    thr = float(thr)
+    if math.isnan(thr):
+        if op == "gt":
+            return NONE
+        if op == "le":
+            return ALL
+        return op, inf_key + 1
+    if thr < 0.0:
+        return ALL if op in ("ge", "gt") else NONE
+    return op, int(key_of(thr))
+
+
+def np_key_of(dtype):
+    kd, mask, _ = NP_KEYS[dtype]
+    def key_of(thr):
+        with np.errstate(over="ignore"):  # beyond the dtype's range: rounds to +Inf, as a cast does
+            return int(np.array(thr, dtype=dtype).view(kd)) & mask
+    return key_of
+
+
+# NumPy kernels (also the host kernels of the torch and TF adapters)
+
+CHUNK = 1 << 18  # 256 Ki elements: 1 MiB of keys + 256 KiB of flags stay in L2
+
+
+class _Scratch(threading.local):
+    """Per-thread reusable chunk buffers: no allocation (and no page faults) per call."""
+
+    def __init__(self):
+        self.bufs: dict = {}
+
+    def get(self, kd):
+        b = self.bufs.get(kd)
+        if b is None:
+            b = self.bufs[kd] = (np.empty(CHUNK, dtype=kd), np.empty(CHUNK, dtype=np.bool_))
+        return b
+
+
+_SCRATCH = _Scratch()
+_NP_CMP = {"ge": np.greater_equal, "gt": np.greater, "le": np.less_equal, "lt": np.less}
+
+
+def _np_float(x) -> np.ndarray:
+    x = np.asarray(x).reshape(-1)
+    if x.dtype not in NP_KEYS:
+        raise TypeError(f"abs_where/kth_largest_abs: float16/32/64 expected, got {x.dtype}")
+    return x
+
+
+def np_all_none(x, plan):
+    if plan == ALL:
+        return np.arange(x.size, dtype=np.int64), x.copy()
+    return np.empty(0, dtype=np.int64), x[:0].copy()
+
+
+def np_sweep(x: np.ndarray, plan, g: np.ndarray | None = None):
+    """(indices, values) of |x| op key, chunk by chunk; with ``g``: x += g first, per chunk."""
+    op, key = plan
+    kd, mask, _ = NP_KEYS[x.dtype]
+    cmp = _NP_CMP[op]
+    key = kd.type(key)
+    mask = kd.type(mask)
+    buf, flags = _SCRATCH.get(kd)
+    n = x.size
+    xi = x.view(kd)
+    ip, vp = [], []
+    for c0 in range(0, n, CHUNK):
+        c1 = min(n, c0 + CHUNK)
+        L = c1 - c0
+        xc = x[c0:c1]
+        if g is not None:
+            np.add(xc, g[c0:c1], out=xc)
+        b, f = buf[:L], flags[:L]
+        np.bitwise_and(xi[c0:c1], mask, out=b)   # |x| as a key (the abs pass, into cache)
+        cmp(b, key, out=f)
+        p = np.flatnonzero(f)
+        if p.size:
+            vp.append(xc.take(p))                 # values from the chunk while it is in cache
+            if c0:
+                p += c0
+            ip.append(p)
+    if not ip:
+        return np.empty(0, dtype=np.int64), x[:0].copy()
+    if len(ip) == 1:
+        return ip[0], vp[0]
+    return np.concatenate(ip), np.concatenate(vp)
+
+
+def np_abs_where(x, op: str, thr: float):
+    """NumPy kernel of ``abs_where``: (int64 ascending indices, values)."""
+    x = _np_float(x)
+    plan = threshold_plan(op, thr, np_key_of(x.dtype), NP_KEYS[x.dtype][2])
+    if plan in (ALL, NONE):
+        return np_all_none(x, plan)
+    return np_sweep(x, plan)
+
+
+def np_add_abs_where(acc: np.ndarray, g, op: str, thr: float):
+    """NumPy kernel of ``add_abs_where``: ``acc += g`` (in place, chunk by chunk, each chunk
+    compared while in cache); returns (acc, indices, values)."""
+    acc = _np_float(acc)
+    g = np.asarray(g).reshape(-1)
+    plan = threshold_plan(op, thr, np_key_of(acc.dtype), NP_KEYS[acc.dtype][2])
+    if plan in (ALL, NONE):
+        np.add(acc, g, out=acc)
+        return (acc, *np_all_none(acc, plan))
+    return (acc, *np_sweep(acc, plan, g))
+
+
+def np_kth_largest_abs(x, k: int) -> float:
+    """Exact k-th largest |x| in the key order (NaN largest), via np.partition on the keys."""
+    x = _np_float(x)
+    n, k = x.size, int(k)
+    if not 1 <= k <= n:
+        raise ValueError(f"kth_largest_abs: k={k} outside [1, {n}]")
+    kd, mask, inf_key = NP_KEYS[x.dtype]
+    keys = np.bitwise_and(x.view(kd), kd.type(mask))
+    np.minimum(keys, kd.type(inf_key + 1), out=keys)  # every NaN one key
+    kk = int(np.partition(keys, n - k)[n - k])
+    if kk > inf_key:
+        return math.nan
+    return float(np.array(kk, dtype=kd).view(x.dtype))
