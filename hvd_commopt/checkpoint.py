@@ -75,18 +75,20 @@ def from_host(ops: TensorOps, obj: Any) -> Any:
     return obj
 
 
-def gather(comm: Any, ops: TensorOps, shared: dict, local: dict) -> dict:
+def gather(comm: Any, ops: TensorOps, shared: dict, local: dict, per_rank: bool = True) -> dict:
     """The checkpoint: ``shared`` plus every rank's ``local`` part on rank 0 (only its own part on
-    the other ranks). A collective: every rank must call it, in the same order."""
+    the other ranks). A collective when ``per_rank`` (the configuration keeps state of its own on
+    each rank): every rank must call it, in the same order."""
     state = {"format": FORMAT, "world_size": comm.size, "rank": comm.rank, **shared}
     if comm.size == 1:
         state["ranks"] = {0: local}
         return state
-    if _empty(local):
+    if not per_rank:
         # Nothing differs from rank to rank (synchronous SGD without error feedback): no
         # collective, so Horovod's idiom of calling state_dict() on rank 0 alone keeps working.
-        # Emptiness follows from the configuration and the step, both identical on every rank,
-        # so every rank takes the same branch (docs/wrapper.md#checkpoints).
+        # Decided from the configuration, which the wrap-time check makes identical on every
+        # rank; not from the content: a rank that just loaded a checkpoint holds residuals where
+        # a fresh one holds none yet (docs/wrapper.md#checkpoints).
         state["ranks"] = {r: local for r in range(comm.size)}
         return state
     parts = comm.allgather_object(to_host(ops, local),
@@ -94,17 +96,6 @@ def gather(comm: Any, ops: TensorOps, shared: dict, local: dict) -> dict:
     keep = range(comm.size) if comm.rank == 0 else (comm.rank,)
     state["ranks"] = {r: from_host(ops, parts[r]) for r in keep}
     return state
-
-
-def _empty(obj: Any) -> bool:
-    """True for None and for dicts/lists/tuples that hold nothing but empty containers."""
-    if obj is None:
-        return True
-    if isinstance(obj, dict):
-        return all(_empty(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return all(_empty(v) for v in obj)
-    return False
 
 
 def select(comm: Any, state: dict) -> tuple[dict, dict | None, dict | None]:

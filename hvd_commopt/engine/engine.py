@@ -499,7 +499,10 @@ class CommEngine:
         if sched.rank_local_weights and self.host is not None:
             local["weights"] = dict(self.host.weights())
         local.update(rank_local or {})
-        state = checkpoint.gather(self.comm, self.ops, {"step": sched.step, "schedule": sched_state}, local)
+        per_rank = (self.reducer.holds_rank_state or bool(sched.rank_local_state) or sched.rank_local_weights
+                    or rank_local is not None)
+        state = checkpoint.gather(self.comm, self.ops, {"step": sched.step, "schedule": sched_state}, local,
+                                  per_rank)
         for r in state["ranks"]:  # loaded here, not stepped since: the checkpoint's parts stand
             if r != self.comm.rank and r in self._held_parts:
                 state["ranks"][r] = self._held_parts[r]

@@ -187,6 +187,11 @@ class Reducer(abc.ABC):
             memo[id(compressor)] = compressor  # shared: a config (DGC's epoch is set for all)
         return copy.deepcopy(self, memo)
 
+    #: Whether this reducer keeps state that differs from rank to rank (residuals, DGC memory).
+    #: Decided by construction, not by content, so that every rank agrees on it before any step
+    #: or load (the checkpoint's gather depends on it, docs/wrapper.md#checkpoints).
+    holds_rank_state: bool = False
+
     def state_dict(self) -> dict:
         """State that must survive a checkpoint (error-feedback residuals, ...)."""
         return {}

@@ -102,6 +102,10 @@ class DenseAllreduce(Reducer):
         what = "dense allreduce" if ratio == 1.0 else f"allreduce of {self.compressor.name} ({ratio:g} of the bytes)"
         return dense_pricing(cost, ratio, what)
 
+    @property
+    def holds_rank_state(self) -> bool:
+        return self.memory is not None
+
     def state_dict(self) -> dict:
         return {} if self.memory is None else {"memory": self.memory.state_dict()}
 

@@ -165,6 +165,8 @@ class SparseReducer(Reducer):
         """The memory's residual (velocity for DGC) of the bucket named ``key``; None = zero."""
         return self.memory.residual(ops, key, like)
 
+    holds_rank_state = True  # the memory (and a threshold-reusing selection) differ per rank
+
     def state_dict(self) -> dict:
         return {"memory": self.memory.state_dict(), "compressor": self.compressor.state_dict()}
 
