@@ -42,6 +42,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -156,6 +157,7 @@ def prepare(horovod: Path, work: Path) -> int:
 def run_suite(suite: str, work: Path, np: int, test_timeout: int, job_timeout: int,
               select: str | None = None) -> tuple[int, Path]:
     """One mpirun job of pytest over the whole test file; returns (exit code, output dir)."""
+    t0 = time.monotonic()
     rel, eager = SUITES[suite]
     out = work / "results" / suite
     out.mkdir(parents=True)
@@ -175,7 +177,9 @@ def run_suite(suite: str, work: Path, np: int, test_timeout: int, job_timeout: i
         proc = subprocess.Popen(mpirun_command(np, argv), cwd=work / "test", env=env, stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         try:
-            return proc.wait(timeout=job_timeout), out
+            rc = proc.wait(timeout=job_timeout)
+            print(f"{suite}: mpirun -np {np} ran {time.monotonic() - t0:.0f} s")
+            return rc, out
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
