@@ -70,7 +70,8 @@ def in_thread(target, args=(), name=None, daemon=True, silent=False):
         except Exception:
             if not silent:
                 raise
-    t = threading.Thread(name=name, target=fn, args=args if isinstance(args, tuple) else (args,), daemon=daemon)
+    args = args if isinstance(args, tuple) else (args,)
+    t = threading.Thread(name=name, target=fn, args=args, daemon=daemon)
     t.start()
     return t
 ''',
