@@ -69,8 +69,8 @@ def main() -> None:
         models[name] = (m, opt)
 
     steps = {k: train_step(*v, x, y) for k, v in models.items()}
-    samples = time_blocks(steps, args.blocks, args.steps, barrier=runtime.communicator().barrier)
     comm = runtime.communicator()
+    samples = time_blocks(steps, args.blocks, args.steps, barrier=comm.barrier)
     med = {k: max(comm.allgather_object(sorted(v)[len(v) // 2])) for k, v in samples.items()}
     nparams = sum(q.numel() for q in base.parameters())
     if rank == 0:
@@ -96,7 +96,7 @@ def main() -> None:
         if rank == 0:
             print(f"\nprofile of 10 '{args.profile}' steps (rank 0), by own time:")
             pstats.Stats(prof).sort_stats("tottime").print_stats(18)
-    barrier()
+    comm.barrier()
 
 
 if __name__ == "__main__":
