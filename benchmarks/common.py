@@ -14,7 +14,8 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 
-__all__ = ["ROOT", "RESULTS", "relaunch_under_mpirun", "time_steps", "write_json", "machine_info", "table"]
+__all__ = ["ROOT", "RESULTS", "relaunch_under_mpirun", "time_steps", "train_step", "time_blocks", "write_json",
+           "machine_info", "table"]
 
 
 def under_launcher() -> bool:
@@ -45,6 +46,31 @@ def time_steps(step: Callable[[], None], n: int, barrier: Callable[[], None] | N
         step()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def train_step(model, opt, x, y) -> Callable[[], None]:
+    """One SGD step of a torch ``model`` on ``(x, y)`` (cross-entropy), as a closure to time."""
+    import torch.nn.functional as F
+
+    def step() -> None:
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    return step
+
+
+def time_blocks(steps: dict[str, Callable[[], None]], blocks: int, n: int,
+                barrier: Callable[[], None] | None = None) -> dict[str, list[float]]:
+    """Per variant, the median seconds per step of each of ``blocks`` blocks of ``n`` steps,
+    after one untimed call of each (allocations, first-touch). The variants take turns block by
+    block, so a disturbance on the shared machine falls on all of them alike."""
+    for s in steps.values():
+        s()
+    samples: dict[str, list[float]] = {k: [] for k in steps}
+    for _ in range(blocks):
+        for k, s in steps.items():
+            samples[k].append(time_steps(s, n, barrier=barrier))
+    return samples
 
 
 def machine_info() -> dict:

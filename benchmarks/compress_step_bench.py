@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import machine_info, relaunch_under_mpirun, table, time_steps, write_json  # noqa: E402
+from benchmarks.common import machine_info, relaunch_under_mpirun, table, time_blocks, train_step, write_json  # noqa: E402
 
 VARIANTS = ("compute", "dense", "topk", "topk_thr", "dgc", "dgc_exact")
 
@@ -40,7 +40,6 @@ def main() -> None:
     relaunch_under_mpirun(args.ranks, sys.argv)
 
     import torch
-    import torch.nn.functional as F
 
     import torch_plugin as hco
     from benchmarks.models import deep_mlp
@@ -69,22 +68,9 @@ def main() -> None:
             opt = hco.DistributedOptimizer(opt, named_parameters=m.named_parameters(), **kw)
         models[name] = (m, opt)
 
-    def stepper(model, opt):
-        def step():
-            opt.zero_grad()
-            F.cross_entropy(model(x), y).backward()
-            opt.step()
-        return step
-
-    steps = {k: stepper(*v) for k, v in models.items()}
-    for s in steps.values():
-        s()
-    barrier = runtime.communicator().barrier
-    samples: dict[str, list[float]] = {k: [] for k in steps}
-    for _ in range(args.blocks):
-        for k, s in steps.items():
-            samples[k].append(time_steps(s, args.steps, barrier=barrier))
+    steps = {k: train_step(*v, x, y) for k, v in models.items()}
     comm = runtime.communicator()
+    samples = time_blocks(steps, args.blocks, args.steps, barrier=comm.barrier)
     med = {k: max(comm.allgather_object(sorted(v)[len(v) // 2])) for k, v in samples.items()}
     nparams = sum(q.numel() for q in base.parameters())
     if rank == 0:
@@ -110,7 +96,7 @@ def main() -> None:
         if rank == 0:
             print(f"\nprofile of 10 '{args.profile}' steps (rank 0), by own time:")
             pstats.Stats(prof).sort_stats("tottime").print_stats(18)
-    barrier()
+    comm.barrier()
 
 
 if __name__ == "__main__":

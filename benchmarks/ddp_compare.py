@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import machine_info, relaunch_under_mpirun, table, time_steps, write_json  # noqa: E402
+from benchmarks.common import machine_info, relaunch_under_mpirun, table, time_blocks, train_step, write_json  # noqa: E402
 
 
 def main() -> None:
@@ -42,7 +42,6 @@ def main() -> None:
 
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import torch_plugin as hco
@@ -85,20 +84,8 @@ def main() -> None:
                                                named_parameters=m.named_parameters(), **ours[name])
                 variants[name] = (m, opt)
 
-        def stepper(model, opt):
-            def step():
-                opt.zero_grad()
-                F.cross_entropy(model(x), y).backward()
-                opt.step()
-            return step
-
-        steps = {k: stepper(*v) for k, v in variants.items()}
-        for s in steps.values():  # warm-up (allocations, first-touch)
-            s()
-        samples: dict[str, list[float]] = {k: [] for k in steps}
-        for _ in range(args.blocks):
-            for k, s in steps.items():
-                samples[k].append(time_steps(s, args.steps, barrier=runtime.communicator().barrier))
+        steps = {k: train_step(*v, x, y) for k, v in variants.items()}
+        samples = time_blocks(steps, args.blocks, args.steps, barrier=runtime.communicator().barrier)
         # Per block: the median step. Across blocks: the median (typical) and the minimum (the
         # least disturbed block: on a shared machine other jobs only ever add time). Each rank's
         # figure differs slightly: report the slowest rank (the job's pace).

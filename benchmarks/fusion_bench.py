@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import machine_info, relaunch_under_mpirun, table, time_steps, write_json  # noqa: E402
+from benchmarks.common import machine_info, relaunch_under_mpirun, table, time_blocks, train_step, write_json  # noqa: E402
 
 VARIANTS = ("none", "threshold", "mgwfbp", "optimal", "auto")
 TOLERANCE = 0.25
@@ -57,7 +57,6 @@ def main() -> None:
     relaunch_under_mpirun(args.ranks, sys.argv)
 
     import torch
-    import torch.nn.functional as F
 
     import torch_plugin as hco
     from benchmarks.models import deep_mlp, resnet18
@@ -98,24 +97,12 @@ def main() -> None:
             variants[v] = (m, hco.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9),
                                                        named_parameters=m.named_parameters(), fusion=v, **kw))
 
-        def stepper(model, opt):
-            def step():
-                opt.zero_grad()
-                F.cross_entropy(model(x), y).backward()
-                opt.step()
-            return step
-
-        steps = {k: stepper(*v) for k, v in variants.items()}
+        steps = {k: train_step(*v, x, y) for k, v in variants.items()}
         for k in ("mgwfbp", "optimal", "auto"):  # profile and plan, one variant at a time
             engine = variants[k][1].comm_engine
             while engine.tuner.phase in ("warmup", "profile"):
                 steps[k]()
-        for s in steps.values():  # warm-up: allocations, new fusion buffers
-            s()
-        samples: dict[str, list[float]] = {k: [] for k in steps}
-        for _ in range(args.blocks):
-            for k, s in steps.items():
-                samples[k].append(time_steps(s, args.steps, barrier=comm.barrier))
+        samples = time_blocks(steps, args.blocks, args.steps, barrier=comm.barrier)  # warm-up first: new fusion buffers
         med = {k: max(comm.allgather_object(statistics.median(v))) for k, v in samples.items()}
         engines = {k: variants[k][1].comm_engine for k in VARIANTS}
         prof = engines["auto"].tuner.profile  # rank 0's (None elsewhere)

@@ -13,6 +13,10 @@ backend; the cost is O(P) messages per call, fine for the small sets Horovod use
 (docs/horovod_api.md#process-sets).
 
 Roots are given as global ranks (Horovod's convention) and translated with :meth:`ProcessSet.local`.
+
+The functions at the end (:func:`communicator_of`, :func:`root_in_set`, :func:`add_process_set`,
+:func:`remove_process_set`, :func:`add_at_init`) are the process-set half of both adapters'
+Horovod API, over the runtime's world communicator; the adapters only re-export them.
 """
 from __future__ import annotations
 
@@ -20,12 +24,14 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from . import runtime
 from .comm.base import Backend
 from .comm.communicator import Communicator
 from .dtypes import float32_to_half, half_to_float32
 from .errors import ConfigError, RankMismatchError
 
-__all__ = ["ProcessSet", "SubsetBackend", "ProcessSetRegistry", "global_process_set", "registry"]
+__all__ = ["ProcessSet", "SubsetBackend", "ProcessSetRegistry", "global_process_set", "registry", "communicator_of",
+           "root_in_set", "add_process_set", "remove_process_set", "add_at_init"]
 
 _REDUCE = {"sum": np.add, "min": np.minimum, "max": np.maximum, "prod": np.multiply}
 
@@ -228,3 +234,38 @@ def registry(comm: Communicator) -> ProcessSetRegistry:
         reg = ProcessSetRegistry(comm)
         comm._process_set_registry = reg
     return reg
+
+
+def communicator_of(communicator: Communicator | None = None, process_set: ProcessSet | None = None) -> Communicator:
+    """What an adapter's collective runs on: ``communicator`` if given, else the process set's
+    on this rank (the world's by default, and for the global set)."""
+    if communicator is not None:
+        return communicator
+    world = runtime.communicator()
+    if process_set is None or process_set.ranks is None:
+        return world
+    return registry(world).communicator_for(process_set)
+
+
+def root_in_set(root_rank: int, process_set: ProcessSet | None) -> int:
+    """A root given as a global rank (Horovod's convention), as a rank of the process set."""
+    return root_rank if process_set is None else process_set.local(root_rank)
+
+
+def add_process_set(process_set: Any) -> ProcessSet:
+    """Register a process set (a list of global ranks, or a ProcessSet) on every rank; collective."""
+    return registry(runtime.communicator()).add(process_set)
+
+
+def remove_process_set(process_set: ProcessSet) -> bool:
+    """Unregister a process set (collective); False when it was not registered."""
+    return registry(runtime.communicator()).remove(process_set)
+
+
+def add_at_init(process_sets: Any) -> None:
+    """Horovod's ``init(process_sets=...)``: register each set (lists of ranks or ProcessSets) at
+    once; ``"dynamic"`` (Horovod's switch) registers none, sets may always be added later here."""
+    if process_sets == "dynamic":
+        return
+    for ps in process_sets or ():
+        add_process_set(ps)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from hvd_commopt import Compression, Schedule, runtime
+from hvd_commopt.process_sets import add_at_init
 from hvd_commopt.tensor_ops import register_ops
 from hvd_commopt.errors import (CollectiveTimeoutError, ConfigError, HvdCommoptError, RankFailedError,
                                 RankMismatchError)
@@ -54,10 +55,10 @@ __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "
 def init(backend: str | None = None, timeout_s: float | None = None, process_sets=None):
     """Start the runtime: backend from the argument, HVD_COMMOPT_BACKEND, or the launcher
     (mpirun -> mpi, none -> size 1). Idempotent. ``process_sets``: lists of ranks (or
-    ProcessSets) to register at once, as Horovod's ``init(process_sets=...)``."""
+    ProcessSets) to register at once, as Horovod's ``init(process_sets=...)`` (``"dynamic"`` is
+    accepted: sets may always be added later)."""
     comm = runtime.init(backend, timeout_s)
-    for ps in process_sets or ():
-        add_process_set(ps)
+    add_at_init(process_sets)
     return comm
 
 

@@ -11,10 +11,12 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-from hvd_commopt import build_info, collectives, runtime
+from hvd_commopt import collectives, runtime
+from hvd_commopt.build_info import (ccl_built, cuda_built, ddl_built, gloo_enabled, mpi_built, mpi_enabled,
+                                    mpi_threads_supported, nccl_built, rocm_built)
 from hvd_commopt.errors import ConfigError
 from hvd_commopt.join import join as _join
-from hvd_commopt.process_sets import ProcessSet, global_process_set, registry
+from hvd_commopt.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 
 from .functions import _comm, broadcast_object, broadcast_variables
 from .ops import TFOps
@@ -47,19 +49,6 @@ def local_rank_op(name: str | None = None) -> tf.Tensor:
 def local_size_op(name: str | None = None) -> tf.Tensor:
     """The number of processes on this host as an int32 tensor."""
     return _op(runtime.local_size(), name)
-
-
-mpi_built = build_info.mpi_built
-mpi_enabled = build_info.mpi_enabled
-mpi_threads_supported = build_info.mpi_threads_supported
-gloo_enabled = build_info.gloo_enabled
-ccl_built = build_info.ccl_built
-ddl_built = build_info.ddl_built
-cuda_built = build_info.cuda_built
-rocm_built = build_info.rocm_built
-
-
-nccl_built = build_info.nccl_built
 
 
 def gloo_built(verbose: bool = False) -> bool:
@@ -111,13 +100,3 @@ def join(device: str = "", communicator=None) -> tf.Tensor:
 def barrier(process_set=None, communicator=None) -> None:
     """Wait until every rank (of the process set) calls barrier."""
     collectives.barrier(_comm(communicator, process_set))
-
-
-def add_process_set(process_set) -> ProcessSet:
-    """Register a process set (a list of global ranks, or a ProcessSet) on every rank; collective."""
-    return registry(runtime.communicator()).add(process_set)
-
-
-def remove_process_set(process_set: ProcessSet) -> bool:
-    """Unregister a process set (collective); False when it was not registered."""
-    return registry(runtime.communicator()).remove(process_set)

@@ -11,10 +11,10 @@ from typing import Any, Sequence
 
 import tensorflow as tf
 
-from hvd_commopt import collectives, runtime
+from hvd_commopt import collectives
 from hvd_commopt.buckets import TensorSpec
 from hvd_commopt.errors import ConfigError
-from hvd_commopt.process_sets import registry
+from hvd_commopt.process_sets import communicator_of as _comm, root_in_set as _root
 from hvd_commopt.reduce import Average, Sum
 
 from .bridge import host_call
@@ -24,21 +24,6 @@ from .ops import TFOps
 __all__ = ["allreduce", "allgather", "broadcast", "broadcast_", "broadcast_variables", "broadcast_object"]
 
 _ops = TFOps()
-
-
-def _comm(communicator, process_set=None):
-    """``communicator`` if given, else the process set's on this rank (the world by default)."""
-    if communicator is not None:
-        return communicator
-    world = runtime.communicator()
-    if process_set is None or process_set.ranks is None:
-        return world
-    return registry(world).communicator_for(process_set)
-
-
-def _root(root_rank: int, process_set) -> int:
-    """A root given as a global rank (Horovod's convention), as a rank of the process set."""
-    return root_rank if process_set is None else process_set.local(root_rank)
 
 
 _GRAD_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from hvd_commopt import Compression, Schedule, runtime
 from hvd_commopt.errors import (CollectiveTimeoutError, ConfigError, HvdCommoptError, RankFailedError,
                                 RankMismatchError)
+from hvd_commopt.process_sets import add_at_init
 from hvd_commopt.reduce import Adasum, Max, Min, Product
 
 from .api import (ProcessSet, add_process_set, barrier, ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled,
@@ -54,10 +55,7 @@ def init(backend: str | None = None, timeout_s: float | None = None, process_set
     to register at once, as Horovod's ``init(process_sets=...)`` (``"dynamic"`` is accepted:
     sets may always be added later)."""
     comm = runtime.init(backend, timeout_s, native=native_backend())
-    if process_sets == "dynamic":  # Horovod's switch; sets can always be added later here
-        return comm
-    for ps in process_sets or ():
-        add_process_set(ps)
+    add_at_init(process_sets)
     return comm
 
 

@@ -7,7 +7,7 @@ from hvd_commopt import collectives, runtime
 from hvd_commopt.build_info import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled, mpi_built,
                                     mpi_enabled, mpi_threads_supported, nccl_built, rocm_built)
 from hvd_commopt.join import join as _join
-from hvd_commopt.process_sets import ProcessSet, global_process_set, registry
+from hvd_commopt.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 
 from . import functions as F
 
@@ -26,13 +26,3 @@ def join(device: int = -1) -> int:
 def barrier(process_set: ProcessSet | None = None) -> None:
     """Wait until every rank (of the process set) calls barrier."""
     collectives.barrier(F._comm(None, process_set))
-
-
-def add_process_set(process_set) -> ProcessSet:
-    """Register a process set (a list of global ranks, or a ProcessSet) on every rank; collective."""
-    return registry(runtime.communicator()).add(process_set)
-
-
-def remove_process_set(process_set: ProcessSet) -> bool:
-    """Unregister a process set (collective); False when it was not registered."""
-    return registry(runtime.communicator()).remove(process_set)

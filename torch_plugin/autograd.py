@@ -52,6 +52,11 @@ class GroupedAllreduceFn(torch.autograd.Function):
         return (None, None, None, *out)
 
 
+def _own_rows(gathered: torch.Tensor, rows: list[int], rank: int) -> torch.Tensor:
+    """This rank's rows of an allgathered tensor (``rows``: every rank's count, in rank order)."""
+    return gathered.narrow(0, sum(rows[:rank]), rows[rank])
+
+
 class AllgatherFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, comm):
@@ -62,9 +67,7 @@ class AllgatherFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         red = F._allreduce_plain(grad.contiguous(), None, _AVERAGE, ctx.comm)
-        r = ctx.comm.rank
-        start = sum(ctx.rows[:r])
-        return red.narrow(0, start, ctx.rows[r]), None, None
+        return _own_rows(red, ctx.rows, ctx.comm.rank), None, None
 
 
 class GroupedAllgatherFn(torch.autograd.Function):
@@ -77,8 +80,7 @@ class GroupedAllgatherFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         reds = F._grouped_plain([g.contiguous() for g in grads], None, _AVERAGE, ctx.comm)
-        r = ctx.comm.rank
-        return (None, None, *[red.narrow(0, sum(rows[:r]), rows[r]) for red, rows in zip(reds, ctx.rows)])
+        return (None, None, *[_own_rows(red, rows, ctx.comm.rank) for red, rows in zip(reds, ctx.rows)])
 
 
 class BroadcastFn(torch.autograd.Function):

@@ -12,7 +12,7 @@ import torch
 from hvd_commopt import collectives, runtime
 from hvd_commopt.buckets import TensorSpec
 from hvd_commopt.errors import ConfigError
-from hvd_commopt.process_sets import ProcessSet, global_process_set, registry
+from hvd_commopt.process_sets import ProcessSet, communicator_of as _comm, root_in_set as _root
 from hvd_commopt.reduce import Average, Sum
 from hvd_commopt.tensor_ops import register_ops
 
@@ -32,21 +32,6 @@ def _op(average: bool | None, op: str | None) -> str:
     elif average is not None:
         raise ConfigError("give either average= (Horovod's old flag) or op=, not both")
     return op
-
-
-def _comm(communicator=None, process_set: ProcessSet | None = None):
-    """The communicator to run on: ``communicator`` if given, else the process set's (the
-    global one by default)."""
-    if communicator is not None:
-        return communicator
-    world = runtime.communicator()
-    if process_set is None or process_set is global_process_set or process_set.ranks is None:
-        return world
-    return registry(world).communicator_for(process_set)
-
-
-def _root(root_rank: int, process_set: ProcessSet | None) -> int:
-    return root_rank if process_set is None else process_set.local(root_rank)
 
 
 def _flat_copy(tensor: torch.Tensor) -> torch.Tensor:

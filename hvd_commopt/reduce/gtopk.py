@@ -47,7 +47,6 @@ Choices:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -61,7 +60,7 @@ from ..errors import ConfigError
 from ..fusion.pricing import Pricing, sparse_pricing
 from ..tensor_ops import TensorOps
 from .base import Pending, ReduceContext, RoundInfo
-from .sparse import SparseReducer, WholeBucket, dense_finish, index_dtype_for
+from .sparse import Selection, SparseReducer, index_dtype_for
 
 __all__ = ["GTopK", "merge", "gtopk_exchange", "gtopk_simulate"]
 
@@ -199,18 +198,6 @@ def gtopk_simulate(ops: TensorOps, leaves: Sequence[tuple[Any, Any]], k: int) ->
     return I, V, [t[1] for t in tracked]
 
 
-@dataclass
-class _GTopK:
-    """A bucket's exchange in flight: this rank's selection (to restore what gets dropped)."""
-
-    idx: Any
-    vals: Any
-    n: int
-    k: int
-    key: str
-    local: bool  # one rank: nothing was sent
-
-
 class GTopK(SparseReducer):
     """gTop-k reducer (see the module docstring).
 
@@ -250,7 +237,7 @@ class GTopK(SparseReducer):
         k = ops.numel(idx)
         name = rnd.wire(bucket)
         if comm.size == 1:
-            return Pending(name, _GTopK(idx, vals, n, k, bucket.name, local=True))
+            return Pending(name, Selection(idx, vals, n, bucket.name, local=True))
         idt = index_dtype_for(n, self.index_dtype)
         if self.algorithm == "allgather":
             fn = self._allgather_fn(ops, idx, vals, k, idt)
@@ -258,7 +245,7 @@ class GTopK(SparseReducer):
             def fn(link: CountingLink, deadline: float) -> tuple[Any, Any, Any]:
                 return gtopk_exchange(link, ops, idx, vals, k, idt)
         handle = comm.run_async(fn, name=f"{name}.gtopk", op="gtopk")
-        return Pending(name, _GTopK(idx, vals, n, k, bucket.name, local=False), (handle,))
+        return Pending(name, Selection(idx, vals, n, bucket.name), (handle,))
 
     @staticmethod
     def _allgather_fn(ops: TensorOps, idx: Any, vals: Any, k: int, idt: str):
@@ -271,19 +258,12 @@ class GTopK(SparseReducer):
             return I, V, alive[link.rank]
         return fn
 
-    def finish(self, pending: Pending, ctx: ReduceContext) -> Any:
-        st = pending.state
-        if isinstance(st, WholeBucket):
-            return dense_finish(self.memory, pending, ctx)
-        ops = ctx.ops
-        if st.local:
-            I, V = st.idx, st.vals
-        else:
-            I, V, alive = ctx.comm.wait(pending.handles[0])
-            dropped = ops.nonzero(ops.isin(ops.arange(st.k, like=st.idx), alive, invert=True))
-            self.memory.restore(ops, st.key, ops.gather(st.idx, dropped), ops.gather(st.vals, dropped))
-        out = ops.scatter_add(ops.zeros(st.n, ops.dtype_name(st.vals), like=st.vals), I, V)
-        return ops.scale(out, ctx.postscale) if ctx.postscale != 1.0 else out
+    def exchanged(self, pending: Pending, ctx: ReduceContext) -> tuple[Any, Any]:
+        st, ops = pending.state, ctx.ops
+        I, V, alive = ctx.comm.wait(pending.handles[0])
+        dropped = ops.nonzero(ops.isin(ops.arange(ops.numel(st.idx), like=st.idx), alive, invert=True))
+        self.restore_dropped(ops, st, dropped)
+        return I, V
 
     def config(self) -> dict:
         return {**super().config(), "algorithm": self.algorithm}

@@ -28,7 +28,6 @@ O(k), never O(n); it needs a backend with host buffers (MPI, in-process).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -41,7 +40,7 @@ from ..errors import ConfigError
 from ..fusion.pricing import Pricing, sparse_pricing
 from ..fusion.sparse_scaling import hist_bins
 from .base import Pending, ReduceContext, RoundInfo
-from .sparse import SparseReducer, WholeBucket, dense_finish, index_dtype_for, scatter_result
+from .sparse import Selection, SparseReducer, index_dtype_for
 
 __all__ = ["OkTopK", "oktopk_exchange", "balanced_bounds", "global_topk_mask", "REBALANCE_BINS"]
 
@@ -173,16 +172,6 @@ def oktopk_exchange(link: Any, idx: np.ndarray, vals: np.ndarray, n: int, k: int
     return np.concatenate(I), np.concatenate(V), bounds, info
 
 
-@dataclass
-class _Ok:
-    idx: Any
-    vals: Any
-    n: int
-    key: str
-    out: Any
-    local: bool
-
-
 class OkTopK(SparseReducer):
     """Ok-Topk sparse allreduce (see the module docstring).
 
@@ -219,7 +208,7 @@ class OkTopK(SparseReducer):
         vals, idx, n = sel
         name = rnd.wire(bucket)
         if comm.size == 1:
-            return Pending(name, _Ok(idx, vals, n, bucket.name, flat, local=True))
+            return Pending(name, Selection(idx, vals, n, bucket.name, flat, local=True))
         if comm.buffer_kind != "numpy":
             raise ConfigError("Compression.oktopk exchanges host buffers; use a backend with host buffers (MPI, "
                               "the default of hvd_commopt.init()) or Compression.gtopk")
@@ -235,26 +224,18 @@ class OkTopK(SparseReducer):
         def fn(link: Any, deadline: float):
             return oktopk_exchange(link, I, V, n, k, cuts, idt)
         handle = comm.run_async(fn, name=f"{name}.oktopk", op="oktopk")
-        return Pending(name, _Ok(idx, vals, n, bucket.name, flat, local=False), (handle,))
+        return Pending(name, Selection(idx, vals, n, bucket.name, flat), (handle,))
 
-    def finish(self, pending: Pending, ctx: ReduceContext) -> Any:
-        st = pending.state
-        if isinstance(st, WholeBucket):
-            return dense_finish(self.memory, pending, ctx)
-        ops = ctx.ops
-        if st.local:
-            I, V = st.idx, st.vals
-        else:
-            gi, gv, cuts, self.last_info[st.key] = ctx.comm.wait(pending.handles[0])
-            prev, age = self._bounds.get(st.key, (None, 0))
-            self._bounds[st.key] = (cuts, age + 1 if prev is not None else 1)
-            li = np.asarray(ops.to_numpy(st.idx), dtype=np.int64)
-            dropped = np.flatnonzero(~np.isin(li, gi, assume_unique=True))
-            if dropped.size:
-                d = ops.from_numpy(dropped, like=st.idx)
-                self.memory.restore(ops, st.key, ops.gather(st.idx, d), ops.gather(st.vals, d))
-            I, V = ops.from_numpy(gi, like=st.idx), ops.from_numpy(np.array(gv), like=st.vals)
-        return scatter_result(ops, st.out, st.n, I, V, ctx.postscale)
+    def exchanged(self, pending: Pending, ctx: ReduceContext) -> tuple[Any, Any]:
+        st, ops = pending.state, ctx.ops
+        gi, gv, cuts, self.last_info[st.key] = ctx.comm.wait(pending.handles[0])
+        prev, age = self._bounds.get(st.key, (None, 0))
+        self._bounds[st.key] = (cuts, age + 1 if prev is not None else 1)
+        li = np.asarray(ops.to_numpy(st.idx), dtype=np.int64)
+        dropped = np.flatnonzero(~np.isin(li, gi, assume_unique=True))
+        if dropped.size:
+            self.restore_dropped(ops, st, ops.from_numpy(dropped, like=st.idx))
+        return ops.from_numpy(gi, like=st.idx), ops.from_numpy(np.array(gv), like=st.vals)
 
     def config(self) -> dict:
         return {**super().config(), "rebalance": self.rebalance}

@@ -9,7 +9,10 @@ is the common prologue::
     (vals, idx)  = compressor.select(acc)            exact top-k / random-k / DGC threshold
     residual     = acc, zeroed at idx                memory.update (bit-exact partition)
 
-and the subclass exchanges (vals, idx) its own way.
+and the subclass exchanges (vals, idx) its own way (``start`` and :meth:`SparseReducer.exchanged`);
+:meth:`SparseReducer.finish` is shared: ``scatter_add(zeros(n), idx, vals)·postscale`` of what
+came back, with :meth:`SparseReducer.restore_dropped` for the reducers whose exchange drops some
+of this rank's selected entries (gTop-k, Ok-Topk).
 
 Choices:
 
@@ -36,8 +39,8 @@ from ..compress.topk import SparseCompressor
 from ..errors import ConfigError
 from .base import Pending, ReduceContext, Reducer, RoundInfo
 
-__all__ = ["SparseReducer", "WholeBucket", "index_dtype_for", "prescaled", "dense_start", "dense_finish",
-           "scatter_result"]
+__all__ = ["SparseReducer", "Selection", "WholeBucket", "index_dtype_for", "prescaled", "dense_start",
+           "dense_finish", "scatter_result"]
 
 INDEX_DTYPES = ("int32", "int64")
 
@@ -75,6 +78,19 @@ class WholeBucket:
 
     x: Any
     key: str
+
+
+@dataclass
+class Selection:
+    """A bucket's sparse exchange in flight: this rank's selection (what the memory gets back of
+    it when the exchange drops entries), the bucket's size and name, where to build the result."""
+
+    idx: Any
+    vals: Any
+    n: int
+    key: str
+    out: Any = None  # the round's bucket buffer, free after start (None: a fresh tensor)
+    local: bool = False  # one rank: nothing was sent, the result is the selection
 
 
 def dense_start(memory: Memory, bucket: Bucket, rnd: RoundInfo, flat: Any, ctx: ReduceContext,
@@ -141,6 +157,25 @@ class SparseReducer(Reducer):
             return vals, idx, n
         vals, idx = select_with_memory(self.compressor, self.memory, ops, bucket, rnd.step, flat)
         return vals, idx, n
+
+    def finish(self, pending: Pending, ctx: ReduceContext) -> Any:
+        """The reduced bucket: the dense path's, else ``scatter_add(zeros(n), idx, vals)·postscale``
+        of the exchanged selection (this rank's own with one rank)."""
+        st = pending.state
+        if isinstance(st, WholeBucket):
+            return dense_finish(self.memory, pending, ctx)
+        idx, vals = (st.idx, st.vals) if st.local else self.exchanged(pending, ctx)
+        return scatter_result(ctx.ops, st.out, st.n, idx, vals, ctx.postscale)
+
+    def exchanged(self, pending: Pending, ctx: ReduceContext) -> tuple[Any, Any]:
+        """(indices, values) of the reduced selection once ``pending``'s exchange is over (the
+        subclass's half of :meth:`finish`)."""
+        raise NotImplementedError
+
+    def restore_dropped(self, ops: Any, st: Selection, dropped: Any) -> None:
+        """Give the memory back this rank's selected entries at positions ``dropped`` (of its
+        selection) that the exchange did not deliver (docs/gtopk.md#t-gt-5)."""
+        self.memory.restore(ops, st.key, ops.gather(st.idx, dropped), ops.gather(st.vals, dropped))
 
     def config(self) -> dict:
         return {"reducer": self.name, "compressor": self.compressor.config(), "memory": self.memory.config(),

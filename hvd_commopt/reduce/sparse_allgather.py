@@ -28,7 +28,7 @@ from ..compress.topk import SparseCompressor
 from ..errors import ConfigError
 from ..fusion.pricing import Pricing, sparse_pricing
 from .base import Pending, ReduceContext, RoundInfo
-from .sparse import SparseReducer, WholeBucket, dense_finish, index_dtype_for, scatter_result
+from .sparse import SparseReducer, index_dtype_for
 
 __all__ = ["SparseAllgather"]
 
@@ -43,6 +43,10 @@ class _Sparse:
     idx: Any
     n: int
     out: Any = None  # the round's bucket buffer, free after start: the result is built in it
+
+    @property
+    def local(self) -> bool:
+        return self.mode == "local"
 
 
 class SparseAllgather(SparseReducer):
@@ -92,18 +96,12 @@ class SparseAllgather(SparseReducer):
         hi = comm.allgather_tensor_async(ops, wire_idx, f"{name}.indices")
         return Pending(name, _Sparse("allgather", vals, wire_idx, n, flat), (hv, hi))
 
-    def finish(self, pending: Pending, ctx: ReduceContext) -> Any:
-        st = pending.state
-        if isinstance(st, WholeBucket):
-            return dense_finish(self.memory, pending, ctx)
-        ops, comm = ctx.ops, ctx.comm
-        vals, idx = st.vals, st.idx
+    def exchanged(self, pending: Pending, ctx: ReduceContext) -> tuple[Any, Any]:
+        st, comm = pending.state, ctx.comm
         if st.mode == "allreduce":
-            vals = comm.wait(pending.handles[0])
-        elif st.mode == "allgather":
-            vals = comm.wait(pending.handles[0])[0]
-            idx = ops.cast(comm.wait(pending.handles[1])[0], "int64")
-        return scatter_result(ops, st.out, st.n, idx, vals, ctx.postscale)
+            return st.idx, comm.wait(pending.handles[0])
+        vals = comm.wait(pending.handles[0])[0]
+        return ctx.ops.cast(comm.wait(pending.handles[1])[0], "int64"), vals
 
     # -- pricing and state ------------------------------------------------------------------
     def price(self, cost: Any, select_s: float | None = None) -> Pricing:
