@@ -8,7 +8,8 @@ are interleaved block by block so machine noise hits all alike: ``compute`` (no 
 the lower bound), ``dense`` (our SSGD), ``topk`` / ``topk_thr`` (Top-k 1 %, exact / threshold
 reuse; momentum correction on, the default with momentum SGD), ``topk_nomc`` (Top-k 1 % with
 ``momentum_correction=False``: plain error feedback), ``dgc`` / ``dgc_exact`` (DGC 1 %, sampled /
-exact selection). Prints the median step and its ratio to the compute-only step (target: Top-k 1 % and DGC 1 % <= 1.3x).
+exact selection). Prints the median step and its ratio to the compute-only step (target: Top-k
+1 % and DGC 1 % <= 1.3x).
 """
 from __future__ import annotations
 
