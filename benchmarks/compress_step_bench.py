@@ -6,8 +6,10 @@
 The model is the 25-layer 512-wide MLP (6.6M parameters, batch 32), one thread per rank. Variants
 are interleaved block by block so machine noise hits all alike: ``compute`` (no communication,
 the lower bound), ``dense`` (our SSGD), ``topk`` / ``topk_thr`` (Top-k 1 %, exact / threshold
-reuse), ``dgc`` / ``dgc_exact`` (DGC 1 %, sampled / exact selection). Prints the median step and
-its ratio to the compute-only step (target: Top-k 1 % and DGC 1 % <= 1.3x).
+reuse; momentum correction on, the default with momentum SGD), ``topk_nomc`` (Top-k 1 % with
+``momentum_correction=False``: plain error feedback), ``dgc`` / ``dgc_exact`` (DGC 1 %, sampled /
+exact selection). Prints the median step and its ratio to the compute-only step (target: Top-k
+1 % and DGC 1 % <= 1.3x).
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import machine_info, relaunch_under_mpirun, table, time_blocks, train_step, write_json  # noqa: E402
 
-VARIANTS = ("compute", "dense", "topk", "topk_thr", "dgc", "dgc_exact")
+VARIANTS = ("compute", "dense", "topk", "topk_nomc", "topk_thr", "dgc", "dgc_exact")
 
 
 def main() -> None:
@@ -56,6 +58,7 @@ def main() -> None:
     y = torch.randint(0, 10, (32,))
     d = args.density
     comps = {"dense": None, "topk": hco.Compression.topk(d),
+             "topk_nomc": hco.Compression.topk(d, momentum_correction=False),
              "topk_thr": hco.Compression.topk(d, selection="threshold"),
              "dgc": hco.Compression.dgc(d), "dgc_exact": hco.Compression.dgc(d, selection="exact")}
     models = {}

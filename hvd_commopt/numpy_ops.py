@@ -51,6 +51,9 @@ class NumpyOps:
         t *= t.dtype.type(factor)
         return t
 
+    def scale_into(self, dst, t, factor):
+        return np.multiply(t, t.dtype.type(factor), out=dst)
+
     def add(self, a, b):
         a += b
         return a
@@ -109,7 +112,7 @@ class NumpyOps:
 
     def abs_where(self, t, op, thr): return np_abs_where(t, op, thr)
 
-    def add_abs_where(self, acc, g, op, thr): return np_add_abs_where(acc, g, op, thr)
+    def add_abs_where(self, acc, g, op, thr, out=None): return np_add_abs_where(acc, g, op, thr, out)
 
     def kth_largest_abs(self, t, k): return np_kth_largest_abs(t, k)
 

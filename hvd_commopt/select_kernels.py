@@ -107,8 +107,9 @@ def np_all_none(x, plan):
     return np.empty(0, dtype=np.int64), x[:0].copy()
 
 
-def np_sweep(x: np.ndarray, plan, g: np.ndarray | None = None):
-    """(indices, values) of |x| op key, chunk by chunk; with ``g``: x += g first, per chunk."""
+def np_sweep(x: np.ndarray, plan, g: np.ndarray | None = None, out: np.ndarray | None = None):
+    """(indices, values) of |x| op key, chunk by chunk; with ``g``: x += g first, per chunk (into
+    ``out`` instead of x when given: x stays intact, at no extra pass)."""
     op, key = plan
     kd, mask, _ = NP_KEYS[x.dtype]
     cmp = _NP_CMP[op]
@@ -116,14 +117,15 @@ def np_sweep(x: np.ndarray, plan, g: np.ndarray | None = None):
     mask = kd.type(mask)
     buf, flags = _SCRATCH.get(kd)
     n = x.size
-    xi = x.view(kd)
+    y = x if g is None or out is None else out
+    xi = y.view(kd)
     ip, vp = [], []
     for c0 in range(0, n, CHUNK):
         c1 = min(n, c0 + CHUNK)
         L = c1 - c0
-        xc = x[c0:c1]
+        xc = y[c0:c1]
         if g is not None:
-            np.add(xc, g[c0:c1], out=xc)
+            np.add(x[c0:c1], g[c0:c1], out=xc)
         b, f = buf[:L], flags[:L]
         np.bitwise_and(xi[c0:c1], mask, out=b)   # |x| as a key (the abs pass, into cache)
         cmp(b, key, out=f)
@@ -134,7 +136,7 @@ def np_sweep(x: np.ndarray, plan, g: np.ndarray | None = None):
                 p += c0
             ip.append(p)
     if not ip:
-        return np.empty(0, dtype=np.int64), x[:0].copy()
+        return np.empty(0, dtype=np.int64), y[:0].copy()
     if len(ip) == 1:
         return ip[0], vp[0]
     return np.concatenate(ip), np.concatenate(vp)
@@ -149,16 +151,17 @@ def np_abs_where(x, op: str, thr: float):
     return np_sweep(x, plan)
 
 
-def np_add_abs_where(acc: np.ndarray, g, op: str, thr: float):
-    """NumPy kernel of ``add_abs_where``: ``acc += g`` (in place, chunk by chunk, each chunk
-    compared while in cache); returns (acc, indices, values)."""
+def np_add_abs_where(acc: np.ndarray, g, op: str, thr: float, out: np.ndarray | None = None):
+    """NumPy kernel of ``add_abs_where``: ``acc += g`` (in place, or into ``out``, chunk by chunk,
+    each chunk compared while in cache); returns (the sum, indices, values)."""
     acc = _np_float(acc)
     g = np.asarray(g).reshape(-1)
+    y = acc if out is None else out.reshape(-1)
     plan = threshold_plan(op, thr, np_key_of(acc.dtype), NP_KEYS[acc.dtype][2])
     if plan in (ALL, NONE):
-        np.add(acc, g, out=acc)
-        return (acc, *np_all_none(acc, plan))
-    return (acc, *np_sweep(acc, plan, g))
+        np.add(acc, g, out=y)
+        return (y, *np_all_none(y, plan))
+    return (y, *np_sweep(acc, plan, g, y))
 
 
 def np_kth_largest_abs(x, k: int) -> float:

@@ -54,6 +54,7 @@ class TensorOps(Protocol):
 
     # -- arithmetic --------------------------------------------------------------------------
     def scale(self, t: Tensor, factor: float) -> Tensor: ...  # t * factor (in place allowed)
+    def scale_into(self, dst: Tensor, t: Tensor, factor: float) -> Tensor: ...  # t * factor into dst (t intact)
     def add(self, a: Tensor, b: Tensor) -> Tensor: ...  # a + b (in place into a allowed)
     def sub(self, a: Tensor, b: Tensor) -> Tensor: ...
     def mul(self, a: Tensor, b: Tensor) -> Tensor: ...  # a new tensor a*b (element-wise)
@@ -100,9 +101,12 @@ class TensorOps(Protocol):
         """(int64 ascending positions i with ``|t[i]| op thr``, ``t`` at them); ``op`` one of
         "ge" "gt" "le" "lt". The one full pass of a selection."""
         ...
-    def add_abs_where(self, acc: Tensor, g: Tensor, op: str, thr: float) -> tuple[Tensor, Tensor, Tensor]:
-        """``acc + g`` (into acc where allowed; bit-identical to ``add``) and ``abs_where`` of it,
-        fused in one sweep where the framework allows: (acc', indices, values)."""
+    def add_abs_where(self, acc: Tensor, g: Tensor, op: str, thr: float,
+                      out: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """``acc + g`` (into acc where allowed, or into ``out``, a buffer of acc's size, leaving acc
+        intact; bit-identical to ``add``) and ``abs_where`` of it, fused in one sweep where the
+        framework allows: (the sum, indices, values). Use the returned sum (functional frameworks
+        return a new tensor)."""
         ...
     def kth_largest_abs(self, t: Tensor, k: int) -> float:
         """The exact k-th largest ``|t|`` (1 <= k <= numel) as a Python float, nan for a NaN."""

@@ -183,6 +183,8 @@ class TFOps:
         t = tf.convert_to_tensor(_t(t))
         return t * tf.constant(factor, dtype=t.dtype)
 
+    def scale_into(self, dst, t, factor): return self.scale(t, factor)  # immutable tensors: a new one
+
     def add(self, a, b): return tf.convert_to_tensor(_t(a)) + _t(b)
     def sub(self, a, b): return tf.convert_to_tensor(_t(a)) - _t(b)
     def mul(self, a, b): return tf.convert_to_tensor(_t(a)) * _t(b)
@@ -301,8 +303,8 @@ class TFOps:
         idx = tf.reshape(tf.where(m), _FLAT)
         return idx, tf.gather(t, idx)
 
-    def add_abs_where(self, acc, g, op, thr):
-        acc = self._flat(acc) + self._flat(g)  # immutable tensors: a new accumulator
+    def add_abs_where(self, acc, g, op, thr, out=None):
+        acc = self._flat(acc) + self._flat(g)  # immutable tensors: a new accumulator (out unused)
         idx, vals = self.abs_where(acc, op, thr)
         return acc, idx, vals
 

@@ -101,6 +101,10 @@ class TorchOps:
     def scale(self, t, factor):
         return t.mul_(factor)
 
+    def scale_into(self, dst, t, factor):
+        with torch.no_grad():
+            return torch.mul(t, factor, out=dst)
+
     def add(self, a, b): return a.add_(b)
     def sub(self, a, b): return a.sub_(b)
 
@@ -194,22 +198,28 @@ class TorchOps:
         idx = self._aten_where(t, plan)
         return idx, t.index_select(0, idx)
 
-    def add_abs_where(self, acc, g, op, thr):
+    def add_abs_where(self, acc, g, op, thr, out=None):
         g = g.detach().reshape(-1)
         flat = acc.detach().view(-1)
-        if self.host_kernels and _host_ok(flat) and _host_ok(g) and flat.dtype == g.dtype:
+        res = acc if out is None else out
+        dst = flat if out is None else out.detach().view(-1)
+        if (self.host_kernels and _host_ok(flat) and _host_ok(g) and _host_ok(dst) and flat.dtype == g.dtype
+                and dst.dtype == flat.dtype):
             plan = threshold_plan(op, thr, _key_of(flat.dtype), _KEYS[flat.dtype][1])
-            x = flat.numpy()
+            x, y = flat.numpy(), dst.numpy()
             if plan in (ALL, NONE):
-                np.add(x, g.numpy(), out=x)
-                idx, vals = np_all_none(x, plan)
+                np.add(x, g.numpy(), out=y)
+                idx, vals = np_all_none(y, plan)
             else:
-                idx, vals = np_sweep(x, plan, g.numpy())
-            return acc, torch.from_numpy(idx), torch.from_numpy(vals)
+                idx, vals = np_sweep(x, plan, g.numpy(), y)
+            return res, torch.from_numpy(idx), torch.from_numpy(vals)
         with torch.no_grad():
-            flat.add_(g)
-        idx, vals = self.abs_where(flat, op, thr)
-        return acc, idx, vals
+            if out is None:
+                flat.add_(g)
+            else:
+                torch.add(flat, g, out=dst)
+        idx, vals = self.abs_where(dst, op, thr)
+        return res, idx, vals
 
     def kth_largest_abs(self, t, k):
         t = t.detach().reshape(-1)

@@ -47,7 +47,7 @@ import numpy as np
 from ..buckets import Bucket
 from ..errors import ConfigError
 from ..tensor_ops import TensorOps
-from .error_feedback import Snapshots, TensorStore
+from .error_feedback import TensorStore
 from .nonfinite import check_policy
 from .selection import Selection
 from .topk import Density, SparseCompressor, check_density
@@ -162,6 +162,12 @@ class DGCCompressor(SparseCompressor):
                                                  None)
         return vals, idx
 
+    def select_acc(self, ops: TensorOps, r: Any, bucket: Bucket | None, step: int, addend: Any,
+                   out: Any = None) -> tuple[Any, Any, Any]:
+        """(values, indices, acc) of ``acc = r + addend`` (into r, or into ``out`` with r intact):
+        the fused form the memory calls (docs/selection.md#fused-ef)."""
+        return self.selection.select_acc(ops, r, self.k_for(ops.numel(r), bucket, step), bucket, step, addend, out)
+
     def selection_stats(self) -> dict:
         return self.selection.stats()
 
@@ -227,6 +233,54 @@ class DGCCompressor(SparseCompressor):
                 f"warmup_epochs={self.warmup_epochs}, warmup_coeff={self.warmup_coeff!r})")
 
 
+class Generations:
+    """Rollback without copies for a :class:`TensorStore` (docs/wrapper.md#nonfinite): a round's
+    snapshot keeps the stored tensor itself, and the round writes its new value into a second
+    buffer (:meth:`free`), so each bucket has two buffers that swap roles; nothing is copied."""
+
+    def __init__(self, store: TensorStore):
+        self.store = store
+        self._saved: dict[str, tuple[int, Any]] = {}  # name -> (step, tensor before the round or None)
+        self._spare: dict[str, Any] = {}
+
+    def take(self, ops: TensorOps, name: str, like: Any, step: int) -> None:
+        t = self.store.get(ops, name, like)
+        prev = self._saved.get(name)
+        if prev is not None and prev[1] is not None and prev[1] is not t:
+            self._spare[name] = prev[1]  # two rounds old: free for the next write
+        self._saved[name] = (step, t)
+
+    def free(self, ops: TensorOps, name: str, like: Any) -> Any | None:
+        """A buffer for the new value that no snapshot holds: the stored tensor itself when it is
+        not saved (in place), else the spare one; None: allocate."""
+        t = self.store.get(ops, name, like)
+        saved = self._saved.get(name)
+        if t is not None and saved is not None and saved[1] is t:
+            t = self._spare.pop(name, None)
+            if t is not None and (ops.numel(t) != ops.numel(like) or ops.dtype_name(t) != ops.dtype_name(like)):
+                t = None
+        return t
+
+    def restore(self, name: str, step: int) -> bool:
+        """Put back the tensor saved for ``step``; False when a later round has replaced it."""
+        saved = self._saved.get(name)
+        if saved is None or saved[0] != step:
+            return False
+        del self._saved[name]
+        cur = self.store.live(name)
+        if cur is not None and cur is not saved[1]:
+            self._spare[name] = cur
+        if saved[1] is None:
+            self.store.pop(name)
+        else:
+            self.store.set(name, saved[1])
+        return True
+
+    def clear(self) -> None:
+        self._saved.clear()
+        self._spare.clear()
+
+
 class DGCMemory:
     """DGC's momentum correction, momentum factor masking and local clipping (``dgc/memory.py``),
     a :class:`~hvd_commopt.compress.memory.Memory`.
@@ -261,11 +315,14 @@ class DGCMemory:
         self.nonfinite = check_policy(nonfinite)
         self._u = TensorStore("DGC momentum")
         self._v = TensorStore("DGC velocity")
-        self._snaps = (Snapshots(self._u), Snapshots(self._v))
+        self._snaps = (Generations(self._u), Generations(self._v))
         self._skipped: set[str] = set()
 
+    enabled = True  # a memory that takes part in the fused selection (select_with_memory)
+
     def snapshot(self, ops: TensorOps, name: str, like: Any, step: int) -> None:
-        """Copies of ``u`` and ``v`` before round ``step`` (for :meth:`rollback`)."""
+        """Keep ``u`` and ``v`` before round ``step`` (for :meth:`rollback`); no copy: the round
+        writes its new ``u`` and ``v`` into second buffers (:class:`Generations`)."""
         self._skipped.discard(name)
         for s in self._snaps:
             s.take(ops, name, like, step)
@@ -302,22 +359,65 @@ class DGCMemory:
         t = store.get(ops, name, like)
         return ops.zeros(ops.numel(like), ops.dtype_name(like), like=like) if t is None else t
 
+    def _into(self, gen: Generations, ops: TensorOps, name: str, old: Any) -> Any:
+        """``old``'s values in a buffer that :meth:`rollback` does not need (``old`` itself when
+        no snapshot holds it)."""
+        buf = gen.free(ops, name, old)
+        if buf is old:
+            return old
+        return ops.clone(old) if buf is None else ops.copy_into(buf, 0, old)
+
+    def _momentum(self, ops: TensorOps, name: str, g: Any) -> Any:
+        """``u = μu + g`` (Nesterov ``u = μ(u+g)``), written outside the snapshot, stored."""
+        u_old = self._buffer(self._u, ops, name, g)
+        if self.nesterov:
+            u = ops.scale(ops.add(self._into(self._snaps[0], ops, name, u_old), g), self.momentum)
+        else:
+            buf = self._snaps[0].free(ops, name, u_old)
+            if buf is None:
+                buf = ops.empty(ops.numel(u_old), ops.dtype_name(u_old), like=u_old)
+            u = ops.add(ops.scale_into(buf, u_old, self.momentum), g)
+        self._u.set(name, u)
+        return u
+
     def compensate(self, ops: TensorOps, name: str, flat: Any) -> Any:
         self._check_bound()
         g = self._clip(ops, flat)
-        u = self._buffer(self._u, ops, name, g)
-        v = self._buffer(self._v, ops, name, g)
+        u = self._momentum(ops, name, g)
+        v = self._into(self._snaps[1], ops, name, self._buffer(self._v, ops, name, g))
+        v = ops.add(v, u)
         if self.nesterov:
-            u = ops.scale(ops.add(u, g), self.momentum)
-            v = ops.add(ops.add(v, u), g)
-        else:
-            u = ops.add(ops.scale(u, self.momentum), g)
-            v = ops.add(v, u)
-        self._u.set(name, u)
+            v = ops.add(v, g)
         self._v.set(name, v)
         return v
 
+    def compensate_select(self, ops: TensorOps, name: str, flat: Any, select: Any) -> tuple[Any, Any]:
+        """:meth:`compensate` + select + :meth:`update` with ``v + u`` fused into the selection's
+        candidate pass and written straight into ``v``'s second buffer (docs/selection.md#fused-ef).
+
+        ``select(acc, addend, out=None)`` returns ``(values, indices, acc + addend)``, the sum made
+        in its candidate pass, into ``out`` when given. Bit-identical to the three steps: the same
+        sums in the same order (Nesterov's ``(v + u) + g`` adds ``u`` first, then fuses ``+ g``).
+        """
+        self._check_bound()
+        g = self._clip(ops, flat)
+        u = self._momentum(ops, name, g)
+        v_old = self._buffer(self._v, ops, name, g)
+        if self.nesterov:
+            vals, idx, v = select(ops.add(self._into(self._snaps[1], ops, name, v_old), u), g)
+        else:
+            buf = self._snaps[1].free(ops, name, v_old)
+            if buf is v_old:
+                vals, idx, v = select(v_old, u)
+            else:
+                if buf is None:
+                    buf = ops.empty(ops.numel(v_old), ops.dtype_name(v_old), like=v_old)
+                vals, idx, v = select(v_old, u, buf)
+        self.update(ops, name, v, idx)
+        return vals, idx
+
     def update(self, ops: TensorOps, name: str, acc: Any, sent_idx: Any) -> None:
+        """``acc`` is :meth:`compensate`'s ``v`` (outside the snapshot): zero the sent positions."""
         self._v.set(name, ops.index_fill(acc, sent_idx, 0.0))
         if self.momentum_masking:
             u = self._u.get(ops, name, acc)
@@ -338,13 +438,9 @@ class DGCMemory:
         # ... and applies clipping and momentum to the average (compensate(accumulate=False))
         self._check_bound()
         g = self._clip(ops, reduced)
-        u = self._buffer(self._u, ops, name, g)
+        u = self._momentum(ops, name, g)
         if self.nesterov:
-            u = ops.scale(ops.add(u, g), self.momentum)
-            self._u.set(name, u)
             return ops.add(ops.clone(u), g)
-        u = ops.add(ops.scale(u, self.momentum), g)
-        self._u.set(name, u)
         return ops.clone(u)
 
     def residual(self, ops: TensorOps, name: str, like: Any) -> Any | None:

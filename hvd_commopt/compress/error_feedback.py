@@ -29,7 +29,7 @@ from ..tensor_ops import TensorOps
 
 from .nonfinite import check_policy
 
-__all__ = ["TensorStore", "Snapshots", "ErrorFeedback"]
+__all__ = ["TensorStore", "ErrorFeedback"]
 
 
 class TensorStore:
@@ -83,48 +83,6 @@ class TensorStore:
         self._loaded = dict(state)
 
 
-class Snapshots:
-    """Copies of a :class:`TensorStore`'s entries taken before a round, so a round whose reduced
-    result is non-finite can be rolled back bit for bit (docs/wrapper.md#nonfinite). The copy
-    buffers are reused from round to round (no allocation per step)."""
-
-    def __init__(self, store: TensorStore):
-        self.store = store
-        self._saved: dict[str, tuple[int, Any]] = {}  # name -> (step, copy or None = nothing stored)
-        self._bufs: dict[str, Any] = {}
-
-    def take(self, ops: TensorOps, name: str, like: Any, step: int) -> None:
-        t = self.store.get(ops, name, like)
-        prev = self._saved.pop(name, None)
-        buf = prev[1] if prev is not None and prev[1] is not None else self._bufs.pop(name, None)
-        if t is None:
-            if buf is not None:
-                self._bufs[name] = buf
-            self._saved[name] = (step, None)
-            return
-        ok = buf is not None and ops.numel(buf) == ops.numel(t) and ops.dtype_name(buf) == ops.dtype_name(t)
-        self._saved[name] = (step, ops.copy_into(buf, 0, t) if ok else ops.clone(t))
-
-    def restore(self, name: str, step: int) -> bool:
-        """Put back the copy taken for ``step``; False when a later round has replaced it."""
-        saved = self._saved.get(name)
-        if saved is None or saved[0] != step:
-            return False
-        del self._saved[name]
-        old = self.store.live(name)
-        if saved[1] is None:
-            self.store.pop(name)
-        else:
-            self.store.set(name, saved[1])
-        if old is not None:
-            self._bufs[name] = old
-        return True
-
-    def clear(self) -> None:
-        self._saved.clear()
-        self._bufs.clear()
-
-
 def _host(ops: TensorOps, v: Any) -> np.ndarray:
     try:
         return np.asarray(ops.to_numpy(v))
@@ -163,14 +121,20 @@ class ErrorFeedback:
             self._spare[name] = prev[1]  # two rounds old: free for the next update
         self._saved[name] = (step, r)
 
-    def _writable(self, ops: TensorOps, name: str, acc: Any) -> Any:
-        """A buffer holding a copy of ``acc`` for the new residual, never the snapshot's."""
-        r = self._res.get(ops, name, acc)
+    def _free(self, ops: TensorOps, name: str, like: Any) -> Any | None:
+        """A buffer for the new residual, never the snapshot's: the residual itself when no
+        snapshot holds it, else the spare one (None: none yet)."""
+        r = self._res.get(ops, name, like)
         saved = self._saved.get(name)
         if r is not None and saved is not None and saved[1] is r:
             r = self._spare.pop(name, None)
-            if r is not None and ops.numel(r) != ops.numel(acc):
+            if r is not None and (ops.numel(r) != ops.numel(like) or ops.dtype_name(r) != ops.dtype_name(like)):
                 r = None
+        return r
+
+    def _writable(self, ops: TensorOps, name: str, acc: Any) -> Any:
+        """A buffer holding a copy of ``acc`` for the new residual, never the snapshot's."""
+        r = self._free(ops, name, acc)
         return ops.clone(acc) if r is None else ops.copy_into(r, 0, acc)
 
     def skip(self, name: str) -> None:
@@ -214,15 +178,26 @@ class ErrorFeedback:
         """compensate + select + update with the add fused into the selection's pass
         (docs/selection.md#fused-ef).
 
-        ``select(acc, addend)`` returns ``(values, indices, acc + addend)``, the sum computed into
-        ``acc`` during its candidate pass. The sum goes into ``flat`` (the round's buffer, as
-        :meth:`compensate` does), so the residual before the round stays intact for
-        :meth:`rollback`; :meth:`update` then writes the new residual into a buffer of its own.
-        Bit-identical to :meth:`compensate`, select, :meth:`update`.
+        ``select(acc, addend, out=None)`` returns ``(values, indices, acc + addend)``, the sum
+        computed during its candidate pass into ``out`` (``acc`` when None). The sum goes straight
+        into the residual's spare buffer (``out``), so the residual before the round stays intact
+        for :meth:`rollback` and no copy is made; without a snapshot it goes into the residual
+        itself. Only the sent positions are then zeroed. Bit-identical to :meth:`compensate`,
+        select, :meth:`update` (the sum is the same either way round).
         """
         r = self._res.get(ops, name, flat)
-        vals, idx, acc = select(flat, r)
-        self.update(ops, name, acc, idx)
+        if r is None:
+            vals, idx, acc = select(flat, None)
+            self.update(ops, name, acc, idx)
+            return vals, idx
+        buf = self._free(ops, name, flat)
+        if buf is r:  # no snapshot holds r: accumulate in place
+            vals, idx, acc = select(r, flat)
+        else:
+            if buf is None:
+                buf = ops.empty(ops.numel(flat), ops.dtype_name(flat), like=flat)
+            vals, idx, acc = select(flat, r, buf)
+        self._res.set(name, ops.index_fill(acc, idx, 0.0))
         return vals, idx
 
     def update_quantized(self, ops: TensorOps, name: str, acc: Any, sent: Any) -> None:

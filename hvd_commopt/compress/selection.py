@@ -108,9 +108,10 @@ class ExactTopK:
         j_hi = int(math.floor(ks - self.z * sd)) - 1           # sample rank >  v* w.h.p.
         return j_lo, min(j_hi, j_lo - 1)
 
-    def select(self, ops, t: Tensor, k: int, addend: Tensor | None = None) -> SelectResult:
+    def select(self, ops, t: Tensor, k: int, addend: Tensor | None = None, out: Tensor | None = None) -> SelectResult:
         """Top-k of |t|, or of |t + addend| (t is then the accumulator, updated in place where the
-        framework allows and returned as ``result.acc``)."""
+        framework allows, or written into ``out`` with t left intact, and returned as
+        ``result.acc``)."""
         st = self.stats
         st["calls"] += 1
         n = ops.numel(t)
@@ -119,7 +120,7 @@ class ExactTopK:
         k = min(int(k), n)
         if k == 0 or n <= self.small_n or k == n:
             if addend is not None:
-                t = ops.add(t, addend)
+                t = _sum(ops, t, addend, out)
             if k == 0:
                 idx = ops.arange(0, like=t)
                 return SelectResult(ops.gather(t, idx), idx, math.inf, t, 0)
@@ -144,11 +145,11 @@ class ExactTopK:
         while True:
             if lo <= 0.0 and not math.isnan(lo):  # every element qualifies: no extraction
                 if addend is not None:
-                    t, addend = ops.add(t, addend), None
+                    t, addend = _sum(ops, t, addend, out), None
                 cand, c = None, n
                 break
             if addend is not None:
-                t, cand, vc = ops.add_abs_where(t, addend, "ge", lo)
+                t, cand, vc = ops.add_abs_where(t, addend, "ge", lo, out)
                 addend = None
             else:
                 cand, vc = ops.abs_where(t, "ge", lo)
@@ -258,7 +259,8 @@ class ReuseTopK:
         """{bucket: drift statistics}: counts of exact / reused / recomputed steps, sent/k, drift."""
         return {key: s.as_dict() for key, s in sorted(self._state.items())}
 
-    def select(self, ops, t: Tensor, k: int, key: str = "", addend: Tensor | None = None) -> SelectResult:
+    def select(self, ops, t: Tensor, k: int, key: str = "", addend: Tensor | None = None,
+               out: Tensor | None = None) -> SelectResult:
         st = self._state.setdefault(key, _Reuse())
         st.steps += 1
         n = ops.numel(t)
@@ -267,7 +269,7 @@ class ReuseTopK:
         action = "exact"
         if st.thr is not None and st.age < self.tau and 0 < k < n:
             if addend is not None:
-                t, idx, vals = ops.add_abs_where(t, addend, "ge", st.thr)
+                t, idx, vals = ops.add_abs_where(t, addend, "ge", st.thr, out)
                 addend = None
             else:
                 idx, vals = ops.abs_where(t, "ge", st.thr)
@@ -292,7 +294,7 @@ class ReuseTopK:
                 res = self.exact.select(ops, t, k)
         else:
             st.exact += 1
-            res = self.exact.select(ops, t, k, addend=addend)
+            res = self.exact.select(ops, t, k, addend=addend, out=out)
         st.thr, st.age = res.threshold, 0
         st.sent += res.count
         st.last_count, st.last_action = res.count, action
@@ -308,6 +310,12 @@ class ReuseTopK:
             s.thr, s.age = float(v["thr"]), int(v["age"])
 
 
+def _sum(ops, t: Tensor, addend: Tensor, out: Tensor | None) -> Tensor:
+    """``t + addend`` into t, or into ``out`` with t intact (the paths without a candidate pass:
+    small buffers, every element selected)."""
+    return ops.add(t if out is None else ops.copy_into(out, 0, t), addend)
+
+
 def select_with_memory(compressor: Any, memory: Any, ops: Any, bucket: Any, step: int, flat: Tensor):
     """The sparse reducers' prologue: ``(values, indices)`` of ``flat`` + what the memory holds,
     the memory updated. Fused (docs/selection.md#fused-ef) when the memory offers
@@ -316,7 +324,7 @@ def select_with_memory(compressor: Any, memory: Any, ops: Any, bucket: Any, step
     fused = getattr(memory, "compensate_select", None)
     select_acc = getattr(compressor, "select_acc", None)
     if fused is not None and select_acc is not None and getattr(memory, "enabled", False):
-        return fused(ops, key, flat, lambda r, addend: select_acc(ops, r, bucket, step, addend))
+        return fused(ops, key, flat, lambda r, addend, out=None: select_acc(ops, r, bucket, step, addend, out))
     acc = memory.compensate(ops, key, flat)
     vals, idx = compressor.select(ops, acc, bucket, step)
     memory.update(ops, key, acc, idx)
@@ -324,9 +332,9 @@ def select_with_memory(compressor: Any, memory: Any, ops: Any, bucket: Any, step
 
 
 class Selection:
-    """A compressor's selection mode: ``select_acc(ops, r, k, bucket, step, addend)`` returns
-    ``(values, indices, acc)`` with ``acc = r + addend`` (into r where allowed; addend None:
-    acc is r). ``sampled`` is the compressor's own sampled-threshold selection
+    """A compressor's selection mode: ``select_acc(ops, r, k, bucket, step, addend, out)`` returns
+    ``(values, indices, acc)`` with ``acc = r + addend`` (into r where allowed, or into ``out``
+    with r intact; addend None: acc is r). ``sampled`` is the compressor's own sampled-threshold selection
     ``(ops, acc, bucket, step) -> (values, indices)``, needed for ``"sampled"`` only."""
 
     def __init__(self, selection: str = "exact", tau: int = 16, band: float = 0.2, sampled: Any = None):
@@ -335,14 +343,15 @@ class Selection:
         self.reuse = ReuseTopK(self.tau, self.band, self.exact) if self.mode == "threshold" else None
         self.sampled = sampled
 
-    def select_acc(self, ops, r: Tensor, k: int, bucket: Any, step: int, addend: Tensor | None):
+    def select_acc(self, ops, r: Tensor, k: int, bucket: Any, step: int, addend: Tensor | None,
+                   out: Tensor | None = None):
         name = bucket.name if bucket is not None else ""
         if self.mode == "exact":
-            res = self.exact.select(ops, r, k, addend=addend)
+            res = self.exact.select(ops, r, k, addend=addend, out=out)
         elif self.mode == "threshold":
-            res = self.reuse.select(ops, r, k, key=name, addend=addend)
+            res = self.reuse.select(ops, r, k, key=name, addend=addend, out=out)
         else:
-            acc = r if addend is None else ops.add(r, addend)
+            acc = r if addend is None else _sum(ops, r, addend, out)
             vals, idx = self.sampled(ops, acc, bucket, step)
             return vals, idx, acc
         return res.values, res.indices, res.acc

@@ -173,13 +173,14 @@ class TopKCompressor(SparseCompressor):
             self._dgc.density = self.density  # the same per-bucket densities
         return self._dgc.select(ops, acc, bucket, step)
 
-    def select_acc(self, ops: TensorOps, r: Any, bucket: Bucket | None, step: int, addend: Any) -> tuple[Any, Any, Any]:
-        """(values, indices, acc) of ``acc = r + addend`` (into r where allowed): the fused form
-        the error-feedback memory calls (docs/selection.md#fused-ef)."""
+    def select_acc(self, ops: TensorOps, r: Any, bucket: Bucket | None, step: int, addend: Any,
+                   out: Any = None) -> tuple[Any, Any, Any]:
+        """(values, indices, acc) of ``acc = r + addend`` (into r where allowed, or into ``out``
+        with r intact): the fused form the memories call (docs/selection.md#fused-ef)."""
         n = ops.numel(r)
         if self.selection.mode == "threshold":
             self.selection.check_k(n * self.density(bucket, n), n, bucket.name if bucket is not None else "")
-        return self.selection.select_acc(ops, r, self.k_for(n, bucket, step), bucket, step, addend)
+        return self.selection.select_acc(ops, r, self.k_for(n, bucket, step), bucket, step, addend, out)
 
     def select(self, ops: TensorOps, acc: Any, bucket: Bucket | None = None, step: int = 0) -> tuple[Any, Any]:
         vals, idx, _ = self.select_acc(ops, acc, bucket, step, None)

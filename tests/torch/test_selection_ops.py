@@ -416,3 +416,26 @@ def test_zero_gives_zeros_of_the_same_dtype(variant):
         from tf_plugin.ops import PackBuffer
         pb = PackBuffer(6, tf.float32, None, parts=[(0, tf.ones([6]))])
         assert np.array_equal(ops.zero_(pb).numpy(), np.zeros(6, np.float32))
+
+
+@pytest.mark.parametrize("variant", FAST + ("tf-native",))
+def test_add_abs_where_into_out_equals_in_place_and_leaves_acc(variant):
+    ops = VARIANTS[variant]
+    rng = np.random.default_rng(3)
+    a, g = rng.standard_normal(70_000).astype(np.float32), rng.standard_normal(70_000).astype(np.float32)
+    like = ops.from_numpy(a, like=None)
+    acc, out = ops.from_numpy(a.copy(), like=like), ops.from_numpy(np.zeros_like(a), like=like)
+    s_out, i_out, v_out = ops.add_abs_where(acc, ops.from_numpy(g, like=like), "ge", 1.5, out)
+    s_in, i_in, v_in = ops.add_abs_where(ops.from_numpy(a.copy(), like=like), ops.from_numpy(g, like=like), "ge", 1.5)
+    assert np.array_equal(np.asarray(ops.to_numpy(acc)), a)  # acc intact
+    for x, y in ((s_out, s_in), (i_out, i_in), (v_out, v_in)):
+        assert np.array_equal(np.asarray(ops.to_numpy(x)), np.asarray(ops.to_numpy(y)))
+    s = ops.scale_into(out, ops.from_numpy(a, like=like), 0.9)
+    assert np.array_equal(np.asarray(ops.to_numpy(s)), np.asarray(ops.to_numpy(ops.scale(ops.from_numpy(a.copy(), like=like), 0.9))))
+
+
+@pytest.mark.parametrize("variant", FAST)
+@pytest.mark.parametrize("case", ["mc_mu09", "mc_mu09_nesterov", "dgc_exact", "dgc_threshold", "ef"])
+def test_fused_memories_equal_unfused_on_every_ops(variant, case):
+    from tests.unit.test_fused_memory import check_fused
+    check_fused(VARIANTS[variant], case)
