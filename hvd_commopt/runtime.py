@@ -66,7 +66,6 @@ def init(backend: str | None = None, timeout_s: float | None = None, *, native: 
             HVD_COMMOPT_TIMEOUT, else 300.
         native: set by an adapter: the backend of its framework's own collectives for the
             tensors it will reduce (torch: "nccl" with CUDA, else "gloo"); None keeps MPI.
-def init(backend: str | None = None, timeout_s: float | None = None) -> Communicator:
 
     A later call with no arguments, or the same ones, returns the running communicator (as
     Horovod's ``init()`` does, so a library and the script may both call it). A later call asking
