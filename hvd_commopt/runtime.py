@@ -24,7 +24,7 @@ import atexit
 import importlib.util
 import threading
 
-from . import env, faults
+from . import env, faults, timeline
 from .comm import Communicator, create_backend
 from .errors import ConfigError, HvdCommoptError, LaunchEnvironmentError
 
@@ -137,6 +137,32 @@ def communicator() -> Communicator:
     if _comm is None:
         raise HvdCommoptError("hvd_commopt is not initialised: call init() first (hco.init() in the adapters)")
     return _comm
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Horovod's ``start_timeline`` (docs/horovod_api.md#timeline): start recording this
+    process's trace. Rank 0 writes ``file_path`` itself (Horovod's one file is its coordinator's);
+    rank r > 0 writes ``timeline.rank_path(file_path, r)``. As in Horovod, it needs ``init()``
+    and ``HOROVOD_TIMELINE`` (or ``HVD_COMMOPT_TIMELINE``) set, ``DYNAMIC`` to start with no trace.
+    ``mark_cycles`` is accepted and has nothing to mark: there is no background negotiation cycle
+    here (each collective and step is its own event)."""
+    if _comm is None:
+        raise ValueError("hvd_commopt has not been initialized; use hvd.init()")
+    if not isinstance(file_path, str) or not file_path:
+        raise ConfigError(f"start_timeline(file_path=...) takes a file path, got {file_path!r}")
+    if not isinstance(mark_cycles, bool):
+        raise ConfigError(f"start_timeline(mark_cycles=...) takes True or False, got {mark_cycles!r}")
+    if not env.timeline_path():
+        raise ValueError("Set HOROVOD_TIMELINE=DYNAMIC (or HVD_COMMOPT_TIMELINE=DYNAMIC) to enable dynamic "
+                         "timeline usage")
+    timeline.start(file_path, _comm.rank, exact=_comm.rank == 0)
+
+
+def stop_timeline() -> None:
+    """Horovod's ``stop_timeline``: stop recording and close the file (nothing if none records)."""
+    if _comm is None:
+        raise ValueError("hvd_commopt has not been initialized; use hvd.init()")
+    timeline.stop()
 
 
 def shutdown() -> None:

@@ -44,6 +44,10 @@ __all__ = ["Timeline", "start", "stop", "active", "start_from_env", "span", "com
 LANES = {"step": 0, "forward": 1, "backward": 2, "compress": 3, "comm": 4, "wait": 5, "update": 6}
 
 
+#: ``HOROVOD_TIMELINE=DYNAMIC``: no trace at start; ``start_timeline()`` / ``stop_timeline()`` record.
+DYNAMIC = "DYNAMIC"
+
+
 def rank_path(path: str, rank: int) -> str:
     """Where rank ``rank`` writes: ``{rank}`` substituted, else ``.rank<r>`` before the suffix."""
     if "{rank}" in path:
@@ -182,10 +186,11 @@ def active() -> Timeline | None:
     return _active
 
 
-def start(path: str, rank: int = 0, **kw: Any) -> Timeline:
-    """Start recording to ``rank_path(path, rank)``; closes the previous timeline, if any."""
+def start(path: str, rank: int = 0, exact: bool = False, **kw: Any) -> Timeline:
+    """Start recording to ``rank_path(path, rank)`` (``path`` itself when ``exact``); closes the
+    previous timeline, if any."""
     global _active
-    tl = Timeline(rank_path(path, rank), rank, **kw)
+    tl = Timeline(path if exact else rank_path(path, rank), rank, **kw)
     with _active_lock:
         old, _active = _active, tl
     if old is not None:
@@ -208,8 +213,8 @@ def start_from_env(rank: int, explicit: str | None = None) -> Timeline | None:
     """Start from ``explicit`` or ``HVD_COMMOPT_TIMELINE``/``HOROVOD_TIMELINE`` unless a timeline
     is already recording (an explicit :func:`start` wins over the environment)."""
     path = env.timeline_path(explicit)
-    if not path or _active is not None:
-        return _active
+    if not path or path == DYNAMIC or _active is not None:
+        return _active  # DYNAMIC: recording starts at start_timeline() (docs/horovod_api.md#timeline)
     return start(path, rank)
 
 

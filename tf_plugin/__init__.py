@@ -40,7 +40,8 @@ from .ops import TFOps
 from .reducer import clear_engines as _clear_engines
 from .tape import DistributedGradientTape, PartialDistributedGradientTape
 
-__all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "local_size",
+__all__ = ["init", "shutdown", "is_initialized", "start_timeline", "stop_timeline",
+           "size", "rank", "local_rank", "local_size",
            "DistributedGradientTape", "DistributedOptimizer", "Compression", "Schedule", "Average", "Sum", "Adasum",
            "allreduce", "allgather", "broadcast", "broadcast_variables", "broadcast_object", "callbacks",
            "TFOps", "HvdCommoptError", "CollectiveTimeoutError", "RankMismatchError", "RankFailedError", "ConfigError",
@@ -69,6 +70,8 @@ def shutdown() -> None:
 
 
 is_initialized = runtime.is_initialized
+start_timeline = runtime.start_timeline
+stop_timeline = runtime.stop_timeline
 size = runtime.size
 rank = runtime.rank
 local_rank = runtime.local_rank

@@ -33,7 +33,8 @@ _register_backends()
 # Horovod's name for "a collective failed; the job cannot go on" (elastic training catches it).
 HorovodInternalError = HvdCommoptError
 
-__all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "local_size", "DistributedOptimizer",
+__all__ = ["init", "shutdown", "is_initialized", "start_timeline", "stop_timeline",
+           "size", "rank", "local_rank", "local_size", "DistributedOptimizer",
            "Compression", "Schedule", "Average", "Sum", "Min", "Max", "Product", "Adasum",
            "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
            "allreduce", "allreduce_", "allgather", "broadcast", "broadcast_", "grouped_allreduce",
@@ -61,6 +62,8 @@ def init(backend: str | None = None, timeout_s: float | None = None, process_set
 
 shutdown = runtime.shutdown
 is_initialized = runtime.is_initialized
+start_timeline = runtime.start_timeline
+stop_timeline = runtime.stop_timeline
 size = runtime.size
 rank = runtime.rank
 local_rank = runtime.local_rank
