@@ -47,7 +47,7 @@ import numpy as np
 from ..buckets import Bucket
 from ..errors import ConfigError
 from ..tensor_ops import TensorOps
-from .error_feedback import TensorStore
+from .error_feedback import Generations, TensorStore
 from .nonfinite import check_policy
 from .selection import Selection
 from .topk import Density, SparseCompressor, check_density
@@ -231,54 +231,6 @@ class DGCCompressor(SparseCompressor):
     def __repr__(self) -> str:
         return (f"DGCCompressor(density={self.density!r}, sample_ratio={self.sample_ratio}, "
                 f"warmup_epochs={self.warmup_epochs}, warmup_coeff={self.warmup_coeff!r})")
-
-
-class Generations:
-    """Rollback without copies for a :class:`TensorStore` (docs/wrapper.md#nonfinite): a round's
-    snapshot keeps the stored tensor itself, and the round writes its new value into a second
-    buffer (:meth:`free`), so each bucket has two buffers that swap roles; nothing is copied."""
-
-    def __init__(self, store: TensorStore):
-        self.store = store
-        self._saved: dict[str, tuple[int, Any]] = {}  # name -> (step, tensor before the round or None)
-        self._spare: dict[str, Any] = {}
-
-    def take(self, ops: TensorOps, name: str, like: Any, step: int) -> None:
-        t = self.store.get(ops, name, like)
-        prev = self._saved.get(name)
-        if prev is not None and prev[1] is not None and prev[1] is not t:
-            self._spare[name] = prev[1]  # two rounds old: free for the next write
-        self._saved[name] = (step, t)
-
-    def free(self, ops: TensorOps, name: str, like: Any) -> Any | None:
-        """A buffer for the new value that no snapshot holds: the stored tensor itself when it is
-        not saved (in place), else the spare one; None: allocate."""
-        t = self.store.get(ops, name, like)
-        saved = self._saved.get(name)
-        if t is not None and saved is not None and saved[1] is t:
-            t = self._spare.pop(name, None)
-            if t is not None and (ops.numel(t) != ops.numel(like) or ops.dtype_name(t) != ops.dtype_name(like)):
-                t = None
-        return t
-
-    def restore(self, name: str, step: int) -> bool:
-        """Put back the tensor saved for ``step``; False when a later round has replaced it."""
-        saved = self._saved.get(name)
-        if saved is None or saved[0] != step:
-            return False
-        del self._saved[name]
-        cur = self.store.live(name)
-        if cur is not None and cur is not saved[1]:
-            self._spare[name] = cur
-        if saved[1] is None:
-            self.store.pop(name)
-        else:
-            self.store.set(name, saved[1])
-        return True
-
-    def clear(self) -> None:
-        self._saved.clear()
-        self._spare.clear()
 
 
 class DGCMemory:

@@ -90,6 +90,54 @@ def _host(ops: TensorOps, v: Any) -> np.ndarray:
         return np.asarray(v)
 
 
+class Generations:
+    """Rollback without copies for a :class:`TensorStore` (docs/wrapper.md#nonfinite): a round's
+    snapshot keeps the stored tensor itself, and the round writes its new value into a second
+    buffer (:meth:`free`), so each bucket has two buffers that swap roles; nothing is copied."""
+
+    def __init__(self, store: TensorStore):
+        self.store = store
+        self._saved: dict[str, tuple[int, Any]] = {}  # name -> (step, tensor before the round or None)
+        self._spare: dict[str, Any] = {}
+
+    def take(self, ops: TensorOps, name: str, like: Any, step: int) -> None:
+        t = self.store.get(ops, name, like)
+        prev = self._saved.get(name)
+        if prev is not None and prev[1] is not None and prev[1] is not t:
+            self._spare[name] = prev[1]  # two rounds old: free for the next write
+        self._saved[name] = (step, t)
+
+    def free(self, ops: TensorOps, name: str, like: Any) -> Any | None:
+        """A buffer for the new value that no snapshot holds: the stored tensor itself when it is
+        not saved (in place), else the spare one; None: allocate."""
+        t = self.store.get(ops, name, like)
+        saved = self._saved.get(name)
+        if t is not None and saved is not None and saved[1] is t:
+            t = self._spare.pop(name, None)
+            if t is not None and (ops.numel(t) != ops.numel(like) or ops.dtype_name(t) != ops.dtype_name(like)):
+                t = None
+        return t
+
+    def restore(self, name: str, step: int) -> bool:
+        """Put back the tensor saved for ``step``; False when a later round has replaced it."""
+        saved = self._saved.get(name)
+        if saved is None or saved[0] != step:
+            return False
+        del self._saved[name]
+        cur = self.store.live(name)
+        if cur is not None and cur is not saved[1]:
+            self._spare[name] = cur
+        if saved[1] is None:
+            self.store.pop(name)
+        else:
+            self.store.set(name, saved[1])
+        return True
+
+    def clear(self) -> None:
+        self._saved.clear()
+        self._spare.clear()
+
+
 class ErrorFeedback:
     """Residual memory keyed by bucket name (a :class:`~hvd_commopt.compress.memory.Memory`).
 
@@ -104,10 +152,9 @@ class ErrorFeedback:
         self.enabled = bool(enabled)
         self.nonfinite = check_policy(nonfinite)
         self._res = TensorStore("residual")
-        # Rollback without a copy: the residual before a round stays in its buffer (_saved) and the
-        # round's update writes into a second one (_spare), so each bucket has two buffers.
-        self._saved: dict[str, tuple[int, Any]] = {}
-        self._spare: dict[str, Any] = {}
+        # Rollback without a copy: the residual before a round stays in its buffer and the
+        # round's update writes into a second one, so each bucket has two buffers.
+        self._gen = Generations(self._res)
         self._skipped: set[str] = set()
 
     def snapshot(self, ops: TensorOps, name: str, like: Any, step: int) -> None:
@@ -115,22 +162,12 @@ class ErrorFeedback:
         self._skipped.discard(name)
         if not self.enabled:
             return
-        r = self._res.get(ops, name, like)
-        prev = self._saved.get(name)
-        if prev is not None and prev[1] is not None and prev[1] is not r:
-            self._spare[name] = prev[1]  # two rounds old: free for the next update
-        self._saved[name] = (step, r)
+        self._gen.take(ops, name, like, step)
 
     def _free(self, ops: TensorOps, name: str, like: Any) -> Any | None:
         """A buffer for the new residual, never the snapshot's: the residual itself when no
         snapshot holds it, else the spare one (None: none yet)."""
-        r = self._res.get(ops, name, like)
-        saved = self._saved.get(name)
-        if r is not None and saved is not None and saved[1] is r:
-            r = self._spare.pop(name, None)
-            if r is not None and (ops.numel(r) != ops.numel(like) or ops.dtype_name(r) != ops.dtype_name(like)):
-                r = None
-        return r
+        return self._gen.free(ops, name, like)
 
     def _writable(self, ops: TensorOps, name: str, acc: Any) -> Any:
         """A buffer holding a copy of ``acc`` for the new residual, never the snapshot's."""
@@ -147,18 +184,7 @@ class ErrorFeedback:
         snapshot. False when a later round already built on it (delayed schedules)."""
         if not self.enabled:
             return True
-        saved = self._saved.get(name)
-        if saved is None or saved[0] != step:
-            return False
-        del self._saved[name]
-        cur = self._res.live(name)
-        if cur is not None and cur is not saved[1]:
-            self._spare[name] = cur
-        if saved[1] is None:
-            self._res.pop(name)
-        else:
-            self._res.set(name, saved[1])
-        return True
+        return self._gen.restore(name, step)
 
     def compensate(self, ops: TensorOps, name: str, flat: Any) -> Any:
         """``flat + residual`` (into ``flat`` where the framework allows; use the result)."""
@@ -249,8 +275,7 @@ class ErrorFeedback:
         return {"residuals": self._res.state_dict()} if self.enabled else {}
 
     def load_state_dict(self, state: dict) -> None:
-        self._saved.clear()
-        self._spare.clear()
+        self._gen.clear()
         self._res.load_state_dict(dict(state.get("residuals", {})))
 
     def __repr__(self) -> str:
