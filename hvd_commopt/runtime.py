@@ -139,6 +139,13 @@ def communicator() -> Communicator:
     return _comm
 
 
+def _initialized_for_timeline() -> Communicator:
+    """The communicator; Horovod's timeline calls raise ValueError before ``init()``."""
+    if _comm is None:
+        raise ValueError("hvd_commopt has not been initialized; use hvd.init()")
+    return _comm
+
+
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
     """Horovod's ``start_timeline`` (docs/horovod_api.md#timeline): start recording this
     process's trace. Rank 0 writes ``file_path`` itself (Horovod's one file is its coordinator's);
@@ -146,8 +153,7 @@ def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
     and ``HOROVOD_TIMELINE`` (or ``HVD_COMMOPT_TIMELINE``) set, ``DYNAMIC`` to start with no trace.
     ``mark_cycles`` is accepted and has nothing to mark: there is no background negotiation cycle
     here (each collective and step is its own event)."""
-    if _comm is None:
-        raise ValueError("hvd_commopt has not been initialized; use hvd.init()")
+    comm = _initialized_for_timeline()
     if not isinstance(file_path, str) or not file_path:
         raise ConfigError(f"start_timeline(file_path=...) takes a file path, got {file_path!r}")
     if not isinstance(mark_cycles, bool):
@@ -155,13 +161,12 @@ def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
     if not env.timeline_path():
         raise ValueError("Set HOROVOD_TIMELINE=DYNAMIC (or HVD_COMMOPT_TIMELINE=DYNAMIC) to enable dynamic "
                          "timeline usage")
-    timeline.start(file_path, _comm.rank, exact=_comm.rank == 0)
+    timeline.start(file_path, comm.rank, exact=comm.rank == 0)
 
 
 def stop_timeline() -> None:
     """Horovod's ``stop_timeline``: stop recording and close the file (nothing if none records)."""
-    if _comm is None:
-        raise ValueError("hvd_commopt has not been initialized; use hvd.init()")
+    _initialized_for_timeline()
     timeline.stop()
 
 

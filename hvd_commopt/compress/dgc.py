@@ -311,19 +311,11 @@ class DGCMemory:
         t = store.get(ops, name, like)
         return ops.zeros(ops.numel(like), ops.dtype_name(like), like=like) if t is None else t
 
-    def _into(self, gen: Generations, ops: TensorOps, name: str, old: Any) -> Any:
-        """``old``'s values in a buffer that :meth:`rollback` does not need (``old`` itself when
-        no snapshot holds it)."""
-        buf = gen.free(ops, name, old)
-        if buf is old:
-            return old
-        return ops.clone(old) if buf is None else ops.copy_into(buf, 0, old)
-
     def _momentum(self, ops: TensorOps, name: str, g: Any) -> Any:
         """``u = μu + g`` (Nesterov ``u = μ(u+g)``), written outside the snapshot, stored."""
         u_old = self._buffer(self._u, ops, name, g)
         if self.nesterov:
-            u = ops.scale(ops.add(self._into(self._snaps[0], ops, name, u_old), g), self.momentum)
+            u = ops.scale(ops.add(self._snaps[0].writable(ops, name, u_old), g), self.momentum)
         else:
             buf = self._snaps[0].free(ops, name, u_old)
             if buf is None:
@@ -336,7 +328,7 @@ class DGCMemory:
         self._check_bound()
         g = self._clip(ops, flat)
         u = self._momentum(ops, name, g)
-        v = self._into(self._snaps[1], ops, name, self._buffer(self._v, ops, name, g))
+        v = self._snaps[1].writable(ops, name, self._buffer(self._v, ops, name, g))
         v = ops.add(v, u)
         if self.nesterov:
             v = ops.add(v, g)
@@ -356,7 +348,7 @@ class DGCMemory:
         u = self._momentum(ops, name, g)
         v_old = self._buffer(self._v, ops, name, g)
         if self.nesterov:
-            vals, idx, v = select(ops.add(self._into(self._snaps[1], ops, name, v_old), u), g)
+            vals, idx, v = select(ops.add(self._snaps[1].writable(ops, name, v_old), u), g)
         else:
             buf = self._snaps[1].free(ops, name, v_old)
             if buf is v_old:

@@ -118,6 +118,14 @@ class Generations:
                 t = None
         return t
 
+    def writable(self, ops: TensorOps, name: str, value: Any) -> Any:
+        """``value``'s values in a buffer that no snapshot holds (``value`` itself when none
+        does): the buffer :meth:`free` gives, else a fresh clone."""
+        buf = self.free(ops, name, value)
+        if buf is value:
+            return value
+        return ops.clone(value) if buf is None else ops.copy_into(buf, 0, value)
+
     def restore(self, name: str, step: int) -> bool:
         """Put back the tensor saved for ``step``; False when a later round has replaced it."""
         saved = self._saved.get(name)
@@ -164,16 +172,6 @@ class ErrorFeedback:
             return
         self._gen.take(ops, name, like, step)
 
-    def _free(self, ops: TensorOps, name: str, like: Any) -> Any | None:
-        """A buffer for the new residual, never the snapshot's: the residual itself when no
-        snapshot holds it, else the spare one (None: none yet)."""
-        return self._gen.free(ops, name, like)
-
-    def _writable(self, ops: TensorOps, name: str, acc: Any) -> Any:
-        """A buffer holding a copy of ``acc`` for the new residual, never the snapshot's."""
-        r = self._free(ops, name, acc)
-        return ops.clone(acc) if r is None else ops.copy_into(r, 0, acc)
-
     def skip(self, name: str) -> None:
         """This round leaves ``name`` untouched (its contribution was not finite): :meth:`restore`
         ignores the marker selection sent in its place."""
@@ -197,7 +195,7 @@ class ErrorFeedback:
         """Residual := ``acc`` with the positions ``sent_idx`` set to zero (bit-exact partition)."""
         if not self.enabled:
             return
-        r = self._writable(ops, name, acc)  # reuse a buffer
+        r = self._gen.writable(ops, name, acc)  # reuse a buffer
         self._res.set(name, ops.index_fill(r, sent_idx, 0.0))
 
     def compensate_select(self, ops: TensorOps, name: str, flat: Any, select: Any) -> tuple[Any, Any]:
@@ -216,7 +214,7 @@ class ErrorFeedback:
             vals, idx, acc = select(flat, None)
             self.update(ops, name, acc, idx)
             return vals, idx
-        buf = self._free(ops, name, flat)
+        buf = self._gen.free(ops, name, flat)
         if buf is r:  # no snapshot holds r: accumulate in place
             vals, idx, acc = select(r, flat)
         else:
@@ -234,7 +232,7 @@ class ErrorFeedback:
         """
         if not self.enabled:
             return
-        r = self._writable(ops, name, acc)
+        r = self._gen.writable(ops, name, acc)
         self._res.set(name, ops.sub(r, sent))
 
     def restore(self, ops: TensorOps, name: str, idx: Any, vals: Any) -> None:
