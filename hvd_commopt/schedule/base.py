@@ -19,7 +19,7 @@ from ..host import ScheduleHost
 from ..reduce.base import ReduceContext, Reducer
 from ..tensor_ops import TensorOps
 
-__all__ = ["RoundPort", "Scheduler", "RoundPlan", "bind_optimizer_momentum"]
+__all__ = ["RoundPort", "Scheduler", "RoundPlan", "bind_optimizer_momentum", "with_override"]
 
 Tensor = Any
 
@@ -66,6 +66,16 @@ def bind_optimizer_momentum(reducer: Reducer, host: ScheduleHost, names: list[st
                           f"an optimizer with momentum=0 (e.g. keras.optimizers.SGD(lr)) and pass "
                           f"momentum={mu} to the compression")
     return off
+
+
+def with_override(snapshot: Any, override: Any) -> Any:
+    """A host's hyper-parameter ``snapshot`` with ``override`` (the same shape: one dict, or one
+    dict per parameter group) laid over it; ``override`` None leaves it as it is."""
+    if override is None or snapshot is None:
+        return snapshot
+    if isinstance(snapshot, dict):
+        return {**snapshot, **override}
+    return [dict(s, **o) for s, o in zip(snapshot, override)]
 
 
 class RoundPort(Protocol):
@@ -159,6 +169,13 @@ class Scheduler(abc.ABC):
             raise HvdCommoptError(f"the {self.name} schedule has no host: the adapter must call "
                                   f"engine.attach_host(...) before training")
         return self._host
+
+    def step_hyper(self) -> Any:
+        """This step's hyper-parameters for an update applied later (a delayed round): the
+        host's snapshot with momentum correction's override in it, so a deferred update runs the
+        wrapped optimizer without momentum exactly as a synchronous step does
+        (docs/ssd-sgd.md#sparse-delayed)."""
+        return with_override(self.host.hyper(), self._hyper_override)
 
     @property
     def host_or_none(self) -> ScheduleHost | None:

@@ -135,7 +135,7 @@ class DelayedScheduler(Scheduler):
         host = self.host
         grads = host.grads()
         rnd = self.port.close_round(fetch=grads.get)
-        rnd.hyper = host.hyper()
+        rnd.hyper = self.step_hyper()
         self.fifo.append(rnd)
         if self.k == 0:
             self._apply_through(t)

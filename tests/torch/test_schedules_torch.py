@@ -282,6 +282,18 @@ def test_resume_through_torch_state_dicts_is_bit_exact(kind):
         assert same(a, b)
 
 
+@pytest.mark.parametrize("factory", [lambda: hco.Compression.topk(0.3), lambda: hco.Compression.dgc(0.3)],
+                         ids=["topk", "dgc"])
+def test_sparse_delay_zero_with_torch_momentum_equals_sync_bit_for_bit(factory):
+    """torch.optim.SGD(momentum=0.9) + momentum correction: the replica's deferred update runs
+    without the optimizer's momentum exactly as the synchronous step (applied twice, OD diverged)."""
+    sgd = lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9)  # noqa: E731
+    sync = run(2, None, 7, sgd, finalize=False, compression=factory())
+    dz = run(2, Schedule.ssd(delay=0, warmup_steps=2, glu=0), 7, sgd, compression=factory())
+    for (a, _), (b, c) in zip(sync, dz):
+        assert same(a, b) and same(a, c)
+
+
 def test_fp16_compression_with_od():
     out = run(2, Schedule.od(warmup_steps=1), 5, compression=hco.Compression.fp16)
     assert same(out[0][1], out[1][1])

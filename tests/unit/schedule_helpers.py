@@ -63,7 +63,7 @@ class NumpyHost:
     def param_hyper(self, name, key, default=None): return self.group.get(key, default)
 
     def apply_optimizer(self, grads=None, weights=None, hyper=None, closure=None):
-        h = hyper if hyper is not None else self.group
+        h = dict(self.group, **hyper) if hyper is not None else self.group  # laid over, as torch's host does
         W = weights if weights is not None else self.w
         G = grads if grads is not None else self.g
         self.calls.append({"replica": weights is not None, "lr": h["lr"],
@@ -79,6 +79,14 @@ class NumpyHost:
         for k in self.w:
             np.copyto(self.w[k], snap["w"][k])
         self.state, self.group = snap["state"], snap["group"]
+
+
+class SwitchableMomentumHost(NumpyHost):
+    """A host whose optimizer can run without its momentum, as torch.optim.SGD's host can: with
+    it, momentum correction takes the optimizer's momentum and switches it off in the update."""
+
+    def hyper_without_momentum(self):
+        return {"momentum": 0.0}
 
 
 def sgd_step(W, G, state, h):

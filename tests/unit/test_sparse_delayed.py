@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from hvd_commopt import Compression, Schedule, run_ranks
-from tests.unit.schedule_helpers import NumpyHost, init_params, make_engine, one_step
+from tests.unit.schedule_helpers import NumpyHost, SwitchableMomentumHost, init_params, make_engine, one_step
 
 SPARSE = {
     "topk": lambda: Compression.topk(0.2),
@@ -17,9 +17,9 @@ SPARSE = {
 }
 
 
-def train(P, schedule, factory, steps, momentum=0.9, record=None):
+def train(P, schedule, factory, steps, momentum=0.9, record=None, host_cls=NumpyHost):
     def body(comm):
-        host = NumpyHost(init_params(), lr=0.1, momentum=momentum)
+        host = host_cls(init_params(), lr=0.1, momentum=momentum)
         red = factory()
         eng = make_engine(comm, schedule, host, fusion_threshold=0, compression=red)
         for t in range(steps):
@@ -47,6 +47,22 @@ def test_delay_zero_equals_the_synchronous_sparse_path_bit_for_bit(name, P):
             assert np.array_equal(a[k], b[k]), k
             assert np.array_equal(a[k], rep[k]), k
         assert ra.keys() == rb.keys()
+        for k in ra:
+            assert np.array_equal(ra[k], rb[k]), k
+
+
+@pytest.mark.parametrize("name", ["topk", "gtopk", "dgc", "oktopk"])
+def test_delay_zero_equals_the_synchronous_path_with_momentum_correction(name):
+    """The optimizer's momentum 0.9 is applied by the memory before selection (momentum
+    correction) and switched off in the optimizer: the delayed rounds must run the replica's
+    update without it too, as the synchronous step does; with it twice, OD/SSD diverged."""
+    ref = train(2, Schedule.sync(), SPARSE[name], 7, host_cls=SwitchableMomentumHost)
+    got = train(2, Schedule.ssd(delay=0, warmup_steps=2, glu=0), SPARSE[name], 7, host_cls=SwitchableMomentumHost)
+    for (a, _, ra, eng), (b, rep, rb, _) in zip(ref, got):
+        assert eng.reducer.memory.momentum == 0.9  # correction is on, with the optimizer's momentum
+        for k in a:
+            assert np.array_equal(a[k], b[k]), k
+            assert np.array_equal(a[k], rep[k]), k
         for k in ra:
             assert np.array_equal(ra[k], rb[k]), k
 
