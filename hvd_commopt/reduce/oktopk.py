@@ -24,7 +24,8 @@ Local values whose index did not make the global top-k go back to the residual
 Traffic per rank and step ≈ ``2k(P-1)/P`` (index, value) pairs plus a 4-16 KiB histogram
 allreduce, against ``k(P-1)`` pairs for the Top-k allgather and ``2k·log2 P`` for gTop-k
 (docs/oktopk.md#traffic). The exchange runs on the progress thread on host buffers: its work is
-O(k), never O(n); it needs a backend with host buffers (MPI, in-process).
+O(k), never O(n); on a framework-native backend (Gloo) the buffers cross as CPU tensors sharing
+the arrays' memory (hvd_commopt/comm/host_link.py, docs/oktopk.md#backends).
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from ..buckets import Bucket
+from ..comm.host_link import host_link
 from ..compress.error_feedback import ErrorFeedback
 from ..compress.memory import Memory
 from ..compress.topk import Density, TopKCompressor
@@ -209,9 +211,6 @@ class OkTopK(SparseReducer):
         name = rnd.wire(bucket)
         if comm.size == 1:
             return Pending(name, Selection(idx, vals, n, bucket.name, flat, local=True))
-        if comm.buffer_kind != "numpy":
-            raise ConfigError("Compression.oktopk exchanges host buffers; use a backend with host buffers (MPI, "
-                              "the default of hvd_commopt.init()) or Compression.gtopk")
         k = ops.numel(idx)
         idt = index_dtype_for(n, self.index_dtype)
         I = np.asarray(ops.to_numpy(idx), dtype=np.int64)
@@ -222,7 +221,7 @@ class OkTopK(SparseReducer):
         self._bounds[bucket.name] = (cuts, 0 if cuts is None else age)
 
         def fn(link: Any, deadline: float):
-            return oktopk_exchange(link, I, V, n, k, cuts, idt)
+            return oktopk_exchange(host_link(link, ops), I, V, n, k, cuts, idt)
         handle = comm.run_async(fn, name=f"{name}.oktopk", op="oktopk")
         return Pending(name, Selection(idx, vals, n, bucket.name, flat), (handle,))
 

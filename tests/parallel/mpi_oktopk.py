@@ -13,6 +13,11 @@ _launch = env.detect_launch()
 if _launch.launcher not in ("openmpi", "mpich") or _launch.size < 2:
     pytest.skip("runs under mpirun -np >= 2 (see tests/parallel/test_oktopk_mpi.py)", allow_module_level=True)
 
+import os  # noqa: E402
+
+if os.environ.get("HVD_COMMOPT_BACKEND") in ("gloo", "nccl"):
+    import torch_plugin  # noqa: E402,F401  (registers the torch.distributed backends)
+
 import hvd_commopt as hvd  # noqa: E402
 from hvd_commopt import Compression, NumpyOps  # noqa: E402
 from hvd_commopt.fusion.sparse_scaling import hist_bins, oktopk_bytes_per_rank  # noqa: E402
@@ -70,3 +75,34 @@ def test_oktopk_same_result_exact_topk_residual_and_traffic():
             sums.append(sum(comm.allgather_object(steady)))  # normal steps, not the integer ones
     closed = P * oktopk_bytes_per_rank(k, P)
     assert all(abs(t - closed) <= 0.05 * closed for t in sums), (sums, closed)
+
+
+def test_torch_oktopk_exact_global_topk_on_any_backend():
+    """TorchOps end to end; under mpi the wire is host bytes, under gloo the host arrays cross as
+    CPU tensors sharing their memory (docs/oktopk.md#backends). Same oracle as above."""
+    torch = pytest.importorskip("torch")
+    from torch_plugin.ops import TorchOps
+    torch.set_num_threads(1)
+    tops = TorchOps()
+
+    def rows(t):
+        if comm.buffer_kind == "numpy":
+            return torch.from_numpy(_rows(t.numpy()))
+        out, _ = comm.allgather(t.contiguous())
+        return out.reshape(P, -1)
+
+    n, k = 20_000, 200
+    red = Compression.oktopk(k / n)
+    ctx = ReduceContext(comm, tops, 1.0, 1.0)
+    x = torch.from_numpy(np.random.default_rng(11 + R).standard_normal(n).astype(np.float32))
+    lv, li = tops.topk_abs(x.clone(), k)
+    out = red.finish(start(red, "t", x.clone(), ctx, step=0), ctx).clone()
+    outs = rows(out)
+    assert all(torch.equal(outs[0].view(torch.int32), o.view(torch.int32)) for o in outs[1:])
+    I, V = rows(li.to(torch.int64)).reshape(-1).numpy(), rows(lv).reshape(-1).numpy()
+    U, S = ops.unique_sum(I, V)
+    keys = (S.view(np.int32) & 0x7FFFFFFF).astype(np.int64)
+    sel = np.sort(np.lexsort((U, -keys))[:k])
+    want = np.zeros(n, np.float32)
+    want[U[sel]] = S[sel]
+    assert np.array_equal(out.numpy().view(np.int32), want.view(np.int32))
