@@ -35,7 +35,7 @@ from typing import Any
 from ..buckets import Bucket
 from ..compress import nonfinite
 from ..compress.memory import Memory
-from ..compress.selection import select_with_memory
+from ..compress.selection import folds_finite, select_with_memory
 from ..compress.topk import SparseCompressor
 from ..errors import ConfigError
 from .base import Pending, ReduceContext, Reducer, RoundInfo
@@ -155,12 +155,23 @@ class SparseReducer(Reducer):
         flat = prescaled(flat, ctx)
         n = ops.numel(flat)
         self.memory.snapshot(ops, bucket.name, flat, rnd.step)
-        finite = ops.all_finite(flat)
+        k = self.compressor.k_for(n, bucket, rnd.step)
+        whole = self.dense_when_full and k >= n
+        if not whole and folds_finite(self.compressor, self.memory):
+            # the selection's pass tells whether flat is finite (docs/selection.md#finite-sweep);
+            # a non-finite step is selected, then the memory rolled back: it never keeps it
+            verdict: list = []
+            vals, idx = select_with_memory(self.compressor, self.memory, ops, bucket, rnd.step, flat, verdict)
+            if (verdict and verdict[0]) or ops.all_finite(flat):  # unknown, or finite values overflowed
+                return vals, idx, n
+            self.memory.rollback(ops, bucket.name, rnd.step)
+            finite = False
+        else:
+            finite = ops.all_finite(flat)
         if not finite:  # docs/wrapper.md#nonfinite: the memory never sees it
             nonfinite.report(self.memory.nonfinite, ctx.comm.rank, bucket.name)
             self.memory.skip(bucket.name)
-        k = self.compressor.k_for(n, bucket, rnd.step)
-        if self.dense_when_full and k >= n:
+        if whole:
             return dense_start(self.memory, bucket, rnd, flat, ctx, finite)
         if not finite:
             if self.compressor.collective == "allreduce":  # shared indices (random-k): keep them
