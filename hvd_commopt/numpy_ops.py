@@ -98,6 +98,10 @@ class NumpyOps:
         t[idx] = value
         return t
 
+    def index_copy(self, t, idx, vals):
+        t[idx] = vals
+        return t
+
     def arange(self, n, like=None): return np.arange(n, dtype=np.int64)
 
     def unique_sum(self, idx, vals):

@@ -76,6 +76,7 @@ class TensorOps(Protocol):
     def gather(self, t: Tensor, idx: Tensor) -> Tensor: ...
     def scatter_add(self, dst: Tensor, idx: Tensor, vals: Tensor) -> Tensor: ...  # duplicates summed
     def index_fill(self, t: Tensor, idx: Tensor, value: float) -> Tensor: ...
+    def index_copy(self, t: Tensor, idx: Tensor, vals: Tensor) -> Tensor: ...  # t[idx] = vals (in place allowed; repeated indices carry equal values)
     def arange(self, n: int, like: Tensor) -> Tensor: ...  # int64
 
     # -- sparse merging and selection (top-k, gTop-k, DGC) -------------------------------------

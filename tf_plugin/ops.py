@@ -243,6 +243,10 @@ class TFOps:
         idx = tf.reshape(tf.cast(idx, tf.int64), [-1, 1])
         return tf.tensor_scatter_nd_update(t, idx, tf.fill([tf.shape(idx)[0]], tf.constant(value, t.dtype)))
 
+    def index_copy(self, t, idx, vals):
+        idx = tf.reshape(tf.cast(_t(idx), tf.int64), [-1, 1])
+        return tf.tensor_scatter_nd_update(tf.convert_to_tensor(_t(t)), idx, _t(vals))
+
     def arange(self, n, like=None):
         with tf.device(_device_of(like)):
             return tf.range(int(n), dtype=tf.int64)

@@ -161,6 +161,9 @@ class TorchOps:
     def index_fill(self, t, idx, value):
         return t.index_fill_(0, idx, value)
 
+    def index_copy(self, t, idx, vals):
+        return t.index_copy_(0, idx, vals)
+
     def arange(self, n, like=None):
         return torch.arange(int(n), dtype=torch.int64, device=self._device(like))
 

@@ -49,7 +49,7 @@ from ..errors import ConfigError
 from ..tensor_ops import TensorOps
 from .error_feedback import Generations, TensorStore
 from .nonfinite import check_policy
-from .selection import Selection
+from .selection import Selection, sum_into
 from .topk import Density, SparseCompressor, check_density
 
 __all__ = ["DGCCompressor", "DGCMemory", "warmup_ratio"]
@@ -92,7 +92,7 @@ class DGCCompressor(SparseCompressor):
                  warmup_coeff: float | Sequence[float] | None = None, steps_per_epoch: int | None = None,
                  seed: int = 0, selection: str = "sampled", tau: int = 16, band: float = 0.2):
         super().__init__(density)
-        self.selection = Selection(selection, tau, band, sampled=self._sampled_select)
+        self.selection = Selection(selection, tau, band, sampled=self.sampled_select)
         self.sample_ratio = min(max(float(sample_ratio), 0.01), 1.0)
         self.strided_sample = bool(strided_sample)
         self.upper, self.lower = float(compress_upper_bound), float(compress_lower_bound)
@@ -156,31 +156,47 @@ class DGCCompressor(SparseCompressor):
 
     # -- selection ----------------------------------------------------------------------------
     def select(self, ops: TensorOps, acc: Any, bucket: Bucket | None = None, step: int = 0) -> tuple[Any, Any]:
-        if self.selection.mode == "sampled":
-            return self._sampled_select(ops, acc, bucket, step)
         vals, idx, _ = self.selection.select_acc(ops, acc, self.k_for(ops.numel(acc), bucket, step), bucket, step,
                                                  None)
         return vals, idx
 
+    @property
+    def folds_finite(self) -> bool:
+        """The selection can tell the sparse reducer that the bucket is finite (docs/selection.md#finite-sweep)."""
+        return self.selection.folds_finite
+
     def select_acc(self, ops: TensorOps, r: Any, bucket: Bucket | None, step: int, addend: Any,
-                   out: Any = None) -> tuple[Any, Any, Any]:
+                   out: Any = None, finite: list | None = None) -> tuple[Any, Any, Any]:
         """(values, indices, acc) of ``acc = r + addend`` (into r, or into ``out`` with r intact):
-        the fused form the memory calls (docs/selection.md#fused-ef)."""
-        return self.selection.select_acc(ops, r, self.k_for(ops.numel(r), bucket, step), bucket, step, addend, out)
+        the fused form the memory calls (docs/selection.md#fused-ef); the verdict on acc's
+        finiteness is appended to ``finite`` (docs/selection.md#finite-sweep)."""
+        return self.selection.select_acc(ops, r, self.k_for(ops.numel(r), bucket, step), bucket, step, addend, out,
+                                         finite)
 
     def selection_stats(self) -> dict:
         return self.selection.stats()
 
-    def _sampled_select(self, ops: TensorOps, acc: Any, bucket: Bucket | None, step: int) -> tuple[Any, Any]:
+    def sampled_select(self, ops: TensorOps, acc: Any, bucket: Bucket | None, step: int, addend: Any = None,
+                       out: Any = None, finite: list | None = None) -> tuple[Any, Any, Any]:
+        """(values, indices, acc) of DGC's sampled-threshold selection of ``acc`` (+ ``addend``:
+        the sum made during the first threshold sweep, into ``out`` with acc intact when given,
+        bit-identical to adding first; docs/selection.md#fused-ef). Appends to ``finite`` whether
+        the sum is finite, read off the first sweep (docs/selection.md#finite-sweep)."""
         n = ops.numel(acc)
         ratio = self.ratio(bucket, n, step)
         k = self.k_for(n, bucket, step)
         name = bucket.name if bucket is not None else ""
         if k >= n:
+            if addend is not None:
+                acc = sum_into(ops, acc, addend, out)
             idx = ops.arange(n, like=acc)
-            return ops.gather(acc, idx), idx
+            if finite is not None:
+                finite.append(None)
+            return ops.gather(acc, idx), idx, acc
         stride, num_samples, top_k_samples = self.sampling(n, ratio)
         if num_samples >= n:
+            if addend is not None:
+                acc, addend = sum_into(ops, acc, addend, out), None
             samples = acc
         else:
             rng = np.random.Generator(np.random.PCG64([self.seed & 0xFFFFFFFF, zlib.crc32(name.encode()), int(step)]))
@@ -188,9 +204,17 @@ class DGCCompressor(SparseCompressor):
                 sidx = np.arange(int(rng.integers(0, stride)), n, stride, dtype=np.int64)
             else:
                 sidx = rng.integers(0, n, size=num_samples, dtype=np.int64)
-            samples = ops.gather(acc, ops.from_numpy(sidx, like=acc))
+            sidx = ops.from_numpy(sidx, like=acc)
+            samples = ops.gather(acc, sidx)
+            if addend is not None:  # the same sums as the sweep will make
+                samples = ops.add(samples, ops.gather(addend, sidx))
         thr = ops.kth_largest_abs(samples, top_k_samples)  # the smallest |x| of the samples' top-k
-        idx, _ = ops.abs_where(acc, "ge", thr)
+        if addend is not None:
+            acc, idx, swept = ops.add_abs_where(acc, addend, "ge", thr, out)
+        else:
+            idx, swept = ops.abs_where(acc, "ge", thr)
+        if finite is not None:  # every NaN/Inf is in the sweep unless thr is NaN (then acc has one)
+            finite.append(False if math.isnan(thr) else ops.all_finite(swept))
         count = ops.numel(idx)
         if n > num_samples:  # adaptation (the reference's loop, from GRACE's DGC)
             for _ in range(self.max_adaptation_iters):
@@ -212,7 +236,7 @@ class DGCCompressor(SparseCompressor):
                 count = ops.numel(idx)
         if count > k:
             idx = ops.slice(idx, 0, k)
-        return ops.gather(acc, idx), idx
+        return ops.gather(acc, idx), idx, acc
 
     def config(self) -> dict:
         return {**super().config(), "sample_ratio": self.sample_ratio, "strided_sample": self.strided_sample,

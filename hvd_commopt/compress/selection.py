@@ -32,7 +32,8 @@ import numpy as np
 
 from ..errors import ConfigError
 
-__all__ = ["SELECTIONS", "ExactTopK", "ReuseTopK", "SelectResult", "Selection", "check_selection", "select_with_memory"]
+__all__ = ["SELECTIONS", "ExactTopK", "ReuseTopK", "SelectResult", "Selection", "check_selection", "select_with_memory",
+           "fused_with", "folds_finite", "sum_into"]
 
 SELECTIONS = ("exact", "threshold", "sampled")
 Tensor = Any
@@ -59,6 +60,7 @@ class SelectResult:
     threshold: float      # every selected |x| >= threshold
     acc: Tensor = None    # the accumulated buffer (t, or t + addend)
     count: int = 0        # entries selected (k for the exact selector)
+    finite: bool | None = None  # acc holds no NaN/Inf, when the candidate pass decided it (None: unknown)
 
 
 class ExactTopK:
@@ -120,7 +122,7 @@ class ExactTopK:
         k = min(int(k), n)
         if k == 0 or n <= self.small_n or k == n:
             if addend is not None:
-                t = _sum(ops, t, addend, out)
+                t = sum_into(ops, t, addend, out)
             if k == 0:
                 idx = ops.arange(0, like=t)
                 return SelectResult(ops.gather(t, idx), idx, math.inf, t, 0)
@@ -145,7 +147,7 @@ class ExactTopK:
         while True:
             if lo <= 0.0 and not math.isnan(lo):  # every element qualifies: no extraction
                 if addend is not None:
-                    t, addend = _sum(ops, t, addend, out), None
+                    t, addend = sum_into(ops, t, addend, out), None
                 cand, c = None, n
                 break
             if addend is not None:
@@ -164,6 +166,11 @@ class ExactTopK:
                 lo = 0.0
             else:
                 lo = ops.kth_largest_abs(s, j_lo)
+        # every NaN/Inf of acc is a candidate when lo is not NaN (NaN ranks above +Inf), so the
+        # candidates tell whether acc is finite at no extra pass (docs/selection.md#finite-sweep)
+        finite = None
+        if cand is not None and c < n:
+            finite = False if math.isnan(lo) else ops.all_finite(vc)
         if cand is None or c == n:
             cand, vc = None, t
         st["candidates"] += c
@@ -188,7 +195,7 @@ class ExactTopK:
 
         # 4. |x| >= v* with the tie rule
         vals, idx = self._finish(ops, vc, cand, k, v)
-        return SelectResult(vals, idx, v, t, k)
+        return SelectResult(vals, idx, v, t, k, finite)
 
     def _finish(self, ops, vc, cand, k: int, v: float):
         """From candidate values ``vc`` (at positions ``cand``; None = identity) keep |x| > v and
@@ -310,21 +317,39 @@ class ReuseTopK:
             s.thr, s.age = float(v["thr"]), int(v["age"])
 
 
-def _sum(ops, t: Tensor, addend: Tensor, out: Tensor | None) -> Tensor:
+def sum_into(ops, t: Tensor, addend: Tensor, out: Tensor | None) -> Tensor:
     """``t + addend`` into t, or into ``out`` with t intact (the paths without a candidate pass:
     small buffers, every element selected)."""
     return ops.add(t if out is None else ops.copy_into(out, 0, t), addend)
 
 
-def select_with_memory(compressor: Any, memory: Any, ops: Any, bucket: Any, step: int, flat: Tensor):
+def fused_with(compressor: Any, memory: Any) -> bool:
+    """Whether :func:`select_with_memory` fuses the memory's add into the selection (the memory
+    offers ``compensate_select``, the compressor ``select_acc``): ``flat`` then stays intact."""
+    return (getattr(memory, "compensate_select", None) is not None and getattr(compressor, "select_acc", None)
+            is not None and getattr(memory, "enabled", False))
+
+
+def folds_finite(compressor: Any, memory: Any) -> bool:
+    """Whether the selection can tell, from its candidate pass, that ``flat`` is finite
+    (docs/selection.md#finite-sweep): fused, with a selection mode that keeps no state across
+    steps (exact, sampled), so that selecting a non-finite step and rolling the memory back
+    leaves nothing behind."""
+    return fused_with(compressor, memory) and getattr(compressor, "folds_finite", False)
+
+
+def select_with_memory(compressor: Any, memory: Any, ops: Any, bucket: Any, step: int, flat: Tensor,
+                       finite: list | None = None):
     """The sparse reducers' prologue: ``(values, indices)`` of ``flat`` + what the memory holds,
     the memory updated. Fused (docs/selection.md#fused-ef) when the memory offers
-    ``compensate_select`` and the compressor ``select_acc``; otherwise compensate, select, update."""
+    ``compensate_select`` and the compressor ``select_acc``; otherwise compensate, select, update.
+    ``finite``: a list the fused selection appends its verdict on the sum's finiteness to (True,
+    False, or None when its pass could not tell; docs/selection.md#finite-sweep)."""
     key = bucket.name if bucket is not None else ""
-    fused = getattr(memory, "compensate_select", None)
-    select_acc = getattr(compressor, "select_acc", None)
-    if fused is not None and select_acc is not None and getattr(memory, "enabled", False):
-        return fused(ops, key, flat, lambda r, addend, out=None: select_acc(ops, r, bucket, step, addend, out))
+    if fused_with(compressor, memory):
+        select_acc = compressor.select_acc
+        return memory.compensate_select(
+            ops, key, flat, lambda r, addend, out=None: select_acc(ops, r, bucket, step, addend, out, finite))
     acc = memory.compensate(ops, key, flat)
     vals, idx = compressor.select(ops, acc, bucket, step)
     memory.update(ops, key, acc, idx)
@@ -332,10 +357,12 @@ def select_with_memory(compressor: Any, memory: Any, ops: Any, bucket: Any, step
 
 
 class Selection:
-    """A compressor's selection mode: ``select_acc(ops, r, k, bucket, step, addend, out)`` returns
-    ``(values, indices, acc)`` with ``acc = r + addend`` (into r where allowed, or into ``out``
-    with r intact; addend None: acc is r). ``sampled`` is the compressor's own sampled-threshold selection
-    ``(ops, acc, bucket, step) -> (values, indices)``, needed for ``"sampled"`` only."""
+    """A compressor's selection mode: ``select_acc(ops, r, k, bucket, step, addend, out, finite)``
+    returns ``(values, indices, acc)`` with ``acc = r + addend`` (into r where allowed, or into
+    ``out`` with r intact; addend None: acc is r) and appends to the list ``finite`` (when given)
+    whether acc is finite (None: unknown). ``sampled`` is the compressor's own sampled-threshold
+    selection ``(ops, r, bucket, step, addend, out, finite) -> (values, indices, acc)``, needed for
+    ``"sampled"`` only."""
 
     def __init__(self, selection: str = "exact", tau: int = 16, band: float = 0.2, sampled: Any = None):
         self.mode, self.tau, self.band = check_selection(selection, tau, band)
@@ -343,17 +370,23 @@ class Selection:
         self.reuse = ReuseTopK(self.tau, self.band, self.exact) if self.mode == "threshold" else None
         self.sampled = sampled
 
+    @property
+    def folds_finite(self) -> bool:
+        """The mode keeps no state across steps, so a selection made of a non-finite step leaves
+        nothing behind once the memory is rolled back (threshold reuse keeps its threshold)."""
+        return self.mode in ("exact", "sampled")
+
     def select_acc(self, ops, r: Tensor, k: int, bucket: Any, step: int, addend: Tensor | None,
-                   out: Tensor | None = None):
+                   out: Tensor | None = None, finite: list | None = None):
         name = bucket.name if bucket is not None else ""
+        if self.mode == "sampled":
+            return self.sampled(ops, r, bucket, step, addend, out, finite)
         if self.mode == "exact":
             res = self.exact.select(ops, r, k, addend=addend, out=out)
-        elif self.mode == "threshold":
-            res = self.reuse.select(ops, r, k, key=name, addend=addend, out=out)
         else:
-            acc = r if addend is None else _sum(ops, r, addend, out)
-            vals, idx = self.sampled(ops, acc, bucket, step)
-            return vals, idx, acc
+            res = self.reuse.select(ops, r, k, key=name, addend=addend, out=out)
+        if finite is not None:
+            finite.append(res.finite)
         return res.values, res.indices, res.acc
 
     def check_k(self, k_raw: float, n: int, name: str) -> None:

@@ -166,21 +166,28 @@ class TopKCompressor(SparseCompressor):
         self.selection = Selection(selection, tau, band, sampled=self._sampled)
         self._dgc = None
 
-    def _sampled(self, ops: TensorOps, acc: Any, bucket: Bucket | None, step: int) -> tuple[Any, Any]:
+    def _sampled(self, ops: TensorOps, r: Any, bucket: Bucket | None, step: int, addend: Any = None,
+                 out: Any = None, finite: list | None = None) -> tuple[Any, Any, Any]:
         if self._dgc is None:
             from .dgc import DGCCompressor  # dgc imports this module
             self._dgc = DGCCompressor()
             self._dgc.density = self.density  # the same per-bucket densities
-        return self._dgc.select(ops, acc, bucket, step)
+        return self._dgc.sampled_select(ops, r, bucket, step, addend, out, finite)
+
+    @property
+    def folds_finite(self) -> bool:
+        """The selection can tell the sparse reducer that the bucket is finite (docs/selection.md#finite-sweep)."""
+        return self.selection.folds_finite
 
     def select_acc(self, ops: TensorOps, r: Any, bucket: Bucket | None, step: int, addend: Any,
-                   out: Any = None) -> tuple[Any, Any, Any]:
+                   out: Any = None, finite: list | None = None) -> tuple[Any, Any, Any]:
         """(values, indices, acc) of ``acc = r + addend`` (into r where allowed, or into ``out``
-        with r intact): the fused form the memories call (docs/selection.md#fused-ef)."""
+        with r intact): the fused form the memories call (docs/selection.md#fused-ef); the
+        verdict on acc's finiteness is appended to ``finite`` (docs/selection.md#finite-sweep)."""
         n = ops.numel(r)
         if self.selection.mode == "threshold":
             self.selection.check_k(n * self.density(bucket, n), n, bucket.name if bucket is not None else "")
-        return self.selection.select_acc(ops, r, self.k_for(n, bucket, step), bucket, step, addend, out)
+        return self.selection.select_acc(ops, r, self.k_for(n, bucket, step), bucket, step, addend, out, finite)
 
     def select(self, ops: TensorOps, acc: Any, bucket: Bucket | None = None, step: int = 0) -> tuple[Any, Any]:
         vals, idx, _ = self.select_acc(ops, acc, bucket, step, None)

@@ -363,7 +363,7 @@ class CommEngine:
         for b in self._buckets:
             pending = rnd.pending.pop(b.index)
             flat = rnd.reducer.finish(pending, self.ctx)
-            rnd.reducer.settle(b, rnd.info, flat, self.ctx)  # NaN/Inf: memory rolled back
+            rnd.reducer.settle(b, rnd.info, flat, self.ctx, pending)  # NaN/Inf: memory rolled back
             out.update(b.views(self.ops, flat))
             comm_s = sum(h.comm_seconds for h in pending.handles)
             stats.per_bucket[b.name] = {"bytes_sent": pending.bytes_sent,

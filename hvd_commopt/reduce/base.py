@@ -101,6 +101,7 @@ class Pending:
     name: str
     state: Any
     handles: tuple = ()
+    finite: bool | None = None  # set by a finish that decided the result's finiteness cheaply (None: settle checks)
 
     @property
     def bytes_sent(self) -> int:
@@ -132,13 +133,16 @@ class Reducer(abc.ABC):
 
     def reduce(self, bucket: Bucket, rnd: RoundInfo, flat: Any, ctx: ReduceContext) -> Any:
         """``finish(start(...))`` then :meth:`settle`: a blocking reduction."""
-        out = self.finish(self.start(bucket, rnd, flat, ctx), ctx)
-        self.settle(bucket, rnd, out, ctx)
+        pending = self.start(bucket, rnd, flat, ctx)
+        out = self.finish(pending, ctx)
+        self.settle(bucket, rnd, out, ctx, pending)
         return out
 
-    def settle(self, bucket: Bucket, rnd: RoundInfo, out: Any, ctx: ReduceContext) -> None:
-        """Called with the reduced result ``out`` of a finished round (the engine does it): a
-        reducer with a memory rolls it back when ``out`` is not finite (docs/wrapper.md#nonfinite)."""
+    def settle(self, bucket: Bucket, rnd: RoundInfo, out: Any, ctx: ReduceContext,
+               pending: Pending | None = None) -> None:
+        """Called with the reduced result ``out`` of a finished round and its finished ``pending``
+        (the engine does it): a reducer with a memory rolls it back when ``out`` is not finite
+        (docs/wrapper.md#nonfinite); ``pending.finite``, when ``finish`` set it, is that verdict."""
 
     def config(self) -> dict:
         """The configuration as plain values (kind, compressor, density, seed, ...): ranks must

@@ -89,7 +89,8 @@ class DenseAllreduce(Reducer):
             out = ctx.ops.scale(out, st.post)
         return out
 
-    def settle(self, bucket: Bucket, rnd: RoundInfo, out: Any, ctx: ReduceContext) -> None:
+    def settle(self, bucket: Bucket, rnd: RoundInfo, out: Any, ctx: ReduceContext,
+               pending: Pending | None = None) -> None:
         if self.memory is not None and not ctx.ops.all_finite(out):
             self.memory.rollback(ctx.ops, bucket.name, rnd.step)
 

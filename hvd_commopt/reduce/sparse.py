@@ -28,13 +28,14 @@ Choices:
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from ..buckets import Bucket
 from ..compress import nonfinite
 from ..compress.memory import Memory
-from ..compress.selection import select_with_memory
+from ..compress.selection import folds_finite, select_with_memory
 from ..compress.topk import SparseCompressor
 from ..errors import ConfigError
 from .base import Pending, ReduceContext, Reducer, RoundInfo
@@ -62,14 +63,27 @@ def prescaled(flat: Any, ctx: ReduceContext) -> Any:
     return ctx.ops.scale(flat, ctx.prescale) if ctx.prescale != 1.0 else flat
 
 
-def scatter_result(ops: Any, buf: Any, n: int, idx: Any, vals: Any, postscale: float) -> Any:
-    """``scatter_add(zeros(n), idx, vals) · postscale``, built in ``buf`` (the round's bucket
-    buffer, free once the selection is made) when its dtype fits: a fresh n-element tensor per
-    step costs page faults worth several passes (docs/selection.md#step-cost)."""
+def scatter_result(ops: Any, buf: Any, n: int, idx: Any, vals: Any, postscale: float) -> tuple[Any, bool]:
+    """``(out, finite)``: ``out = scatter_add(zeros(n), idx, vals) · postscale``, built in ``buf``
+    (the round's bucket buffer, free once the selection is made) when its dtype fits: a fresh
+    n-element tensor per step costs page faults worth several passes (docs/selection.md#step-cost);
+    ``finite``: whether ``out`` holds no NaN/Inf.
+
+    Only the exchanged positions can differ from +0, so the postscale and the finiteness check
+    touch those (k·P elements, gathered once) instead of all n (docs/selection.md#step-cost): the
+    same products, bit for bit, as scaling ``out`` whole. A negative or non-finite postscale
+    (``0 · s`` is then -0 or NaN) scales and checks the whole buffer."""
     dt = ops.dtype_name(vals)
     out = ops.zero_(buf) if buf is not None and ops.dtype_name(buf) == dt else ops.zeros(n, dt, like=vals)
     out = ops.scatter_add(out, idx, vals)
-    return ops.scale(out, postscale) if postscale != 1.0 else out
+    if not (math.isfinite(postscale) and math.copysign(1.0, postscale) > 0):
+        out = ops.scale(out, postscale)
+        return out, ops.all_finite(out)
+    sums = ops.gather(out, idx)
+    if postscale != 1.0:
+        sums = ops.scale(sums, postscale)
+        out = ops.index_copy(out, idx, sums)  # a repeated index writes the same product again
+    return out, ops.all_finite(sums)
 
 
 @dataclass
@@ -141,12 +155,23 @@ class SparseReducer(Reducer):
         flat = prescaled(flat, ctx)
         n = ops.numel(flat)
         self.memory.snapshot(ops, bucket.name, flat, rnd.step)
-        finite = ops.all_finite(flat)
+        k = self.compressor.k_for(n, bucket, rnd.step)
+        whole = self.dense_when_full and k >= n
+        if not whole and folds_finite(self.compressor, self.memory):
+            # the selection's pass tells whether flat is finite (docs/selection.md#finite-sweep);
+            # a non-finite step is selected, then the memory rolled back: it never keeps it
+            verdict: list = []
+            vals, idx = select_with_memory(self.compressor, self.memory, ops, bucket, rnd.step, flat, verdict)
+            if (verdict and verdict[0]) or ops.all_finite(flat):  # unknown, or finite values overflowed
+                return vals, idx, n
+            self.memory.rollback(ops, bucket.name, rnd.step)
+            finite = False
+        else:
+            finite = ops.all_finite(flat)
         if not finite:  # docs/wrapper.md#nonfinite: the memory never sees it
             nonfinite.report(self.memory.nonfinite, ctx.comm.rank, bucket.name)
             self.memory.skip(bucket.name)
-        k = self.compressor.k_for(n, bucket, rnd.step)
-        if self.dense_when_full and k >= n:
+        if whole:
             return dense_start(self.memory, bucket, rnd, flat, ctx, finite)
         if not finite:
             if self.compressor.collective == "allreduce":  # shared indices (random-k): keep them
@@ -165,7 +190,8 @@ class SparseReducer(Reducer):
         if isinstance(st, WholeBucket):
             return dense_finish(self.memory, pending, ctx)
         idx, vals = (st.idx, st.vals) if st.local else self.exchanged(pending, ctx)
-        return scatter_result(ctx.ops, st.out, st.n, idx, vals, ctx.postscale)
+        out, pending.finite = scatter_result(ctx.ops, st.out, st.n, idx, vals, ctx.postscale)
+        return out
 
     def exchanged(self, pending: Pending, ctx: ReduceContext) -> tuple[Any, Any]:
         """(indices, values) of the reduced selection once ``pending``'s exchange is over (the
@@ -181,10 +207,13 @@ class SparseReducer(Reducer):
         return {"reducer": self.name, "compressor": self.compressor.config(), "memory": self.memory.config(),
                 "index_dtype": self.index_dtype, "dense_when_full": self.dense_when_full}
 
-    def settle(self, bucket: Bucket, rnd: RoundInfo, out: Any, ctx: ReduceContext) -> None:
+    def settle(self, bucket: Bucket, rnd: RoundInfo, out: Any, ctx: ReduceContext,
+               pending: Pending | None = None) -> None:
         """A non-finite reduced bucket (identical on every rank) rolls the memory back, so the
-        skipped step leaves no trace in it (docs/wrapper.md#nonfinite)."""
-        if not ctx.ops.all_finite(out):
+        skipped step leaves no trace in it (docs/wrapper.md#nonfinite). The sparse result's
+        finiteness was decided in :meth:`finish` from the exchanged positions (:func:`scatter_result`)."""
+        finite = pending.finite if pending is not None and pending.finite is not None else ctx.ops.all_finite(out)
+        if not finite:
             self.memory.rollback(ctx.ops, bucket.name, rnd.step)
 
     @property

@@ -102,6 +102,9 @@ def test_sparse_ops_match_numpy():
     np.testing.assert_array_equal(np_of(T.gather(tf.constant(dst), tf.constant(idx))), N.gather(dst, idx))
     np.testing.assert_array_equal(np_of(T.index_fill(tf.constant(dst), tf.constant(idx), 0.5)),
                                   N.index_fill(dst.copy(), idx, 0.5))
+    put = N.gather(dst, idx) * np.float32(0.5)  # repeated indices carry equal values
+    np.testing.assert_array_equal(np_of(T.index_copy(tf.constant(dst), tf.constant(idx), tf.constant(put))),
+                                  N.index_copy(dst.copy(), idx, put))
     np.testing.assert_array_equal(np_of(T.arange(5)), N.arange(5))
     assert T.arange(5).dtype == tf.int64
 

@@ -418,6 +418,22 @@ def test_zero_gives_zeros_of_the_same_dtype(variant):
         assert np.array_equal(ops.zero_(pb).numpy(), np.zeros(6, np.float32))
 
 
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_index_copy_writes_the_values_at_repeated_indices(variant):
+    """index_copy (the sparse result's postscale at the exchanged positions): t[idx] = vals, a
+    repeated index carrying the same value each time, identical in every framework."""
+    ops = VARIANTS[variant]
+    rng = np.random.default_rng(8)
+    for dt in (np.float32, np.float64):
+        t = rng.standard_normal(50).astype(dt)
+        idx = np.array([7, 3, 7, 49, 0, 3, 7], np.int64)
+        vals = (t[idx] * dt(0.5)).astype(dt)
+        want = t.copy()
+        want[idx] = vals
+        got = host(ops, ops.index_copy(to_native(ops, t), to_native(ops, idx), to_native(ops, vals)))
+        assert got.dtype == dt and np.array_equal(got, want)
+
+
 @pytest.mark.parametrize("variant", FAST + ("tf-native",))
 def test_add_abs_where_into_out_equals_in_place_and_leaves_acc(variant):
     ops = VARIANTS[variant]

@@ -34,12 +34,12 @@ FACTORIES = {
 }
 
 
-def grads(P, bad_value):
+def grads(P, bad_value, n=N):
     out = {}
     for r in range(P):
         rng = np.random.default_rng(100 + r)
         for s in range(STEPS):
-            out[r, s] = (rng.standard_normal(N) * (1 + r)).astype(np.float32)
+            out[r, s] = (rng.standard_normal(n) * (1 + r)).astype(np.float32)
     out[0, BAD] = out[0, BAD].copy()
     out[0, BAD][[5, 17]] = bad_value
     return out
@@ -51,8 +51,8 @@ def memory_state(red):
     return {f"{k}/{n}": np.array(t, copy=True) for k, d in sd.items() for n, t in d.items()}
 
 
-def run(P, factory, data, skip_bad_step):
-    bucket = Bucket.single("b", N, "float32")
+def run(P, factory, data, skip_bad_step, ops=ops):
+    bucket = Bucket.single("b", data[0, 0].size, "float32")
 
     def body(comm):
         ctx = ReduceContext(comm, ops, 1.0, 1.0 / comm.size)
@@ -87,6 +87,87 @@ def test_skipped_step_costs_one_step(kind, bad_value):
         for k in mem_a:
             np.testing.assert_array_equal(mem_a[k], mem_b[k], err_msg=f"{kind} rank {r} {k}")
     np.testing.assert_array_equal(a[0][0][BAD], a[1][0][BAD])  # the same result on every rank
+
+
+class _CountingOps(NumpyOps):
+    """NumpyOps recording the size of every all_finite call."""
+
+    def __init__(self):
+        super().__init__()
+        self.checked: list[int] = []
+
+    def all_finite(self, t):
+        self.checked.append(int(np.size(t)))
+        return super().all_finite(t)
+
+
+# buckets above the exact selector's small_n, so the candidate pass runs (docs/selection.md#finite-sweep)
+BIG = {
+    "topk_exact": lambda: Compression.topk(0.01),
+    "topk_nomc": lambda: Compression.topk(0.01, momentum_correction=False),
+    "topk_sampled": lambda: Compression.topk(0.01, selection="sampled"),
+    "dgc": lambda: Compression.dgc(0.01, momentum=0.9),
+    "dgc_exact": lambda: Compression.dgc(0.01, momentum=0.9, selection="exact"),
+    "topk_thr": lambda: Compression.topk(0.01, selection="threshold"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BIG))
+@pytest.mark.parametrize("bad_value", [np.inf, np.nan])
+def test_skipped_step_costs_one_step_with_the_check_in_the_selection(kind, bad_value):
+    """The selection's pass decides finiteness; a non-finite step is still skipped exactly, and a
+    finite step checks no n-element buffer (only k-sized ones) where the mode folds the check."""
+    P, n = 2, 50_000
+    data = grads(P, bad_value, n)
+    counting = _CountingOps()
+    with pytest.warns(RuntimeWarning, match=r"rank 0: the gradient of bucket 'b' holds NaN or Inf"):
+        a = run(P, BIG[kind], data, skip_bad_step=False, ops=counting)
+    b = run(P, BIG[kind], data, skip_bad_step=True)
+    for r in range(P):
+        outs_a, mem_a = a[r]
+        outs_b, mem_b = b[r]
+        assert not np.isfinite(outs_a[BAD]).all(), "every rank sees the skipped step"
+        if kind == "topk_thr":  # the other rank's reused threshold aged during the skipped step
+            continue
+        for s in outs_b:
+            np.testing.assert_array_equal(outs_a[s], outs_b[s], err_msg=f"{kind} rank {r} step {s}")
+        assert mem_a.keys() == mem_b.keys()
+        for k in mem_a:
+            np.testing.assert_array_equal(mem_a[k], mem_b[k], err_msg=f"{kind} rank {r} {k}")
+    full = sum(1 for c in counting.checked if c == n)
+    if kind == "topk_thr":  # threshold reuse keeps state: the check stays before the selection
+        assert full >= P * STEPS
+    else:  # only the bad step's rank 0 looks at its whole bucket (to tell Inf from an overflow)
+        assert full == 1, counting.checked
+
+
+@pytest.mark.parametrize("kind", ["topk_exact", "dgc"])
+def test_overflow_of_finite_values_is_not_reported_as_a_bad_gradient(kind):
+    """A finite gradient whose sum with the memory overflows is sent as it is (no warning, as
+    before the check moved into the selection); the non-finite result rolls the memory back."""
+    P, n = 2, 50_000
+    data = grads(P, 0.0, n)
+    big = np.float32(3e38)
+    for r in range(P):
+        data[r, BAD - 1] = data[r, BAD - 1].copy()
+        data[r, BAD - 1][:3000] = big  # more than k: most stay in the memory
+        data[r, BAD] = data[r, BAD].copy()
+        data[r, BAD][:3000] = big  # memory + gradient overflows to +Inf
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "overflow encountered", RuntimeWarning)
+        warnings.filterwarnings("error", ".*holds NaN or Inf", RuntimeWarning)
+        a = run(P, BIG[kind], data, skip_bad_step=False)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "overflow encountered", RuntimeWarning)
+        b = run(P, BIG[kind], data, skip_bad_step=True)
+    for r in range(P):
+        outs_a, mem_a = a[r]
+        outs_b, mem_b = b[r]
+        assert not np.isfinite(outs_a[BAD]).all()
+        for s in outs_b:
+            np.testing.assert_array_equal(outs_a[s], outs_b[s], err_msg=f"{kind} rank {r} step {s}")
+        for k in mem_a:
+            np.testing.assert_array_equal(mem_a[k], mem_b[k], err_msg=f"{kind} rank {r} {k}")
 
 
 def test_ternary_drops_the_contribution_and_keeps_the_residual():
