@@ -261,6 +261,7 @@ class ReuseTopK:
         _, self.tau, self.band = check_selection("threshold", tau, band)
         self.exact = exact or ExactTopK()
         self._state: dict[str, _Reuse] = {}
+        self._saved: dict[str, tuple[int, float | None, int]] = {}  # key -> (step, thr, age) before it
 
     def stats(self) -> dict[str, dict]:
         """{bucket: drift statistics}: counts of exact / reused / recomputed steps, sent/k, drift."""
@@ -306,6 +307,19 @@ class ReuseTopK:
         st.sent += res.count
         st.last_count, st.last_action = res.count, action
         return res
+
+    def snapshot(self, key: str, step: int) -> None:
+        """The threshold and its age before round ``step`` (restored by :meth:`rollback`)."""
+        s = self._state.get(key)
+        self._saved[key] = (step, None, 0) if s is None else (step, s.thr, s.age)
+
+    def rollback(self, key: str, step: int) -> None:
+        """A skipped (non-finite) round leaves the threshold as before it; the drift statistics
+        keep counting it. Nothing when a later round was already selected (delayed schedules)."""
+        saved = self._saved.get(key)
+        if saved is not None and saved[0] == step and key in self._state:
+            s = self._state[key]
+            s.thr, s.age = saved[1], saved[2]
 
     def state_dict(self) -> dict:
         return {key: {"thr": s.thr, "age": s.age} for key, s in self._state.items() if s.thr is not None}
@@ -415,3 +429,11 @@ class Selection:
     def load_state_dict(self, state: dict) -> None:
         if self.reuse is not None:
             self.reuse.load_state_dict(dict(state.get("thresholds", {})))
+
+    def snapshot(self, key: str, step: int) -> None:
+        if self.reuse is not None:
+            self.reuse.snapshot(key, step)
+
+    def rollback(self, key: str, step: int) -> None:
+        if self.reuse is not None:
+            self.reuse.rollback(key, step)

@@ -143,6 +143,20 @@ class SparseCompressor:
     def load_state_dict(self, state: dict) -> None:
         pass
 
+    def snapshot(self, key: str, step: int) -> None:
+        """Keep the selection state of bucket ``key`` before round ``step`` (threshold reuse's,
+        in the :class:`~hvd_commopt.compress.selection.Selection` of Top-k and DGC)."""
+        sel = getattr(self, "selection", None)
+        if sel is not None:
+            sel.snapshot(key, step)
+
+    def rollback(self, key: str, step: int) -> None:
+        """Round ``step`` of ``key`` was skipped (not finite): back to :meth:`snapshot`'s state,
+        so the skipped step leaves no trace in the selection either (docs/wrapper.md#nonfinite)."""
+        sel = getattr(self, "selection", None)
+        if sel is not None:
+            sel.rollback(key, step)
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(density={self.density!r})"
 

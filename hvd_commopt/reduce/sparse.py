@@ -155,6 +155,7 @@ class SparseReducer(Reducer):
         flat = prescaled(flat, ctx)
         n = ops.numel(flat)
         self.memory.snapshot(ops, bucket.name, flat, rnd.step)
+        self.compressor.snapshot(bucket.name, rnd.step)
         k = self.compressor.k_for(n, bucket, rnd.step)
         whole = self.dense_when_full and k >= n
         if not whole and folds_finite(self.compressor, self.memory):
@@ -165,6 +166,7 @@ class SparseReducer(Reducer):
             if (verdict and verdict[0]) or ops.all_finite(flat):  # unknown, or finite values overflowed
                 return vals, idx, n
             self.memory.rollback(ops, bucket.name, rnd.step)
+            self.compressor.rollback(bucket.name, rnd.step)
             finite = False
         else:
             finite = ops.all_finite(flat)
@@ -215,6 +217,7 @@ class SparseReducer(Reducer):
         finite = pending.finite if pending is not None and pending.finite is not None else ctx.ops.all_finite(out)
         if not finite:
             self.memory.rollback(ctx.ops, bucket.name, rnd.step)
+            self.compressor.rollback(bucket.name, rnd.step)
 
     @property
     def density(self) -> float | None:
