@@ -155,7 +155,7 @@ class SparseReducer(Reducer):
         flat = prescaled(flat, ctx)
         n = ops.numel(flat)
         self.memory.snapshot(ops, bucket.name, flat, rnd.step)
-        self.compressor.snapshot(bucket.name, rnd.step)
+        self.compressor.snapshot(bucket.name, rnd.step)  # threshold reuse's state, beside the memory's
         k = self.compressor.k_for(n, bucket, rnd.step)
         whole = self.dense_when_full and k >= n
         if not whole and folds_finite(self.compressor, self.memory):
@@ -165,8 +165,7 @@ class SparseReducer(Reducer):
             vals, idx = select_with_memory(self.compressor, self.memory, ops, bucket, rnd.step, flat, verdict)
             if (verdict and verdict[0]) or ops.all_finite(flat):  # unknown, or finite values overflowed
                 return vals, idx, n
-            self.memory.rollback(ops, bucket.name, rnd.step)
-            self.compressor.rollback(bucket.name, rnd.step)
+            self._rollback(ops, bucket.name, rnd.step)
             finite = False
         else:
             finite = ops.all_finite(flat)
@@ -216,8 +215,13 @@ class SparseReducer(Reducer):
         finiteness was decided in :meth:`finish` from the exchanged positions (:func:`scatter_result`)."""
         finite = pending.finite if pending is not None and pending.finite is not None else ctx.ops.all_finite(out)
         if not finite:
-            self.memory.rollback(ctx.ops, bucket.name, rnd.step)
-            self.compressor.rollback(bucket.name, rnd.step)
+            self._rollback(ctx.ops, bucket.name, rnd.step)
+
+    def _rollback(self, ops: Any, key: str, step: int) -> None:
+        """Round ``step`` of bucket ``key`` is skipped: the memory and the selection's state go
+        back to their snapshots (docs/wrapper.md#nonfinite)."""
+        self.memory.rollback(ops, key, step)
+        self.compressor.rollback(key, step)
 
     @property
     def density(self) -> float | None:
