@@ -7,31 +7,32 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hvd_commopt import env
+from tests.parallel.ranks import gather_rows, init_comm, require_mpirun
 
-_launch = env.detect_launch()
-if _launch.launcher not in ("openmpi", "mpich") or _launch.size < 2:
-    pytest.skip("runs under mpirun -np >= 2 (see tests/parallel/test_oktopk_mpi.py)", allow_module_level=True)
+require_mpirun("tests/parallel/test_oktopk_mpi.py")
 
-import os  # noqa: E402
-
-if os.environ.get("HVD_COMMOPT_BACKEND") in ("gloo", "nccl"):
-    import torch_plugin  # noqa: E402,F401  (registers the torch.distributed backends)
-
-import hvd_commopt as hvd  # noqa: E402
 from hvd_commopt import Compression, NumpyOps  # noqa: E402
 from hvd_commopt.fusion.sparse_scaling import hist_bins, oktopk_bytes_per_rank  # noqa: E402
 from hvd_commopt.reduce import ReduceContext  # noqa: E402
 from tests.reducers import start  # noqa: E402
 
-comm = hvd.init()
+comm = init_comm()
 P, R = comm.size, comm.rank
 ops = NumpyOps()
 
 
 def _rows(x):
-    out, _ = comm.allgather(np.ascontiguousarray(x))
-    return out.reshape(P, -1)
+    return gather_rows(comm, x)
+
+
+def _exact_topk_of_sum(I, V, n, k):
+    """The exact global top-k of the summed selections (rank order), ties to the lower index."""
+    U, S = ops.unique_sum(I, V)
+    keys = (S.view(np.int32) & 0x7FFFFFFF).astype(np.int64)
+    sel = np.sort(np.lexsort((U, -keys))[:k])
+    want = np.zeros(n, np.float32)
+    want[U[sel]] = S[sel]
+    return want
 
 
 def test_oktopk_same_result_exact_topk_residual_and_traffic():
@@ -49,13 +50,7 @@ def test_oktopk_same_result_exact_topk_residual_and_traffic():
         out = red.finish(p, ctx).copy()
         outs = _rows(out)
         assert all(np.array_equal(outs[0].view(np.int32), o.view(np.int32)) for o in outs[1:])
-        # the exact global top-k of the summed selections (rank order), ties to the lower index
-        I, V = _rows(li.astype(np.int64)).reshape(-1), _rows(lv).reshape(-1)
-        U, S = ops.unique_sum(I, V)
-        keys = (S.view(np.int32) & 0x7FFFFFFF).astype(np.int64)
-        sel = np.sort(np.lexsort((U, -keys))[:k])
-        want = np.zeros(n, np.float32)
-        want[U[sel]] = S[sel]
+        want = _exact_topk_of_sum(_rows(li.astype(np.int64)).reshape(-1), _rows(lv).reshape(-1), n, k)
         assert np.array_equal(out.view(np.int32), want.view(np.int32))
         if s % 2:  # integer data: sent summed over ranks == the result, bit for bit
             sent = _rows(acc - red.residual(ops, "b", x)).sum(axis=0)
@@ -85,24 +80,13 @@ def test_torch_oktopk_exact_global_topk_on_any_backend():
     torch.set_num_threads(1)
     tops = TorchOps()
 
-    def rows(t):
-        if comm.buffer_kind == "numpy":
-            return torch.from_numpy(_rows(t.numpy()))
-        out, _ = comm.allgather(t.contiguous())
-        return out.reshape(P, -1)
-
     n, k = 20_000, 200
     red = Compression.oktopk(k / n)
     ctx = ReduceContext(comm, tops, 1.0, 1.0)
     x = torch.from_numpy(np.random.default_rng(11 + R).standard_normal(n).astype(np.float32))
     lv, li = tops.topk_abs(x.clone(), k)
     out = red.finish(start(red, "t", x.clone(), ctx, step=0), ctx).clone()
-    outs = rows(out)
+    outs = _rows(out)
     assert all(torch.equal(outs[0].view(torch.int32), o.view(torch.int32)) for o in outs[1:])
-    I, V = rows(li.to(torch.int64)).reshape(-1).numpy(), rows(lv).reshape(-1).numpy()
-    U, S = ops.unique_sum(I, V)
-    keys = (S.view(np.int32) & 0x7FFFFFFF).astype(np.int64)
-    sel = np.sort(np.lexsort((U, -keys))[:k])
-    want = np.zeros(n, np.float32)
-    want[U[sel]] = S[sel]
+    want = _exact_topk_of_sum(_rows(li.to(torch.int64)).reshape(-1).numpy(), _rows(lv).reshape(-1).numpy(), n, k)
     assert np.array_equal(out.numpy().view(np.int32), want.view(np.int32))

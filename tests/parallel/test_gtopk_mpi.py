@@ -5,29 +5,22 @@ tests and any failing rank fails the job. Outside mpirun (or at size 1) the modu
 """
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import pytest
 
-from hvd_commopt import env
+from tests.parallel.ranks import gather_rows as _gather_rows, init_comm, require_mpirun
 
-_launch = env.detect_launch()
-if _launch.launcher not in ("openmpi", "mpich") or _launch.size < 2:
-    pytest.skip("runs under mpirun -np >= 2 (see tests/parallel/test_run_gtopk.py)", allow_module_level=True)
+require_mpirun("tests/parallel/test_run_gtopk.py")
 
-import os  # noqa: E402
-import weakref  # noqa: E402
-
-if os.environ.get("HVD_COMMOPT_BACKEND") in ("gloo", "nccl"):
-    import torch_plugin  # noqa: E402,F401  (registers the torch.distributed backends)
-
-import hvd_commopt as hvd  # noqa: E402
 from hvd_commopt import Compression, NumpyOps  # noqa: E402
 from hvd_commopt.compress.randomk import randomk_indices  # noqa: E402
 from hvd_commopt.reduce import DenseAllreduce, ReduceContext  # noqa: E402
 from hvd_commopt.reduce.gtopk import gtopk_simulate  # noqa: E402
 from tests.reducers import reduce_once, start  # noqa: E402
 
-comm = hvd.init()
+comm = init_comm()
 P, R = comm.size, comm.rank
 ops = NumpyOps()
 # NumPy tensors need a host-buffer backend (MPI); the torch tests below run on any backend.
@@ -41,9 +34,8 @@ def local_data(step, n, dtype=np.float32, integer=False, rank=R):
 
 
 def gather_rows(x):
-    """Every rank's 1-D array (same length), as a P x n array."""
-    out, counts = comm.allgather(np.ascontiguousarray(x))
-    return out.reshape(P, -1)
+    """Every rank's 1-D array or tensor (same length), as a P x n stack of the same kind."""
+    return _gather_rows(comm, x)
 
 
 _ROUNDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -190,12 +182,6 @@ def test_torch_gtopk_equals_oracle_on_any_backend(algorithm):
     torch.set_num_threads(1)
     tops = TorchOps()
 
-    def rows(t):
-        if comm.buffer_kind == "numpy":
-            return torch.from_numpy(gather_rows(t.numpy()))
-        out, _ = comm.allgather(t.contiguous())
-        return out.reshape(P, -1)
-
     n, k = 3000, 30
     red = Compression.gtopk(k / n, algorithm=algorithm)
     ctx = ReduceContext(comm, tops, 1.0, 1.0)
@@ -205,7 +191,7 @@ def test_torch_gtopk_equals_oracle_on_any_backend(algorithm):
         acc = x + (torch.zeros_like(x) if before is None else before)
         p = start(red, "b", x.clone(), ctx, step=s)
         out = red.finish(p, ctx)
-        accs = rows(acc)
+        accs = gather_rows(acc)
         leaves = [(i, v) for v, i in (tops.topk_abs(accs[r], k) for r in range(P))]
         I, V, alive = gtopk_simulate(tops, leaves, k)
         ref = torch.zeros(n).index_add_(0, I, V)
@@ -217,4 +203,4 @@ def test_torch_gtopk_equals_oracle_on_any_backend(algorithm):
             assert p.bytes_sent == gtopk_bytes(k)
         for dtype in (torch.bfloat16,):  # half-precision values on the wire (uint16 bits on hosts)
             h = reduce_once(red, "h", x.clone().to(dtype), ctx, step=s)
-            assert h.dtype == dtype and torch.equal(rows(h.float()), h.float().expand(P, n))
+            assert h.dtype == dtype and torch.equal(gather_rows(h.float()), h.float().expand(P, n))

@@ -9,22 +9,11 @@ import time
 import numpy as np
 import pytest
 
+from tests.parallel.ranks import init_tf_plugin
+
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
-pytest.importorskip("mpi4py")
-
-from hvd_commopt import env  # noqa: E402
-
-if env.detect_launch().size < 2:
-    pytest.skip("runs under mpirun -np 2 (tests/parallel/test_tf_mpi.py launches it)", allow_module_level=True)
-
-# 2 cores: one TF thread per rank (before TF's runtime starts).
-tf.config.threading.set_intra_op_parallelism_threads(1)
-tf.config.threading.set_inter_op_parallelism_threads(1)
-
-import tf_plugin as hco  # noqa: E402
-
-hco.init()
+hco = init_tf_plugin("tests/parallel/test_tf_mpi.py")  # skips outside mpirun; one TF thread per rank
 RANK, SIZE = hco.rank(), hco.size()
 from hvd_commopt import runtime  # noqa: E402
 
