@@ -370,6 +370,9 @@ def select_with_memory(compressor: Any, memory: Any, ops: Any, bucket: Any, step
     return vals, idx
 
 
+_CALL_STEPS_KEPT = 8  # rounds per bucket whose selections a rollback can still take back
+
+
 class Selection:
     """A compressor's selection mode: ``select_acc(ops, r, k, bucket, step, addend, out, finite)``
     returns ``(values, indices, acc)`` with ``acc = r + addend`` (into r where allowed, or into
@@ -383,6 +386,10 @@ class Selection:
         self.exact = ExactTopK()
         self.reuse = ReuseTopK(self.tau, self.band, self.exact) if self.mode == "threshold" else None
         self.sampled = sampled
+        # bucket -> {step: exact selections made for it}, so that a rolled-back (non-finite)
+        # round leaves no trace in the "calls" count (docs/wrapper.md#nonfinite); a few recent
+        # steps per bucket, as delayed schedules select round s+1 before round s settles
+        self._calls: dict[str, dict[int, int]] = {}
 
     @property
     def folds_finite(self) -> bool:
@@ -395,10 +402,17 @@ class Selection:
         name = bucket.name if bucket is not None else ""
         if self.mode == "sampled":
             return self.sampled(ops, r, bucket, step, addend, out, finite)
+        calls = self.exact.stats["calls"]
         if self.mode == "exact":
             res = self.exact.select(ops, r, k, addend=addend, out=out)
         else:
             res = self.reuse.select(ops, r, k, key=name, addend=addend, out=out)
+        made = self.exact.stats["calls"] - calls  # threshold reuse calls the exact selector on its own steps only
+        if made:
+            per_step = self._calls.setdefault(name, {})
+            per_step[step] = per_step.get(step, 0) + made
+            if len(per_step) > _CALL_STEPS_KEPT:
+                del per_step[min(per_step)]
         if finite is not None:
             finite.append(res.finite)
         return res.values, res.indices, res.acc
@@ -431,9 +445,15 @@ class Selection:
             self.reuse.load_state_dict(dict(state.get("thresholds", {})))
 
     def snapshot(self, key: str, step: int) -> None:
+        self._calls.get(key, {}).pop(step, None)  # the round's count starts here
         if self.reuse is not None:
             self.reuse.snapshot(key, step)
 
     def rollback(self, key: str, step: int) -> None:
+        """Round ``step`` of ``key`` was skipped: the exact selector's ``calls`` forgets its
+        selections (once: a second rollback of the same round finds none), threshold reuse's
+        threshold goes back to its snapshot. The work counters (retries, ties, ...) keep it: that
+        work was done."""
+        self.exact.stats["calls"] -= self._calls.get(key, {}).pop(step, 0)
         if self.reuse is not None:
             self.reuse.rollback(key, step)

@@ -51,7 +51,9 @@ def memory_state(red):
     return {f"{k}/{n}": np.array(t, copy=True) for k, d in sd.items() for n, t in d.items()}
 
 
-def run(P, factory, data, skip_bad_step, ops=ops):
+def run(P, factory, data, skip_bad_step, ops=ops, stats=False):
+    """Per rank: (outputs, memory) of STEPS rounds (step BAD left out if skip_bad_step), and the
+    reducer's selection statistics when ``stats``."""
     bucket = Bucket.single("b", data[0, 0].size, "float32")
 
     def body(comm):
@@ -65,7 +67,7 @@ def run(P, factory, data, skip_bad_step, ops=ops):
             outs[s] = np.array(out, copy=True)
             for k, v in memory_state(red).items():
                 assert np.isfinite(v).all(), (comm.rank, s, k)
-        return outs, memory_state(red)
+        return (outs, memory_state(red)) + ((red.stats(),) if stats else ())
     return run_ranks(P, body)
 
 
@@ -117,6 +119,32 @@ BIG = {
     "topk_thr": lambda: Compression.topk(0.01, selection="threshold"),
     "dgc_thr": lambda: Compression.dgc(0.01, momentum=0.9, selection="threshold"),
 }
+
+
+EXACT_CALLS = {  # (factory, bucket size, one exact selection a round)
+    "topk": (FACTORIES["topk"], N, True), "gtopk": (FACTORIES["gtopk"], N, True),
+    "topk_big": (BIG["topk_exact"], 50_000, True), "dgc_exact_big": (BIG["dgc_exact"], 50_000, True),
+    "topk_thr_big": (BIG["topk_thr"], 50_000, False), "dgc_thr_big": (BIG["dgc_thr"], 50_000, False),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(EXACT_CALLS))
+def test_skipped_step_is_not_counted_in_the_exact_selection_calls(kind):
+    """The exact selector's "calls" counts the rounds that took effect: the rolled-back round
+    (locally non-finite on rank 0, after the exchange on rank 1) is taken back."""
+    factory, n, every_round = EXACT_CALLS[kind]
+    P = 2
+    data = grads(P, np.inf, n)
+    with pytest.warns(RuntimeWarning, match="holds NaN or Inf"):
+        a = run(P, factory, data, skip_bad_step=False, stats=True)
+    b = run(P, factory, data, skip_bad_step=True, stats=True)
+    for r in range(P):
+        calls_a, calls_b = a[r][2]["exact"]["calls"], b[r][2]["exact"]["calls"]
+        assert calls_a == calls_b, (r, calls_a, calls_b)
+        if every_round:
+            assert calls_a == STEPS - 1
+        else:
+            assert calls_a >= 1
 
 
 @pytest.mark.parametrize("kind", sorted(BIG))

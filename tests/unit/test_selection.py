@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from hvd_commopt import Compression, NumpyOps, run_ranks
-from hvd_commopt.compress.selection import ReuseTopK, check_selection
+from hvd_commopt.buckets import Bucket
+from hvd_commopt.compress.selection import ReuseTopK, Selection, check_selection
 from hvd_commopt.errors import ConfigError
 from hvd_commopt.reduce import ReduceContext
 from tests.reducers import start
@@ -93,6 +94,22 @@ def test_threshold_state_round_trips():
     a, b = r.select(ops, x.copy(), 500, key="b"), r2.select(ops, x.copy(), 500, key="b")
     assert np.array_equal(a.indices, b.indices) and r.stats()["b"]["last_action"] == "reuse"
     assert "compressor" in red.state_dict()
+
+
+def test_rollback_takes_back_its_own_round_once_under_a_delay():
+    """A delayed schedule selects round 1 before round 0 settles: rolling round 0 back takes back
+    round 0's exact selection only, and a second rollback of it nothing (docs/wrapper.md#nonfinite)."""
+    sel, b = Selection("exact"), Bucket.single("b", 50_000, "float32")
+    x = np.random.default_rng(0).standard_normal(50_000).astype(np.float32)
+    for step in (0, 1):
+        sel.snapshot("b", step)
+        sel.select_acc(ops, x.copy(), 500, b, step, None)
+    sel.rollback("b", 0)
+    sel.rollback("b", 0)
+    sel.rollback("other", 1)
+    assert sel.stats()["exact"]["calls"] == 1
+    sel.rollback("b", 1)
+    assert sel.stats()["exact"]["calls"] == 0
 
 
 @pytest.mark.parametrize("selection", ["exact", "threshold", "sampled"])
