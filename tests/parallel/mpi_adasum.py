@@ -6,11 +6,12 @@ import pytest
 from hvd_commopt import NumpyOps, collectives, runtime
 from hvd_commopt.reduce import Adasum
 from hvd_commopt.reduce.adasum import adasum_tree
+from tests.parallel.ranks import require_mpirun
 
 COMM = runtime.init()
 P, R = COMM.size, COMM.rank
 ops = NumpyOps()
-pytestmark = pytest.mark.skipif(P == 1, reason="needs mpirun -np >= 2")
+require_mpirun("tests/parallel/test_adasum_mpi.py")
 
 
 def adasum(v, **kw):

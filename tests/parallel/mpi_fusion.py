@@ -10,11 +10,12 @@ import torch
 
 import torch_plugin as hco
 from hvd_commopt import runtime
+from tests.parallel.ranks import require_mpirun
 
 hco.init()
 torch.set_num_threads(1)
 P, R = hco.size(), hco.rank()
-pytestmark = pytest.mark.skipif(P == 1, reason="needs mpirun -np >= 2")
+require_mpirun("tests/parallel/test_parallel_fusion.py")
 OPTS = {"warmup_steps": 1, "profile_steps": 4, "measure_steps": 3,
         "calibrate": {"repeats": 4, "warmup": 2}}
 

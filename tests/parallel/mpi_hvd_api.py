@@ -5,10 +5,12 @@ import torch
 
 import torch_plugin as hvd
 from hvd_commopt.errors import RankMismatchError
+from tests.parallel.ranks import require_mpirun
 
 hvd.init()
 torch.set_num_threads(1)
 R, P = hvd.rank(), hvd.size()
+require_mpirun("tests/parallel/test_hvd_api_mpi.py")
 
 
 def test_mismatched_shapes_dtypes_roots_raise_on_every_rank():

@@ -9,11 +9,12 @@ import torch
 
 import torch_plugin as hco
 from hvd_commopt import Compression
+from tests.parallel.ranks import require_mpirun
 
 hco.init()
 torch.set_num_threads(1)
 P, R = hco.size(), hco.rank()
-pytestmark = pytest.mark.skipif(P == 1, reason="needs mpirun -np >= 2")
+require_mpirun("tests/parallel/test_reliability.py")
 
 
 def make_model():

@@ -14,11 +14,12 @@ from hvd_commopt.compress import ErrorFeedback, TernaryCompressor
 from hvd_commopt.reduce import DenseAllreduce
 from hvd_commopt.reduce.base import ReduceContext
 from tests.reducers import start
+from tests.parallel.ranks import require_mpirun
 
 hco.init()
 torch.set_num_threads(1)
 P, R = hco.size(), hco.rank()
-pytestmark = pytest.mark.skipif(P == 1, reason="needs mpirun -np >= 2")
+require_mpirun("tests/parallel/test_parallel_schedules.py")
 POW2 = P & (P - 1) == 0
 
 

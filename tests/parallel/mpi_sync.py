@@ -7,11 +7,12 @@ import pytest
 import torch
 
 import torch_plugin as hco
+from tests.parallel.ranks import require_mpirun
 
 hco.init()
 torch.set_num_threads(1)
 P, R = hco.size(), hco.rank()
-pytestmark = pytest.mark.skipif(P == 1, reason="needs mpirun -np >= 2")
+require_mpirun("tests/parallel/test_parallel_sync.py")
 
 
 def make_model(hidden=16):
