@@ -2,8 +2,9 @@
 
 launch.py is the launching side (the pytest process that starts ``mpirun``); this module is what
 every rank imports: the guard that skips a rank-side module outside ``mpirun``, the core
-communicator on the backend the wrapper asked for (or tf_plugin, initialised), and the allgather of every rank's rows that
-the oracles compare against. It imports neither torch nor the adapters unless asked to.
+communicator on the backend the wrapper asked for (or tf_plugin, initialised), and the allgather
+of every rank's rows that the oracles compare against. It imports neither torch nor the adapters
+unless asked to.
 """
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ from hvd_commopt import env
 def require_mpirun(launched_by: str, min_size: int = 2) -> None:
     """Skip the calling module (at import) unless it runs under ``mpirun -np >= min_size``.
 
-    Collected on its own (no launcher, size 1) a rank-side module has nothing to check; ``launched_by``
-    names the wrapper test that runs it under ``mpirun``, for the skip message.
+    Collected on its own (no launcher, size 1) a rank-side module has nothing to check;
+    ``launched_by`` names the wrapper test that runs it under ``mpirun``, for the skip message.
     """
     launch = env.detect_launch()
     if launch.launcher not in ("openmpi", "mpich") or launch.size < min_size:
@@ -56,7 +57,8 @@ def init_tf_plugin(launched_by: str):
 
 
 def gather_rows(comm, x):
-    """Every rank's 1-D array or tensor (same length on every rank) as a ``size x n`` stack, rank order.
+    """Every rank's 1-D array or tensor (same length on every rank), as a ``size x n`` stack in
+    rank order.
 
     A NumPy array comes back as a NumPy array, a torch tensor as a torch tensor: over a host-buffer
     backend (mpi) the tensor crosses as its NumPy view, over a native one (Gloo) as itself.
