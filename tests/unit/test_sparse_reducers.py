@@ -299,7 +299,7 @@ SPECS = [TensorSpec("w1", (40, 25), "float32"), TensorSpec("b1", (3,), "float32"
 
 class SpyTopK(SparseAllgather):
     def __init__(self, log, density):
-        super().__init__(TopKCompressor(density))
+        super().__init__(TopKCompressor(density, dense_1d=False))  # b1 selected too, as the LAGS paper does
         self.log = log
 
     def start(self, bucket, rnd, flat, ctx):
@@ -344,8 +344,8 @@ def test_lags_per_layer_buckets_pipelined_from_hooks_with_per_layer_density():
             assert np.array_equal(results[r][1][s.name].reshape(-1), ref)
 
 
-@pytest.mark.parametrize("factory", [lambda: Compression.gtopk(0.01, momentum_correction=False),
-                                     lambda: Compression.topk(0.01, momentum_correction=False)])
+@pytest.mark.parametrize("factory", [lambda: Compression.gtopk(0.01, momentum_correction=False, dense_1d=False),
+                                     lambda: Compression.topk(0.01, momentum_correction=False, dense_1d=False)])
 def test_whole_model_single_bucket_is_global_topk(factory):
     P = 3
     grads = {(r, s.name): np.random.default_rng(r * 10 + i).standard_normal(s.numel).astype(np.float32)
