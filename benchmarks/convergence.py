@@ -123,7 +123,7 @@ def variant_kwargs(name: str, steps_per_epoch: int, warmup: int) -> dict:
         "lags": lambda: {"compression": Compression.topk(d), "fusion_threshold": 0},
         "lags_nocorr": lambda: {"compression": Compression.topk(d, momentum_correction=False),
                                 "fusion_threshold": 0},
-        "lags_floor": lambda: {"compression": Compression.topk(d, min_k=16), "fusion_threshold": 0},
+        "lags_k1": lambda: {"compression": Compression.topk(d, min_k=1), "fusion_threshold": 0},
         "omgs": lambda: {"compression": Compression.topk(d), "fusion": "mgwfbp",
                          "fusion_options": {"warmup_steps": 1, "profile_steps": 3, "measure_steps": 0}},
         "dgc": lambda: {"compression": Compression.dgc(d, steps_per_epoch=steps_per_epoch)},

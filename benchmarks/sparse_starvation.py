@@ -1,10 +1,15 @@
 """Per-tensor entries of the reduced sparse gradient per step: which layers a fused Top-k starves.
 
-    mpirun -np 4 python -m benchmarks.sparse_starvation     # rings task, Top-k 0.01, 3 epochs
+    mpirun -np 4 python -m benchmarks.sparse_starvation            # rings task, Top-k 0.01, 3 epochs
+    mpirun -np 4 python -m benchmarks.sparse_starvation --dense-1d # the default: 1-D tensors sent whole
 
 For every parameter, the mean number of non-zero entries of the reduced gradient per step and the
-share of steps in which it received none (benchmarks/README.md#convergence, 4 ranks).
+share of steps in which it received none (benchmarks/README.md#convergence, 4 ranks). Without
+``--dense-1d`` every tensor shares the bucket's one selection (``dense_1d=False``, what the
+measurement in docs/topk.md#dense-1d was taken with).
 """
+import sys
+
 import numpy as np
 import torch
 
@@ -20,7 +25,7 @@ X, Y = torch.from_numpy(xtr[mine]), torch.from_numpy(ytr[mine])
 torch.manual_seed(0)
 model = cls()
 opt = hco.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-                               named_parameters=model.named_parameters(), compression=Compression.topk(0.01))
+                               named_parameters=model.named_parameters(), compression=Compression.topk(0.01, dense_1d="--dense-1d" in sys.argv))
 names = [n for n, _ in model.named_parameters()]
 cnt: dict = {n: [] for n in names}
 steps = len(mine) // 16

@@ -11,7 +11,7 @@ flat buffer" that both the engine (gradients) and the model-averaging schedules 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from .dtypes import DTYPE_BYTES
 from .errors import ConfigError
@@ -55,6 +55,8 @@ class Bucket:
         names: member tensors, in backward order; ``offsets[i]`` is where ``names[i]`` starts.
         shapes: the members' shapes.
         numel: total elements; dtype: the members' common dtype.
+        dense: sparse reducers send this bucket whole, uncompressed (its members are the 1-D
+            tensors of a group, docs/topk.md#dense-1d); dense reducers ignore it.
     """
 
     index: int
@@ -64,9 +66,10 @@ class Bucket:
     offsets: tuple[int, ...]
     numel: int
     dtype: str
+    dense: bool = False
 
     @classmethod
-    def of(cls, index: int, members: Sequence[TensorSpec], name: str | None = None) -> Bucket:
+    def of(cls, index: int, members: Sequence[TensorSpec], name: str | None = None, dense: bool = False) -> Bucket:
         """A bucket of ``members`` (in that order), named like the engine's buckets by default."""
         if not members:
             raise ConfigError("internal: a bucket needs at least one tensor")
@@ -77,7 +80,7 @@ class Bucket:
         if name is None:
             name = f"bucket{index}:{members[0].name}" + (f"+{len(members) - 1}" if len(members) > 1 else "")
         return cls(index, name, tuple(s.name for s in members), tuple(tuple(s.shape) for s in members),
-                   tuple(offsets), off, members[0].dtype)
+                   tuple(offsets), off, members[0].dtype, bool(dense))
 
     @classmethod
     def single(cls, name: str, numel: int, dtype: str) -> Bucket:
@@ -113,23 +116,40 @@ class Bucket:
         return out
 
 
-def build_buckets(specs_backward: Sequence[TensorSpec], plan: Sequence[Sequence[int]]) -> list[Bucket]:
+def build_buckets(specs_backward: Sequence[TensorSpec], plan: Sequence[Sequence[int]],
+                  keeps_dense: Callable[[TensorSpec], bool] | None = None) -> list[Bucket]:
     """Turn a plan (groups of positions in backward order) into buckets.
 
     A group whose members have different dtypes is split at each dtype change, because one
     flat buffer holds one dtype; the split keeps the order, so every rank splits identically.
+    With ``keeps_dense`` (a sparse reducer's :meth:`~hvd_commopt.reduce.base.Reducer.keeps_dense`),
+    the members it names leave their group for a bucket of their own, marked ``dense``: 1-D
+    tensors sent uncompressed instead of sharing one selection with the matrices
+    (docs/topk.md#dense-1d). Of a group's two parts, the one whose last gradient arrives first
+    launches first; both keep the members' backward order.
     """
     buckets: list[Bucket] = []
-    for group in plan:
+
+    def add(part: Sequence[int], dense: bool) -> None:
         run: list[TensorSpec] = []
-        for pos in group:
+        for pos in part:
             s = specs_backward[pos]
             if run and run[-1].dtype != s.dtype:
-                buckets.append(Bucket.of(len(buckets), run))
+                buckets.append(Bucket.of(len(buckets), run, dense=dense))
                 run = []
             run.append(s)
         if run:
-            buckets.append(Bucket.of(len(buckets), run))
+            buckets.append(Bucket.of(len(buckets), run, dense=dense))
+
+    for group in plan:
+        if keeps_dense is None:
+            add(group, False)
+            continue
+        dense = [pos for pos in group if keeps_dense(specs_backward[pos])]
+        sparse = [pos for pos in group if not keeps_dense(specs_backward[pos])]
+        parts = sorted(((p, p is dense) for p in (sparse, dense) if p), key=lambda pd: max(pd[0]))
+        for part, is_dense in parts:
+            add(part, is_dense)
     if sum(len(b.names) for b in buckets) != len(specs_backward):
         raise ConfigError("internal: the plan does not cover every tensor exactly once")
     return buckets

@@ -57,8 +57,9 @@ class Compression:
 
     @staticmethod
     def topk(density: Density = 0.001, error_feedback: bool = True, index_dtype: str | None = None,
-             momentum_correction: bool | None = None, momentum_masking: bool = True, min_k: int = 1,
-             nonfinite: str = "skip", selection: str = "exact", tau: int = 16, band: float = 0.2) -> SparseAllgather:
+             momentum_correction: bool | None = None, momentum_masking: bool = True, min_k: int = 16,
+             nonfinite: str = "skip", selection: str = "exact", tau: int = 16, band: float = 0.2,
+             dense_1d: bool = True) -> SparseAllgather:
         """Top-k S-SGD (docs/topk.md#update-rule): exact top-k per bucket, allgather of (values, indices).
 
         Args:
@@ -70,22 +71,26 @@ class Compression:
                 selection, as DGC does (docs/topk.md#momentum-correction); the optimizer then runs
                 without momentum. None (default) = on with error feedback.
             momentum_masking: with correction, zero the momentum where values were sent.
-            min_k: the fewest elements any bucket sends (docs/topk.md#density-floor): with one
-                bucket per layer (LAGS) it keeps small layers from starving.
+            min_k: the fewest elements any bucket sends (docs/topk.md#density-floor), 16 by
+                default (the reference rule is 1): with one bucket per layer (LAGS) it keeps small
+                layers from starving (docs/lags-omgs.md#lags-starvation).
             nonfinite: "skip" or "raise", for a NaN/Inf gradient (docs/wrapper.md#nonfinite; every
                 constructor below takes it too).
             selection: "exact" (bit-identical to the reference top-k), "threshold" (Ok-Topk's
                 threshold reuse: exact every ``tau`` steps, the count kept within
                 ``k·(1 ± band)``; drift in ``reducer.stats()``) or "sampled" (DGC's sampled
                 threshold); docs/selection.md.
+            dense_1d: send 1-D tensors (biases, normalisation scales and shifts) whole, in buckets
+                of their own, as DGC's and PowerSGD's reference code do; False selects them with
+                the matrices (docs/topk.md#dense-1d; every sparse constructor below takes it).
         """
-        return SparseAllgather(TopKCompressor(density, selection, tau, band, min_k=min_k),
+        return SparseAllgather(TopKCompressor(density, selection, tau, band, min_k=min_k, dense_1d=dense_1d),
                                _memory(error_feedback, momentum_correction, momentum_masking, nonfinite), index_dtype)
 
     @staticmethod
     def randomk(density: Density = 0.001, seed: int = 0, error_feedback: bool = True,
-                momentum_correction: bool | None = None, momentum_masking: bool = True, min_k: int = 1,
-                unbiased: bool = False, nonfinite: str = "skip") -> SparseAllgather:
+                momentum_correction: bool | None = None, momentum_masking: bool = True, min_k: int = 16,
+                unbiased: bool = False, nonfinite: str = "skip", dense_1d: bool = True) -> SparseAllgather:
         """Random-k with a seed shared by all ranks: the same k indices everywhere, so the k
         values are allreduced (no indices sent). ``seed`` must be equal on every rank.
 
@@ -97,7 +102,7 @@ class Compression:
             raise ConfigError("unbiased random-k scales the sent values by n/k, an estimate of the whole "
                               "gradient; error feedback would send the rest again later. Pass "
                               "error_feedback=False with unbiased=True")
-        return SparseAllgather(RandomKCompressor(density, seed, min_k, unbiased),
+        return SparseAllgather(RandomKCompressor(density, seed, min_k, unbiased, dense_1d),
                                _memory(error_feedback, momentum_correction, momentum_masking, nonfinite))
 
     @staticmethod
@@ -106,7 +111,7 @@ class Compression:
             warmup_epochs: int = 0, warmup_coeff: float | Sequence[float] | None = None,
             steps_per_epoch: int | None = None, seed: int = 0,
             index_dtype: str | None = None, nonfinite: str = "skip", selection: str = "sampled", tau: int = 16,
-            band: float = 0.2) -> SparseAllgather:
+            band: float = 0.2, dense_1d: bool = True) -> SparseAllgather:
         """Deep Gradient Compression (docs/dgc.md#update-rule): sampled threshold, momentum correction and
         factor masking, optional local clipping, sparsity warm-up.
 
@@ -120,7 +125,7 @@ class Compression:
         """
         comp = DGCCompressor(density, sample_ratio=sample_ratio, warmup_epochs=warmup_epochs,
                              warmup_coeff=warmup_coeff, steps_per_epoch=steps_per_epoch, seed=seed,
-                             selection=selection, tau=tau, band=band)
+                             selection=selection, tau=tau, band=band, dense_1d=dense_1d)
         mem = DGCMemory(momentum=momentum, nesterov=nesterov, momentum_masking=momentum_masking,
                         clip_norm=clip_norm, nonfinite=nonfinite)
         return SparseAllgather(comp, mem, index_dtype)
@@ -128,24 +133,25 @@ class Compression:
     @staticmethod
     def gtopk(density: Density = 0.001, error_feedback: bool = True, index_dtype: str | None = None,
               algorithm: str = "recursive_doubling", momentum_correction: bool | None = None,
-              momentum_masking: bool = True, min_k: int = 1, nonfinite: str = "skip") -> GTopK:
+              momentum_masking: bool = True, min_k: int = 16, nonfinite: str = "skip", dense_1d: bool = True) -> GTopK:
         """gTop-k S-SGD (docs/gtopk.md#gtopk): global top-k by recursive doubling, O(k log P) traffic, for
         any number of ranks; dropped local values return to the residual (the velocity, with
         momentum correction). ``momentum_correction``, ``momentum_masking`` and ``min_k`` as
         :meth:`topk`'s."""
         return GTopK(density, error_feedback=error_feedback, index_dtype=index_dtype, algorithm=algorithm,
-                     memory=_memory(error_feedback, momentum_correction, momentum_masking, nonfinite), min_k=min_k)
+                     memory=_memory(error_feedback, momentum_correction, momentum_masking, nonfinite), min_k=min_k,
+                     dense_1d=dense_1d)
 
     @staticmethod
     def oktopk(density: Density = 0.001, error_feedback: bool = True, index_dtype: str | None = None,
                selection: str = "exact", tau: int = 16, band: float = 0.2, rebalance: int = 16,
-               momentum_correction: bool | None = None, momentum_masking: bool = True, min_k: int = 1,
-               nonfinite: str = "skip") -> OkTopK:
+               momentum_correction: bool | None = None, momentum_masking: bool = True, min_k: int = 16,
+               nonfinite: str = "skip", dense_1d: bool = True) -> OkTopK:
         """Ok-Topk (docs/oktopk.md#oktopk): O(k) sparse allreduce, split-and-reduce over P load-balanced
         regions, the exact global top-k, a balanced allgatherv; every rank gets the same k
         entries, dropped local values return to the residual (the velocity, with momentum
         correction). ``rebalance``: steps between recomputations of the region cuts;
         ``selection``/``tau``/``band``: the local selection; the rest as :meth:`topk`'s."""
         return OkTopK(density, error_feedback=error_feedback, index_dtype=index_dtype, selection=selection,
-                      tau=tau, band=band, rebalance=rebalance, min_k=min_k,
+                      tau=tau, band=band, rebalance=rebalance, min_k=min_k, dense_1d=dense_1d,
                       memory=_memory(error_feedback, momentum_correction, momentum_masking, nonfinite))

@@ -90,8 +90,9 @@ class DGCCompressor(SparseCompressor):
                  compress_upper_bound: float = 1.3, compress_lower_bound: float = 0.8,
                  max_adaptation_iters: int = 10, resample: bool = True, warmup_epochs: int = 0,
                  warmup_coeff: float | Sequence[float] | None = None, steps_per_epoch: int | None = None,
-                 seed: int = 0, selection: str = "sampled", tau: int = 16, band: float = 0.2):
-        super().__init__(density)
+                 seed: int = 0, selection: str = "sampled", tau: int = 16, band: float = 0.2,
+                 dense_1d: bool = True):
+        super().__init__(density, 1, dense_1d)
         self.selection = Selection(selection, tau, band, sampled=self.sampled_select)
         self.sample_ratio = min(max(float(sample_ratio), 0.01), 1.0)
         self.strided_sample = bool(strided_sample)
@@ -132,9 +133,9 @@ class DGCCompressor(SparseCompressor):
         base = self.density(bucket, numel)
         return warmup_ratio(base, self.epoch(step), self.warmup_epochs, self.warmup_coeff)
 
-    def k_for(self, numel: int, bucket: Bucket | None = None, step: int = 0) -> int:
+    def count(self, numel: int, bucket: Bucket | None, step: int) -> int:
         """DGC's ``num_selects = ceil(numel * ratio)``."""
-        return min(max(int(math.ceil(numel * self.ratio(bucket, numel, step))), 1), numel) if numel else 0
+        return int(math.ceil(numel * self.ratio(bucket, numel, step)))
 
     def sampling(self, numel: int, ratio: float) -> tuple[int, int, int]:
         """(sample_stride, num_samples, top_k_samples) as ``DGCCompressor.initialize`` computes them."""

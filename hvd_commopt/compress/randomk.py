@@ -62,8 +62,9 @@ class RandomKCompressor(SparseCompressor):
     name = "randomk"
     collective = "allreduce"
 
-    def __init__(self, density: Density = 0.001, seed: int = 0, min_k: int = 1, unbiased: bool = False):
-        super().__init__(density, min_k)
+    def __init__(self, density: Density = 0.001, seed: int = 0, min_k: int = 1, unbiased: bool = False,
+                 dense_1d: bool = True):
+        super().__init__(density, min_k, dense_1d)
         self.seed = int(seed)
         self.unbiased = bool(unbiased)
 

@@ -9,6 +9,9 @@ Choices:
   always: a layer smaller than ``1/density`` still sends ``min_k`` elements (1 by default), and a
   bucket never asks for more than it has. ``min_k`` is the per-layer floor that keeps LAGS's small
   layers from starving (docs/topk.md#density-floor).
+* ``dense_1d`` (default on): 1-D tensors (biases, normalisation scales and shifts) are sent whole,
+  in buckets of their own, as DGC's and PowerSGD's reference code do; inside a fused bucket they
+  got about one entry per step at 4 ranks (docs/topk.md#dense-1d).
 * Selection is ``TensorOps.topk_abs``: ties go to the lower index and indices come out ascending,
   identical on every rank and in every framework (docs/wrapper.md#topk-ties; gTop-k relies on it).
 * A selector never communicates and keeps no state (GRACE's lesson): error feedback lives in
@@ -119,15 +122,28 @@ class SparseCompressor:
     collective = "sparse"
     name = "abstract"
 
-    def __init__(self, density: Density = 0.001, min_k: int = 1):
+    def __init__(self, density: Density = 0.001, min_k: int = 1, dense_1d: bool = True):
         self.density = DensitySpec(density)
         if isinstance(min_k, bool) or not isinstance(min_k, int) or min_k < 1:
             raise ConfigError(f"min_k must be an integer >= 1 (the fewest elements a bucket sends), got {min_k!r}")
         self.min_k = int(min_k)
+        if not isinstance(dense_1d, bool):
+            raise ConfigError(f"dense_1d must be True (send 1-D tensors such as biases and norm scales "
+                              f"uncompressed) or False (select them with the matrices), got {dense_1d!r}")
+        self.dense_1d = dense_1d
 
     def k_for(self, numel: int, bucket: Bucket | None = None, step: int = 0) -> int:
-        """Elements to send from ``numel`` elements: ``min(max(int(numel*density), min_k), numel)``."""
-        return min(max(int(numel * self.density(bucket, numel)), self.min_k), numel) if numel > 0 else 0
+        """Elements to send from ``numel`` elements: all of a ``dense`` bucket's (its 1-D tensors,
+        docs/topk.md#dense-1d), else ``min(max(count, min_k), numel)`` with :meth:`count`."""
+        if numel <= 0:
+            return 0
+        if bucket is not None and bucket.dense:
+            return numel
+        return min(max(self.count(numel, bucket, step), self.min_k), numel)
+
+    def count(self, numel: int, bucket: Bucket | None, step: int) -> int:
+        """The density's count before the floor: ``int(numel*density)``."""
+        return int(numel * self.density(bucket, numel))
 
     def select(self, ops: TensorOps, acc: Any, bucket: Bucket | None = None, step: int = 0) -> tuple[Any, Any]:
         """(values, int64 indices ascending) to send from the flat ``acc``; never modifies acc."""
@@ -135,7 +151,7 @@ class SparseCompressor:
 
     def config(self) -> dict:
         """The configuration, as plain values: compared across ranks (they must agree)."""
-        return {"name": self.name, "density": self.density.config(), "min_k": self.min_k}
+        return {"name": self.name, "density": self.density.config(), "min_k": self.min_k, "dense_1d": self.dense_1d}
 
     def state_dict(self) -> dict:
         return {}
@@ -175,8 +191,8 @@ class TopKCompressor(SparseCompressor):
     name = "topk"
 
     def __init__(self, density: Density = 0.001, selection: str = "exact", tau: int = 16, band: float = 0.2,
-                 min_k: int = 1):
-        super().__init__(density, min_k)
+                 min_k: int = 1, dense_1d: bool = True):
+        super().__init__(density, min_k, dense_1d)
         self.selection = Selection(selection, tau, band, sampled=self._sampled)
         self._dgc = None
 

@@ -209,7 +209,7 @@ class CommEngine:
         self._backward = [by_name[n] for n in order]
         plan = self.tuner.initial_plan(order, [s.nbytes for s in self._backward], plan)
         validate_plan(plan, len(self._backward))
-        verify_same_settings(self.comm, engine_settings(self, plan, build_buckets(self._backward, plan)),
+        verify_same_settings(self.comm, engine_settings(self, plan, self._build_buckets(plan)),
                              derived=DERIVED)
         self.set_plan(plan)
 
@@ -224,7 +224,7 @@ class CommEngine:
                 self.scheduler.drain()  # earlier rounds use the old layout; draining is value-neutral
             old = getattr(self, "_buckets", None)
             self.plan = [list(g) for g in plan]
-            self._buckets = build_buckets(self._backward, self.plan)
+            self._buckets = self._build_buckets(self.plan)
             if old and [b.name for b in old] != [b.name for b in self._buckets]:
                 # residuals/velocities are keyed by bucket: move them (docs/lags-omgs.md#replan-residuals)
                 state, moved = relayout_state(self.ops, self.reducer.state_dict(), old, self._buckets)
@@ -233,6 +233,10 @@ class CommEngine:
             self._bucket_of = {n: b for b in self._buckets for n in b.names}
             self._pool = []
             self._reset_step()
+
+    def _build_buckets(self, plan: Sequence[Sequence[int]]) -> list[Bucket]:
+        # a sparse reducer sends 1-D tensors whole, in buckets of their own (docs/topk.md#dense-1d)
+        return build_buckets(self._backward, plan, getattr(self.reducer, "keeps_dense", None))
 
     @property
     def backward_names(self) -> list[str]:
@@ -360,10 +364,15 @@ class CommEngine:
         t0 = time.perf_counter()
         out: dict[str, Any] = {}
         stats = StepStats(step=rnd.step)
+        finite: list[Bucket] = []
+        skipped = False
         for b in self._buckets:
             pending = rnd.pending.pop(b.index)
             flat = rnd.reducer.finish(pending, self.ctx)
-            rnd.reducer.settle(b, rnd.info, flat, self.ctx, pending)  # NaN/Inf: memory rolled back
+            if rnd.reducer.settle(b, rnd.info, flat, self.ctx, pending):  # NaN/Inf: memory rolled back
+                finite.append(b)
+            else:
+                skipped = True
             out.update(b.views(self.ops, flat))
             comm_s = sum(h.comm_seconds for h in pending.handles)
             stats.per_bucket[b.name] = {"bytes_sent": pending.bytes_sent,
@@ -372,6 +381,9 @@ class CommEngine:
             stats.bytes_sent += pending.bytes_sent
             stats.bytes_received += pending.bytes_received
             stats.comm_seconds += comm_s
+        if skipped:  # the step is skipped whole: no bucket's memory keeps it (docs/wrapper.md#nonfinite-step)
+            for b in finite:
+                rnd.reducer.rollback(b, rnd.info, self.ctx)
         stats.wait_seconds = time.perf_counter() - t0
         _timeline.complete(f"wait round {rnd.step}", "wait", t0, t0 + stats.wait_seconds)
         self.last_stats = stats

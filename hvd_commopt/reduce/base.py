@@ -139,10 +139,22 @@ class Reducer(abc.ABC):
         return out
 
     def settle(self, bucket: Bucket, rnd: RoundInfo, out: Any, ctx: ReduceContext,
-               pending: Pending | None = None) -> None:
+               pending: Pending | None = None) -> bool:
         """Called with the reduced result ``out`` of a finished round and its finished ``pending``
         (the engine does it): a reducer with a memory rolls it back when ``out`` is not finite
-        (docs/wrapper.md#nonfinite); ``pending.finite``, when ``finish`` set it, is that verdict."""
+        (docs/wrapper.md#nonfinite); ``pending.finite``, when ``finish`` set it, is that verdict.
+        Returns False when the bucket was rolled back (True: finite, or no memory to roll back)."""
+        return True
+
+    def rollback(self, bucket: Bucket, rnd: RoundInfo, ctx: ReduceContext) -> None:
+        """A *finite* bucket's round is skipped because another bucket of the same step was not
+        finite (a loss scaler then skips the whole step): its memory goes back to the snapshot
+        too, so the skipped step leaves no trace anywhere (docs/wrapper.md#nonfinite-step)."""
+
+    def keeps_dense(self, spec: Any) -> bool:
+        """Whether tensor ``spec`` (a :class:`~hvd_commopt.buckets.TensorSpec`) leaves its fusion
+        group for a bucket sent uncompressed (docs/topk.md#dense-1d): never, for dense reducers."""
+        return False
 
     def config(self) -> dict:
         """The configuration as plain values (kind, compressor, density, seed, ...): ranks must

@@ -90,8 +90,14 @@ class DenseAllreduce(Reducer):
         return out
 
     def settle(self, bucket: Bucket, rnd: RoundInfo, out: Any, ctx: ReduceContext,
-               pending: Pending | None = None) -> None:
+               pending: Pending | None = None) -> bool:
         if self.memory is not None and not ctx.ops.all_finite(out):
+            self.memory.rollback(ctx.ops, bucket.name, rnd.step)
+            return False
+        return True
+
+    def rollback(self, bucket: Bucket, rnd: RoundInfo, ctx: ReduceContext) -> None:
+        if self.memory is not None:
             self.memory.rollback(ctx.ops, bucket.name, rnd.step)
 
     def config(self) -> dict:

@@ -207,6 +207,7 @@ class GTopK(SparseReducer):
         error_feedback: keep unsent and dropped values in a residual (default True).
         memory: another memory instead (``DGCMemory``: momentum correction, docs/topk.md#momentum-correction).
         min_k: the fewest elements a bucket sends (docs/topk.md#density-floor).
+        dense_1d: send 1-D tensors whole, in buckets of their own (docs/topk.md#dense-1d).
         index_dtype: "int32", "int64" or None (int32 when it can hold every index).
         algorithm: "recursive_doubling" (default) or "allgather" (oracle/fallback, O(kP)).
         dense_when_full: density 1 buckets use a dense allreduce.
@@ -221,10 +222,10 @@ class GTopK(SparseReducer):
 
     def __init__(self, density: Density = 0.001, error_feedback: bool = True, index_dtype: str | None = None,
                  algorithm: str = "recursive_doubling", dense_when_full: bool = True, memory: Memory | None = None,
-                 min_k: int = 1):
+                 min_k: int = 1, dense_1d: bool = True):
         if algorithm not in ALGORITHMS:
             raise ConfigError(f"gTop-k algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
-        super().__init__(TopKCompressor(density, min_k=min_k), memory if memory is not None else ErrorFeedback(error_feedback),
+        super().__init__(TopKCompressor(density, min_k=min_k, dense_1d=dense_1d), memory if memory is not None else ErrorFeedback(error_feedback),
                          index_dtype, dense_when_full)
         self.algorithm = algorithm
 

@@ -186,17 +186,19 @@ class OkTopK(SparseReducer):
         memory: another memory instead of error feedback (momentum correction,
             docs/topk.md#momentum-correction).
         min_k: the fewest elements any bucket sends (docs/topk.md#density-floor).
+        dense_1d: send 1-D tensors whole, in buckets of their own (docs/topk.md#dense-1d).
     """
 
     name = "oktopk"
 
     def __init__(self, density: Density = 0.001, error_feedback: bool = True, index_dtype: str | None = None,
                  selection: str = "exact", tau: int = 16, band: float = 0.2, rebalance: int = 16,
-                 dense_when_full: bool = True, memory: Memory | None = None, min_k: int = 1):
+                 dense_when_full: bool = True, memory: Memory | None = None, min_k: int = 1,
+                 dense_1d: bool = True):
         if isinstance(rebalance, bool) or not isinstance(rebalance, int) or rebalance < 1:
             raise ConfigError(f"rebalance must be an integer >= 1 (steps between region load balancing), got "
                               f"{rebalance!r}; use 1 to rebalance every step")
-        super().__init__(TopKCompressor(density, selection, tau, band, min_k=min_k),
+        super().__init__(TopKCompressor(density, selection, tau, band, min_k=min_k, dense_1d=dense_1d),
                          memory if memory is not None else ErrorFeedback(error_feedback), index_dtype, dense_when_full)
         self.rebalance = rebalance
         self.last_info: dict[str, dict] = {}  # bucket -> what this rank sent in its last exchange

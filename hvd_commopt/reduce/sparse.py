@@ -148,6 +148,12 @@ class SparseReducer(Reducer):
         self.index_dtype = index_dtype
         self.dense_when_full = bool(dense_when_full)
 
+    def keeps_dense(self, spec: Any) -> bool:
+        """1-D tensors (biases, normalisation scales), unless the compressor's ``dense_1d`` is off:
+        the engine gives them buckets of their own, which :meth:`select` sends whole
+        (docs/topk.md#dense-1d)."""
+        return self.compressor.dense_1d and len(spec.shape) <= 1
+
     def select(self, bucket: Bucket, rnd: RoundInfo, flat: Any, ctx: ReduceContext) -> Pending | tuple[Any, Any, int]:
         """The prologue: the bucket sent whole (a started dense :class:`Pending`) when its k is
         its size, else ``(values, indices, n)`` of this rank's selection, the memory updated."""
@@ -209,13 +215,17 @@ class SparseReducer(Reducer):
                 "index_dtype": self.index_dtype, "dense_when_full": self.dense_when_full}
 
     def settle(self, bucket: Bucket, rnd: RoundInfo, out: Any, ctx: ReduceContext,
-               pending: Pending | None = None) -> None:
+               pending: Pending | None = None) -> bool:
         """A non-finite reduced bucket (identical on every rank) rolls the memory back, so the
         skipped step leaves no trace in it (docs/wrapper.md#nonfinite). The sparse result's
         finiteness was decided in :meth:`finish` from the exchanged positions (:func:`scatter_result`)."""
         finite = pending.finite if pending is not None and pending.finite is not None else ctx.ops.all_finite(out)
         if not finite:
             self._rollback(ctx.ops, bucket.name, rnd.step)
+        return bool(finite)
+
+    def rollback(self, bucket: Bucket, rnd: RoundInfo, ctx: ReduceContext) -> None:
+        self._rollback(ctx.ops, bucket.name, rnd.step)
 
     def _rollback(self, ops: Any, key: str, step: int) -> None:
         """Round ``step`` of bucket ``key`` is skipped: the memory and the selection's state go

@@ -70,8 +70,9 @@ def test_per_layer_density_callable_is_compared_by_the_k_it_gives():
         return lambda name, numel: 0.5 if r == 1 and name.endswith("l1.w") else 0.1
     msg = _same_error_everywhere(_outcomes(2, lambda r: {"compression": Compression.topk(density(r)),
                                                          "fusion_threshold": 0}))
-    assert msg.startswith("compression k per bucket differs across ranks: rank 0: [1, 51, 6, 204]; "
-                          "rank 1: [1, 51, 6, 1024]"), msg
+    # the biases' buckets are sent whole (docs/topk.md#dense-1d): k = their size on both ranks
+    assert msg.startswith("compression k per bucket differs across ranks: rank 0: [8, 51, 64, 204]; "
+                          "rank 1: [8, 51, 64, 1024]"), msg
 
 
 def test_schedule_and_predivide_differing_backward_passes_may_differ():

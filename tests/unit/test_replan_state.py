@@ -1,5 +1,6 @@
 """OMGS/MG-WFBP re-plans move residuals into the new buckets; a plan can be pinned to a file
-(docs/lags-omgs.md#replan-residuals, docs/lags-omgs.md#pinned-plan)."""
+(docs/lags-omgs.md#replan-residuals, docs/lags-omgs.md#pinned-plan). ``min_k=1``: the small test
+layers are selected, not sent whole under the default floor (docs/topk.md#density-floor)."""
 from __future__ import annotations
 
 import json
@@ -25,9 +26,9 @@ def per_tensor(eng, key="residuals"):
 
 
 @pytest.mark.parametrize("factory, key", [
-    (lambda: Compression.topk(0.05, momentum_correction=False), "residuals"),
-    (lambda: Compression.topk(0.05), "velocities"),
-    (lambda: Compression.gtopk(0.05, momentum_correction=False), "residuals")])
+    (lambda: Compression.topk(0.05, momentum_correction=False, min_k=1), "residuals"),
+    (lambda: Compression.topk(0.05, min_k=1), "velocities"),
+    (lambda: Compression.gtopk(0.05, momentum_correction=False, min_k=1), "residuals")])
 def test_set_plan_moves_every_tensors_residual_exactly(factory, key):
     def body(comm):
         clock = Clock()
@@ -50,7 +51,7 @@ def test_set_plan_moves_every_tensors_residual_exactly(factory, key):
 def test_omgs_replan_moves_the_residuals_bit_for_bit():
     def body(comm):
         clock = Clock()
-        eng = make_engine(comm, "mgwfbp", clock, compression=Compression.topk(0.05, momentum_correction=False),
+        eng = make_engine(comm, "mgwfbp", clock, compression=Compression.topk(0.05, momentum_correction=False, min_k=1),
                           select_s=1e-9)
         seen = []
         set_plan = eng.set_plan
@@ -75,7 +76,7 @@ def test_pinned_plan_is_written_then_reused_without_profiling(tmp_path):
 
     def first(comm):
         clock = Clock()
-        eng = make_engine(comm, "mgwfbp", clock, compression=Compression.topk(0.05), select_s=1e-9,
+        eng = make_engine(comm, "mgwfbp", clock, compression=Compression.topk(0.05, min_k=1), select_s=1e-9,
                           plan_file=path)
         run_until_planned(eng, clock, FAST, comm.rank)
         return eng.plan
@@ -85,7 +86,7 @@ def test_pinned_plan_is_written_then_reused_without_profiling(tmp_path):
 
     def second(comm):
         clock = Clock()
-        eng = make_engine(comm, "mgwfbp", clock, compression=Compression.topk(0.05), select_s=1e-9,
+        eng = make_engine(comm, "mgwfbp", clock, compression=Compression.topk(0.05, min_k=1), select_s=1e-9,
                           plan_file=path)
         assert eng.plan == plan and eng.tuner.phase == "static"  # pinned from the first step
         run_step(eng, clock, SLOW, grads_for(comm.rank, 0))
@@ -116,8 +117,8 @@ def test_host_without_momentum_switch_falls_back_or_refuses_with_the_fix():
         one_step(eng, host, comm.rank, 0)
         return eng.reducer.memory.momentum
     # the default (correction not asked for): error feedback, the optimizer keeps its momentum
-    assert rr(1, body, lambda: Compression.topk(0.5)) == [0.0]
-    for factory in (lambda: Compression.topk(0.5, momentum_correction=True), lambda: Compression.dgc(0.5)):
+    assert rr(1, body, lambda: Compression.topk(0.5, min_k=1)) == [0.0]
+    for factory in (lambda: Compression.topk(0.5, momentum_correction=True, min_k=1), lambda: Compression.dgc(0.5)):
         with pytest.raises(ConfigError, match="momentum=0"):
             rr(1, body, factory)
     # without momentum on the optimizer there is nothing to switch off

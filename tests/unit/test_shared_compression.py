@@ -8,7 +8,7 @@ import pytest
 from hvd_commopt import Compression, NumpyOps, build_engine, run_ranks
 from hvd_commopt.engine import TensorSpec
 
-SPECS = [TensorSpec("w", (40,), "float32"), TensorSpec("b", (10,), "float32")]
+SPECS = [TensorSpec("w", (8, 5), "float32"), TensorSpec("b", (2, 5), "float32")]  # 2-D: one sparse bucket
 
 
 @pytest.mark.parametrize("make", [lambda: Compression.topk(0.1), lambda: Compression.gtopk(0.1),

@@ -1,5 +1,6 @@
 """Sparse compression under the delayed schedules (OD/SSD-SGD with Top-k, gTop-k, DGC, Ok-Topk;
-docs/ssd-sgd.md#sparse-delayed), on in-process ranks with NumPy tensors."""
+docs/ssd-sgd.md#sparse-delayed), on in-process ranks with NumPy tensors. ``min_k=1``: the small
+test tensors are selected, not sent whole under the default floor (docs/topk.md#density-floor)."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,11 +10,11 @@ from hvd_commopt import Compression, Schedule, run_ranks
 from tests.unit.schedule_helpers import NumpyHost, SwitchableMomentumHost, init_params, make_engine, one_step
 
 SPARSE = {
-    "topk": lambda: Compression.topk(0.2),
-    "topk_thr": lambda: Compression.topk(0.4, selection="threshold", tau=3),  # k >= 1 for the 3-element bias
-    "gtopk": lambda: Compression.gtopk(0.2),
+    "topk": lambda: Compression.topk(0.2, min_k=1),
+    "topk_thr": lambda: Compression.topk(0.4, selection="threshold", tau=3, min_k=1),  # k >= 1 for the 3-element bias
+    "gtopk": lambda: Compression.gtopk(0.2, min_k=1),
     "dgc": lambda: Compression.dgc(0.2),
-    "oktopk": lambda: Compression.oktopk(0.2),
+    "oktopk": lambda: Compression.oktopk(0.2, min_k=1),
 }
 
 
@@ -87,7 +88,7 @@ def test_error_feedback_is_exact_with_rounds_in_flight():
     checks = []
 
     def factory():
-        red = Compression.topk(0.2, momentum_correction=False)
+        red = Compression.topk(0.2, momentum_correction=False, min_k=1)
         mem = red.memory
         inner = mem.compensate_select
 
@@ -102,7 +103,7 @@ def test_error_feedback_is_exact_with_rounds_in_flight():
         mem.compensate_select = spy
         return red
     train(2, Schedule.ssd(delay=2, warmup_steps=1), factory, 6)
-    assert len(checks) == 2 * 6 * 3 and all(checks)  # ranks x steps x buckets
+    assert len(checks) == 2 * 6 * 2 and all(checks)  # ranks x steps x selected buckets (the 1-D one goes whole)
 
 
 @pytest.mark.parametrize("name", ["topk", "topk_thr", "oktopk", "dgc"])

@@ -1,5 +1,8 @@
 """Sparse reducers on in-process ranks (NumpyOps): Top-k allgather, random-k, DGC, gTop-k.
 
+The constructors are given ``min_k=1``, the reference rule ``k = max(int(n·ρ), 1)`` the expected
+values here are written in (the default floor is 16, docs/topk.md#density-floor).
+
 docs/topk.md#invariants, docs/gtopk.md#what-it-equals, docs/gtopk.md#invariants, docs/lags-omgs.md#invariants, docs/wrapper.md#degenerate-case-tests.
 """
 from __future__ import annotations
@@ -63,8 +66,8 @@ def scatter(n, idx, vals, dtype=np.float32):
 
 
 # -- density 1 equals dense (T-GT-6, docs/topk.md#invariants, docs/wrapper.md#degenerate-case-tests) ----------------------------------------
-@pytest.mark.parametrize("factory", [lambda: Compression.topk(1.0), lambda: Compression.gtopk(1.0),
-                                     lambda: Compression.randomk(1.0),
+@pytest.mark.parametrize("factory", [lambda: Compression.topk(1.0, min_k=1), lambda: Compression.gtopk(1.0, min_k=1),
+                                     lambda: Compression.randomk(1.0, min_k=1),
                                      lambda: Compression.dgc(1.0, momentum=0.0)])
 def test_density_one_equals_dense_bit_exact(factory):
     data = data_for(3, 3, 300)
@@ -102,7 +105,7 @@ def test_dgc_density_one_is_momentum_sgd_on_the_average():
 
 
 # -- P = 1 and P = 2 closed forms (T-GT-3) -----------------------------------------------------
-@pytest.mark.parametrize("factory", [lambda: Compression.topk(0.05), lambda: Compression.gtopk(0.05)])
+@pytest.mark.parametrize("factory", [lambda: Compression.topk(0.05, min_k=1), lambda: Compression.gtopk(0.05, min_k=1)])
 def test_one_rank_is_local_topk(factory):
     data = data_for(1, 3, 400)
     rec = run(1, factory, data, 3)[0]
@@ -117,7 +120,7 @@ def test_one_rank_is_local_topk(factory):
 def test_two_ranks_gtopk_is_topk_of_the_sum():
     k, n = 15, 600
     data = data_for(2, 4, n, seed=4)
-    recs = run(2, lambda: Compression.gtopk(k / n), data, 4, post="sum")
+    recs = run(2, lambda: Compression.gtopk(k / n, min_k=1), data, 4, post="sum")
     for s in range(4):
         (i0, v0), (i1, v1) = leaves_of(2, data, recs, s, k)
         x = scatter(n, i0, v0) + scatter(n, i1, v1)
@@ -131,8 +134,8 @@ def test_two_ranks_gtopk_is_topk_of_the_sum():
 def test_gtopk_equals_allgather_and_simulate_oracle(P):
     n, k, steps = 500, 12, 3
     data = data_for(P, steps, n, seed=P)
-    recs = run(P, lambda: Compression.gtopk(k / n + 1e-9), data, steps, post="sum")
-    ag = run(P, lambda: Compression.gtopk(k / n + 1e-9, algorithm="allgather"), data, steps, post="sum")
+    recs = run(P, lambda: Compression.gtopk(k / n + 1e-9, min_k=1), data, steps, post="sum")
+    ag = run(P, lambda: Compression.gtopk(k / n + 1e-9, algorithm="allgather", min_k=1), data, steps, post="sum")
     for s in range(steps):
         leaves = leaves_of(P, data, recs, s, k)
         I, V, alive = gtopk_simulate(ops, leaves, k)
@@ -154,7 +157,7 @@ def test_gtopk_conservation_of_gradient_mass_exact(P):
     """Σ_i acc_i == R + Σ_i residual_i', exactly with integer-valued float64 data (T-GT-5)."""
     n, steps = 300, 4
     data = data_for(P, steps, n, seed=10 + P, dtype=np.float64, integer=True)
-    recs = run(P, lambda: Compression.gtopk(0.03), data, steps, post="sum")
+    recs = run(P, lambda: Compression.gtopk(0.03, min_k=1), data, steps, post="sum")
     for s in range(steps):
         accs = sum(data[r, s] + recs[r][s][0] for r in range(P))
         rhs = recs[0][s][1] + sum(recs[r][s][2] for r in range(P))
@@ -164,7 +167,7 @@ def test_gtopk_conservation_of_gradient_mass_exact(P):
 def test_gtopk_conservation_fp32_tolerance():
     P, n = 6, 2000
     data = data_for(P, 3, n, seed=2)
-    recs = run(P, lambda: Compression.gtopk(0.01), data, 3, post="sum")
+    recs = run(P, lambda: Compression.gtopk(0.01, min_k=1), data, 3, post="sum")
     for s in range(3):
         accs = sum((data[r, s] + recs[r][s][0]).astype(np.float64) for r in range(P))
         rhs = recs[0][s][1].astype(np.float64) + sum(recs[r][s][2].astype(np.float64) for r in range(P))
@@ -181,8 +184,8 @@ def test_merge_is_robust_union():
     assert I.tolist() == [0, 2]  # four-way tie: the smaller indices
 
 
-@pytest.mark.parametrize("factory", [lambda: Compression.topk(0.02), lambda: Compression.gtopk(0.02),
-                                     lambda: Compression.randomk(0.02, seed=5), lambda: Compression.dgc(0.02, momentum=0.9)])
+@pytest.mark.parametrize("factory", [lambda: Compression.topk(0.02, min_k=1), lambda: Compression.gtopk(0.02, min_k=1),
+                                     lambda: Compression.randomk(0.02, seed=5, min_k=1), lambda: Compression.dgc(0.02, momentum=0.9)])
 @pytest.mark.parametrize("P", [4, 5])
 def test_all_ranks_hold_identical_results(factory, P):
     data = data_for(P, 3, 1000, seed=7)
@@ -196,7 +199,7 @@ def test_all_ranks_hold_identical_results(factory, P):
 def test_topk_allgather_is_average_of_local_topk(P):
     n, k = 800, 8
     data = data_for(P, 3, n, seed=8)
-    recs = run(P, lambda: Compression.topk(k / n), data, 3)
+    recs = run(P, lambda: Compression.topk(k / n, min_k=1), data, 3)
     for s in range(3):
         ref = np.zeros(n, np.float32)
         for r in range(P):
@@ -211,7 +214,7 @@ def test_topk_allgather_is_average_of_local_topk(P):
 def test_randomk_indices_identical_across_ranks_and_values_averaged():
     P, n, k = 4, 1000, 20
     data = data_for(P, 3, n, seed=9)
-    recs = run(P, lambda: Compression.randomk(k / n, seed=11), data, 3, name="bucket0:w")
+    recs = run(P, lambda: Compression.randomk(k / n, seed=11, min_k=1), data, 3, name="bucket0:w")
     for s in range(3):
         idx = randomk_indices(11, "bucket0:w", s, n, k)
         for r in range(P):
@@ -236,9 +239,9 @@ def test_dgc_across_ranks_sends_velocity_and_masks():
 
 
 # -- dtypes, small layers ----------------------------------------------------------------------
-@pytest.mark.parametrize("factory", [lambda: Compression.topk(0.05), lambda: Compression.gtopk(0.05),
-                                     lambda: Compression.randomk(0.05), lambda: Compression.dgc(0.05, momentum=0.9),
-                                     lambda: Compression.gtopk(1.0)])
+@pytest.mark.parametrize("factory", [lambda: Compression.topk(0.05, min_k=1), lambda: Compression.gtopk(0.05, min_k=1),
+                                     lambda: Compression.randomk(0.05, min_k=1), lambda: Compression.dgc(0.05, momentum=0.9),
+                                     lambda: Compression.gtopk(1.0, min_k=1)])
 @pytest.mark.parametrize("dtype", [np.float16, np.float64])
 def test_dtype_round_trip(factory, dtype):
     data = data_for(3, 2, 300, dtype=dtype)
@@ -251,13 +254,13 @@ def test_dtype_round_trip(factory, dtype):
 def test_layer_smaller_than_k_and_fewer_nonzeros_than_k():
     P = 3
     tiny = {(r, 0): np.array([0, 0, 3.0 * (r + 1)], np.float32) for r in range(P)}
-    for factory in (lambda: Compression.topk(0.01), lambda: Compression.gtopk(0.01)):
+    for factory in (lambda: Compression.topk(0.01, min_k=1), lambda: Compression.gtopk(0.01, min_k=1)):
         recs = run(P, factory, tiny, 1, post="sum")
         assert recs[0][0][1].tolist() == [0, 0, 18.0]           # k = max(int(3*0.01), 1) = 1
     zeros = {(r, 0): np.zeros(40, np.float32) for r in range(P)}
     sparse = {(r, 0): np.where(np.arange(40) == r, 1.0, 0.0).astype(np.float32) for r in range(P)}
     for d in (zeros, sparse):
-        recs = run(P, lambda: Compression.gtopk(0.25), d, 1, post="sum")  # k = 10 > non-zeros
+        recs = run(P, lambda: Compression.gtopk(0.25, min_k=1), d, 1, post="sum")  # k = 10 > non-zeros
         total = sum(d[r, 0] for r in range(P))
         assert np.array_equal(recs[0][0][1] + sum(recs[r][0][2] for r in range(P)), total)
         assert np.array_equal(recs[0][0][1], total)
@@ -277,11 +280,11 @@ def gtopk_bytes(P, r, k, word=8, mask=1):
 def test_traffic_formulas(P):
     n, k = 1000, 10
     data = data_for(P, 1, n)
-    topk = run(P, lambda: Compression.topk(k / n), data, 1)
-    topk64 = run(P, lambda: Compression.topk(k / n, index_dtype="int64"), data, 1)
-    gtopk = run(P, lambda: Compression.gtopk(k / n), data, 1)
-    randk = run(P, lambda: Compression.randomk(k / n), data, 1)
-    dense = run(P, lambda: Compression.topk(1.0), data, 1)
+    topk = run(P, lambda: Compression.topk(k / n, min_k=1), data, 1)
+    topk64 = run(P, lambda: Compression.topk(k / n, index_dtype="int64", min_k=1), data, 1)
+    gtopk = run(P, lambda: Compression.gtopk(k / n, min_k=1), data, 1)
+    randk = run(P, lambda: Compression.randomk(k / n, min_k=1), data, 1)
+    dense = run(P, lambda: Compression.topk(1.0, min_k=1), data, 1)
     for r in range(P):
         assert topk[r][0][3] == (P - 1) * k * (4 + 4)      # k·(value + index bytes) to each of P-1 peers
         assert topk64[r][0][3] == (P - 1) * k * (4 + 8)
@@ -299,7 +302,7 @@ SPECS = [TensorSpec("w1", (40, 25), "float32"), TensorSpec("b1", (3,), "float32"
 
 class SpyTopK(SparseAllgather):
     def __init__(self, log, density):
-        super().__init__(TopKCompressor(density))
+        super().__init__(TopKCompressor(density, dense_1d=False))  # b1 selected too, as the LAGS paper does
         self.log = log
 
     def start(self, bucket, rnd, flat, ctx):
@@ -344,8 +347,8 @@ def test_lags_per_layer_buckets_pipelined_from_hooks_with_per_layer_density():
             assert np.array_equal(results[r][1][s.name].reshape(-1), ref)
 
 
-@pytest.mark.parametrize("factory", [lambda: Compression.gtopk(0.01, momentum_correction=False),
-                                     lambda: Compression.topk(0.01, momentum_correction=False)])
+@pytest.mark.parametrize("factory", [lambda: Compression.gtopk(0.01, momentum_correction=False, dense_1d=False, min_k=1),
+                                     lambda: Compression.topk(0.01, momentum_correction=False, dense_1d=False, min_k=1)])
 def test_whole_model_single_bucket_is_global_topk(factory):
     P = 3
     grads = {(r, s.name): np.random.default_rng(r * 10 + i).standard_normal(s.numel).astype(np.float32)
@@ -372,8 +375,8 @@ def test_whole_model_single_bucket_is_global_topk(factory):
     assert res[0][1]["step"] == 2 and list(res[0][1]["ranks"][0]["reducer"]["memory"]["residuals"]) == ["bucket0:w2+2"]
 
 
-@pytest.mark.parametrize("factory", [lambda: Compression.gtopk(0.03, momentum_correction=False),
-                                     lambda: Compression.topk(0.03, momentum_correction=False)])
+@pytest.mark.parametrize("factory", [lambda: Compression.gtopk(0.03, momentum_correction=False, min_k=1),
+                                     lambda: Compression.topk(0.03, momentum_correction=False, min_k=1)])
 def test_delayed_rounds_share_bucket_state_and_conserve_mass(factory):
     """Delayed schedules name rounds ``bucket@r<step>`` and start round t+1 before finishing
     round t: state is keyed by the bucket, and no gradient mass is lost or duplicated."""

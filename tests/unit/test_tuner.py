@@ -18,7 +18,7 @@ from hvd_commopt.errors import ConfigError
 from hvd_commopt.fusion import AlphaBeta, CostModel, plan_mgwfbp, plan_optimal, plan_threshold, simulate
 
 NUMEL = [300, 20, 1000, 10, 500, 40]            # registration (forward) order
-SPECS = [TensorSpec(f"l{i}.w", (n,), "float32") for i, n in enumerate(NUMEL)]
+SPECS = [TensorSpec(f"l{i}.w", (n, 1), "float32") for i, n in enumerate(NUMEL)]  # 2-D: sparse reducers select them
 BWD_SIZES = [4 * n for n in reversed(NUMEL)]     # backward order, bytes
 COST = CostModel(AlphaBeta(1e-3, 1e-9), AlphaBeta(1e-3, 2e-9), AlphaBeta(5e-4, 1e-9), ranks=2)
 SLOW = [0.01] * len(SPECS)                       # 10 ms between gradients: nothing to merge
