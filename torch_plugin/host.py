@@ -61,10 +61,17 @@ class TorchScheduleHost:
         return {n: p.grad for n, p in self.params.items()}
 
     def set_grads(self, grads: dict[str, torch.Tensor]) -> None:
+        """``p.grad`` becomes the given tensor itself where it fits the parameter (the engine's
+        reduced gradients are views of its fusion buffer, as DDP's ``gradient_as_bucket_view``:
+        no copy; the engine does not reuse a buffer while a view of it lives,
+        docs/wrapper.md#grad-views); otherwise it is copied."""
         with torch.no_grad():
             for n, g in grads.items():
                 p = self.params[n]
-                if p.grad is None:
+                if (g.shape == p.shape and g.dtype == p.dtype and g.device == p.device
+                        and g.stride() == p.stride() and not g.requires_grad):
+                    p.grad = g
+                elif p.grad is None:
                     p.grad = g.detach().clone()
                 else:
                     p.grad.copy_(g)

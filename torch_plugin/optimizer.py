@@ -2,7 +2,8 @@
 
 The wrapper only attaches hooks and translates tensors: a post-accumulate-grad hook per
 parameter hands the gradient to :class:`hvd_commopt.engine.CommEngine`; ``step()`` calls
-``synchronize()``, copies the reduced gradients into ``p.grad`` and runs the wrapped step.
+``synchronize()``, makes the reduced gradients ``p.grad`` (views of the fusion buffers, no copy:
+docs/wrapper.md#grad-views) and runs the wrapped step.
 
 Differences from Horovod, on purpose:
 * The optimizer passed in is converted *in place* (its class becomes a dynamic subclass) and
