@@ -149,6 +149,7 @@ class CommEngine:
         self._backward: list[TensorSpec] = []
         self._buckets: list[Bucket] = []
         self._bucket_of: dict[str, Bucket] = {}
+        self._slot: dict[str, tuple[Bucket, int]] = {}  # name -> (its bucket, its offset in the buffer)
         self._lock = threading.RLock()
         self._round: Round | None = None       # the round the hooks are filling
         self._spare: list[list[Any]] = []      # per bucket: fusion buffers of released rounds, for reuse
@@ -235,6 +236,7 @@ class CommEngine:
                 if moved:
                     self.reducer.load_state_dict(state)
             self._bucket_of = {n: b for b in self._buckets for n in b.names}
+            self._slot = {n: (b, off) for b in self._buckets for n, off in zip(b.names, b.offsets)}
             self._spare = [[] for _ in self._buckets]
             self._reset_step()
 
@@ -283,27 +285,39 @@ class CommEngine:
         return self._round
 
     def grad_ready(self, name: str, tensor: Any) -> None:
-        """A gradient is ready (called from backward hooks). Packs it; launches full buckets."""
-        _timeline.instant(f"grad {name}", "backward")  # no-op unless a timeline is recording
+        """A gradient is ready (called from backward hooks). Packs it; launches full buckets.
+
+        Runs once per tensor per backward pass, so it does only what each call needs: the
+        tensor's (bucket, offset) is looked up once, the pass countdown is skipped without local
+        accumulation, and the launch loop runs only when a bucket has just completed.
+        """
+        if _timeline.active() is not None:  # the f-string costs even when nothing records
+            _timeline.instant(f"grad {name}", "backward")
         if self.tuner.recording:
             self.tuner.grad_ready(name, tensor)
         with self._lock:
-            bucket = self._bucket_of.get(name)
-            if bucket is None:
+            slot = self._slot.get(name)
+            if slot is None:
                 raise ConfigError(f"gradient for unregistered tensor {name!r}")
-            rnd = self._current_round()
+            rnd = self._round
             if rnd is None:
-                return  # e.g. CoCoD-SGD after warm-up: gradients stay local
-            if name in rnd.arrived[bucket.index]:
+                rnd = self._current_round()
+                if rnd is None:
+                    return  # e.g. CoCoD-SGD after warm-up: gradients stay local
+            bucket, offset = slot
+            arrived = rnd.arrived[bucket.index]
+            if name in arrived:
                 raise HvdCommoptError(
                     f"gradient of {name!r} was computed more than backward_passes_per_step="
                     f"{self.backward_passes_per_step} times before step(); raise "
                     f"backward_passes_per_step to accumulate gradients locally")
-            self._countdown[name] -= 1
-            if self._countdown[name] > 0:
-                return
-            self._pack(rnd, bucket, name, tensor)
-            self._launch_ready(rnd)
+            if self.backward_passes_per_step > 1:
+                self._countdown[name] -= 1
+                if self._countdown[name] > 0:
+                    return
+            self._pack(rnd, bucket, name, tensor, offset)
+            if len(arrived) == len(bucket.names):
+                self._launch_ready(rnd)
 
     def _buffer(self, bucket: Bucket, like: Any) -> Any:
         """A fusion buffer for ``bucket``: a released one that nothing else refers to any more, else
@@ -325,13 +339,15 @@ class CommEngine:
             held = [j for j in range(len(spare)) if not self.ops.exclusive(spare[j])]
             spare.pop(held[0] if held else 0)
 
-    def _pack(self, rnd: Round, bucket: Bucket, name: str, tensor: Any) -> None:
-        ops = self.ops
-        if rnd.flats[bucket.index] is None:
-            rnd.flats[bucket.index] = self._buffer(bucket, tensor)
-        i = bucket.names.index(name)
-        rnd.flats[bucket.index] = ops.copy_into(rnd.flats[bucket.index], bucket.offsets[i], tensor)
-        rnd.arrived[bucket.index].add(name)
+    def _pack(self, rnd: Round, bucket: Bucket, name: str, tensor: Any, offset: int | None = None) -> None:
+        i = bucket.index
+        flat = rnd.flats[i]
+        if flat is None:
+            flat = self._buffer(bucket, tensor)
+        if offset is None:
+            offset = self._slot[name][1]
+        rnd.flats[i] = self.ops.copy_into(flat, offset, tensor)
+        rnd.arrived[i].add(name)
 
     def _launch_ready(self, rnd: Round) -> None:
         while rnd.next_launch < len(self._buckets):
