@@ -68,12 +68,12 @@ class TorchScheduleHost:
         no copy; the engine does not reuse a buffer while a view of it lives,
         docs/wrapper.md#grad-views); otherwise it is copied."""
         contiguous, params = self._contiguous, self.params
-        # The gradients autograd allocated are dropped at the next hand-over, not now: freed inside
-        # step(), glibc gave their memory back and the next backward page-faulted on all of it
-        # (measured: ~2,900 minor faults and +4 ms per step on a 3M-parameter MLP). Held one step,
-        # the next backward's gradients reuse the memory of the ones freed here, as when they
-        # stayed in .grad. Views of the engine's buffers are not held: that would keep the
-        # buffers from being reused (docs/wrapper.md#grad-views).
+        # The gradients autograd allocated are dropped at the next zero_grad() (or hand-over), not
+        # now: freed inside step(), glibc gave their memory back and the next backward page-faulted
+        # on all of it (measured: ~2,900 minor faults and +4 ms per step on a 3M-parameter MLP).
+        # Freed where they were freed when they stayed in .grad, the next backward reuses their
+        # memory, and the peak is what it was. Views of the engine's buffers are not held: that
+        # would keep the buffers from being reused (docs/wrapper.md#grad-views).
         replaced: list[torch.Tensor] = []
         self._replaced = replaced
         with torch.no_grad():
@@ -93,6 +93,10 @@ class TorchScheduleHost:
                     p.grad = g.detach().clone()
                 else:
                     p.grad.copy_(g)
+
+    def drop_replaced(self) -> None:
+        """Free the gradients the last :meth:`set_grads` replaced (called by ``zero_grad()``)."""
+        self._replaced = []
 
     def hyper(self) -> list[dict]:
         return [{k: _snapshot(v) for k, v in g.items() if k != "params"} for g in self.opt.param_groups]
