@@ -35,6 +35,9 @@ class NumpyOps:
 
     def clone(self, t): return np.array(t, copy=True)
 
+    def exclusive(self, t):
+        return False  # NumPy does not track views (a view holds a reference like any other)
+
     def zero_(self, t):
         t.fill(0)
         return t

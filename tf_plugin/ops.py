@@ -171,6 +171,9 @@ class TFOps:
 
     def clone(self, t): return tf.identity(tf.convert_to_tensor(_t(t)))
 
+    def exclusive(self, t):
+        return True  # tensors are immutable (copy_into builds a new one): a reuse writes nothing shared
+
     def zero_(self, t):
         if isinstance(t, PackBuffer):  # no need to assemble the parts for zeros
             with tf.device(t.device):

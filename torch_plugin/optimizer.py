@@ -2,7 +2,8 @@
 
 The wrapper only attaches hooks and translates tensors: a post-accumulate-grad hook per
 parameter hands the gradient to :class:`hvd_commopt.engine.CommEngine`; ``step()`` calls
-``synchronize()``, copies the reduced gradients into ``p.grad`` and runs the wrapped step.
+``synchronize()``, makes the reduced gradients ``p.grad`` (views of the fusion buffers, no copy:
+docs/wrapper.md#grad-views) and runs the wrapped step.
 
 Differences from Horovod, on purpose:
 * The optimizer passed in is converted *in place* (its class becomes a dynamic subclass) and
@@ -57,7 +58,8 @@ class _DistributedOptimizerMixin:
         # The hooks hold the engine weakly, so a dropped optimizer is collected and its hooks go
         # with it: the parameters can then be wrapped again (see _refuse_second_wrapper).
         weakref.finalize(self, _remove_hooks, handles)
-        engine.attach_host(TorchScheduleHost(self, list(named_parameters)))
+        self._hco_host = TorchScheduleHost(self, list(named_parameters))
+        engine.attach_host(self._hco_host)
 
     def _hco_make_hook(self, name: str):
         engine_ref = weakref.ref(self._hco_engine)
@@ -102,6 +104,7 @@ class _DistributedOptimizerMixin:
                 "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
                 "optimizer.synchronize(); this would race with the gradients being communicated. "
                 "Call zero_grad() before backward() or after step().")
+        self._hco_host.drop_replaced()
         return self._hco_base.zero_grad(self, set_to_none=set_to_none)
 
     def finalize(self) -> None:

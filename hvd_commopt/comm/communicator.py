@@ -185,6 +185,9 @@ class Communicator:
     # -- progress thread ----------------------------------------------------------------------
     def _run(self) -> None:
         while True:
+            # hold nothing of the last collective while idle: its result may share memory with a
+            # fusion buffer, which is reused only once nothing refers to it (docs/wrapper.md#grad-views)
+            item = handle = args = result = None
             item = self._queue.get()
             if item is _STOP:
                 return

@@ -50,6 +50,10 @@ __all__ = ["CommEngine", "StepScheduler"]
 
 Tensor = Any
 
+# per bucket, released fusion buffers kept for reuse; past this many, buffers someone still holds
+# (views handed to the framework as its gradients) are dropped, oldest first (docs/wrapper.md#grad-views)
+_SPARES = 4
+
 
 class StepScheduler(Protocol):
     """What the engine needs of its scheduler (implemented by :class:`hvd_commopt.schedule.Scheduler`)."""
@@ -145,9 +149,10 @@ class CommEngine:
         self._backward: list[TensorSpec] = []
         self._buckets: list[Bucket] = []
         self._bucket_of: dict[str, Bucket] = {}
+        self._slot: dict[str, tuple[Bucket, int]] = {}  # name -> (its bucket, its offset in the buffer)
         self._lock = threading.RLock()
         self._round: Round | None = None       # the round the hooks are filling
-        self._pool: list[list[Any]] = []       # fusion buffers of released rounds, for reuse
+        self._spare: list[list[Any]] = []      # per bucket: fusion buffers of released rounds, for reuse
         self._countdown: dict[str, int] = {}
         self._sync_on_step = True
         self._capture = GradientCapture()
@@ -231,7 +236,8 @@ class CommEngine:
                 if moved:
                     self.reducer.load_state_dict(state)
             self._bucket_of = {n: b for b in self._buckets for n in b.names}
-            self._pool = []
+            self._slot = {n: (b, off) for b in self._buckets for n, off in zip(b.names, b.offsets)}
+            self._spare = [[] for _ in self._buckets]
             self._reset_step()
 
     def _build_buckets(self, plan: Sequence[Sequence[int]]) -> list[Bucket]:
@@ -278,41 +284,74 @@ class CommEngine:
             plan = sched.round_plan()
             if plan is None:
                 return None
-            flats = self._pool.pop() if self._pool else [None] * len(self._buckets)
-            self._round = Round(RoundInfo(sched.step, plan.tag), plan.reducer, flats,
+            self._round = Round(RoundInfo(sched.step, plan.tag), plan.reducer, [None] * len(self._buckets),
                                 [set() for _ in self._buckets])
         return self._round
 
     def grad_ready(self, name: str, tensor: Any) -> None:
-        """A gradient is ready (called from backward hooks). Packs it; launches full buckets."""
-        _timeline.instant(f"grad {name}", "backward")  # no-op unless a timeline is recording
+        """A gradient is ready (called from backward hooks). Packs it; launches full buckets.
+
+        Runs once per tensor per backward pass, so it does only what each call needs: the
+        tensor's (bucket, offset) is looked up once, the pass countdown is skipped without local
+        accumulation, and the launch loop runs only when a bucket has just completed.
+        """
+        if _timeline.active() is not None:  # the f-string costs even when nothing records
+            _timeline.instant(f"grad {name}", "backward")
         if self.tuner.recording:
             self.tuner.grad_ready(name, tensor)
         with self._lock:
-            bucket = self._bucket_of.get(name)
-            if bucket is None:
+            slot = self._slot.get(name)
+            if slot is None:
                 raise ConfigError(f"gradient for unregistered tensor {name!r}")
-            rnd = self._current_round()
+            rnd = self._round
             if rnd is None:
-                return  # e.g. CoCoD-SGD after warm-up: gradients stay local
-            if name in rnd.arrived[bucket.index]:
+                rnd = self._current_round()
+                if rnd is None:
+                    return  # e.g. CoCoD-SGD after warm-up: gradients stay local
+            bucket, offset = slot
+            arrived = rnd.arrived[bucket.index]
+            if name in arrived:
                 raise HvdCommoptError(
                     f"gradient of {name!r} was computed more than backward_passes_per_step="
                     f"{self.backward_passes_per_step} times before step(); raise "
                     f"backward_passes_per_step to accumulate gradients locally")
-            self._countdown[name] -= 1
-            if self._countdown[name] > 0:
-                return
-            self._pack(rnd, bucket, name, tensor)
-            self._launch_ready(rnd)
+            if self.backward_passes_per_step > 1:
+                self._countdown[name] -= 1
+                if self._countdown[name] > 0:
+                    return
+            self._pack(rnd, bucket, name, tensor, offset)
+            if len(arrived) == len(bucket.names):
+                self._launch_ready(rnd)
 
-    def _pack(self, rnd: Round, bucket: Bucket, name: str, tensor: Any) -> None:
-        ops = self.ops
-        if rnd.flats[bucket.index] is None:
-            rnd.flats[bucket.index] = ops.empty(bucket.numel, bucket.dtype, like=tensor)
-        i = bucket.names.index(name)
-        rnd.flats[bucket.index] = ops.copy_into(rnd.flats[bucket.index], bucket.offsets[i], tensor)
-        rnd.arrived[bucket.index].add(name)
+    def _buffer(self, bucket: Bucket, like: Any) -> Any:
+        """A fusion buffer for ``bucket``: a released one that nothing else refers to any more, else
+        a new one. A released buffer whose views the host made its gradients stays untouched while
+        any of them lives, so packing never writes into a gradient the user can still see, nor reads
+        from the buffer it writes (docs/wrapper.md#grad-views)."""
+        spare = self._spare[bucket.index]
+        exclusive = self.ops.exclusive
+        for j in range(len(spare)):
+            if exclusive(spare[j]):
+                return spare.pop(j)
+        return self.ops.empty(bucket.numel, bucket.dtype, like=like)
+
+    def _keep(self, spare: list[Any], flat: Any) -> None:
+        """Keep a released buffer; past ``_SPARES``, forget the oldest still held elsewhere (its
+        holder keeps it alive), else the oldest."""
+        spare.append(flat)
+        while len(spare) > _SPARES:
+            held = [j for j in range(len(spare)) if not self.ops.exclusive(spare[j])]
+            spare.pop(held[0] if held else 0)
+
+    def _pack(self, rnd: Round, bucket: Bucket, name: str, tensor: Any, offset: int | None = None) -> None:
+        i = bucket.index
+        flat = rnd.flats[i]
+        if flat is None:
+            flat = self._buffer(bucket, tensor)
+        if offset is None:
+            offset = self._slot[name][1]
+        rnd.flats[i] = self.ops.copy_into(flat, offset, tensor)
+        rnd.arrived[i].add(name)
 
     def _launch_ready(self, rnd: Round) -> None:
         while rnd.next_launch < len(self._buckets):
@@ -359,7 +398,8 @@ class CommEngine:
     def finish_round(self, rnd: Round) -> dict[str, Any]:
         """Wait for a closed round; return {name: reduced gradient (a view, original shape)}.
 
-        The views stay valid until :meth:`release_round` hands the buffers back for reuse.
+        The views stay valid after :meth:`release_round`: a released buffer is reused only once
+        nothing refers to it (docs/wrapper.md#grad-views), so a host may keep them as its gradients.
         """
         t0 = time.perf_counter()
         out: dict[str, Any] = {}
@@ -390,10 +430,13 @@ class CommEngine:
         return out
 
     def release_round(self, rnd: Round) -> None:
-        """Return a finished round's fusion buffers to the pool (its views become invalid)."""
+        """Return a finished round's fusion buffers to the pool; each is reused once no view of it
+        is alive (a host may keep the views :meth:`finish_round` returned)."""
         with self._lock:
             if len(rnd.flats) == len(self._buckets):
-                self._pool.append(rnd.flats)
+                for spare, flat in zip(self._spare, rnd.flats):
+                    if flat is not None:
+                        self._keep(spare, flat)
             rnd.flats = []
 
     def abandon_round(self, rnd: Round) -> None:

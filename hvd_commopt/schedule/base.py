@@ -106,7 +106,8 @@ class RoundPort(Protocol):
         ...
 
     def finish_round(self, rnd: Round) -> dict[str, Tensor]:
-        """Wait for a closed round; its reduced gradients as views (valid until released)."""
+        """Wait for a closed round; its reduced gradients as views of its buffers (which are not
+        reused while a view lives, so a host may keep them as its gradients)."""
         ...
 
     def release_round(self, rnd: Round) -> None:
@@ -210,8 +211,8 @@ class Scheduler(abc.ABC):
                               f"and call backward() before step()")
 
     def _reduce_now(self) -> dict[str, Tensor]:
-        """Close, reduce and release this step's round; its gradients (valid until the next
-        round packs into the buffers)."""
+        """Close, reduce and release this step's round; its gradients (views of the round's
+        buffers, which the host may keep: docs/wrapper.md#grad-views)."""
         rnd = self.port.close_round(self.host.grads().get)
         if rnd is None:
             raise HvdCommoptError(f"the '{self.name}' schedule does not reduce gradients at step {self.step}")
