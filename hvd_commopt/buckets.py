@@ -116,6 +116,11 @@ class Bucket:
         return out
 
 
+# dense (1-D) parts of consecutive plan groups share one bucket up to this size: they are small,
+# and one collective per layer's bias costs more than it overlaps (docs/topk.md#dense-1d)
+DENSE_MERGE_BYTES = 1 << 20
+
+
 def build_buckets(specs_backward: Sequence[TensorSpec], plan: Sequence[Sequence[int]],
                   keeps_dense: Callable[[TensorSpec], bool] | None = None) -> list[Bucket]:
     """Turn a plan (groups of positions in backward order) into buckets.
@@ -123,33 +128,43 @@ def build_buckets(specs_backward: Sequence[TensorSpec], plan: Sequence[Sequence[
     A group whose members have different dtypes is split at each dtype change, because one
     flat buffer holds one dtype; the split keeps the order, so every rank splits identically.
     With ``keeps_dense`` (a sparse reducer's :meth:`~hvd_commopt.reduce.base.Reducer.keeps_dense`),
-    the members it names leave their group for a bucket of their own, marked ``dense``: 1-D
-    tensors sent uncompressed instead of sharing one selection with the matrices
-    (docs/topk.md#dense-1d). Of a group's two parts, the one whose last gradient arrives first
-    launches first; both keep the members' backward order.
+    the members it names leave their group for a bucket marked ``dense``: 1-D tensors sent
+    uncompressed instead of sharing one selection with the matrices (docs/topk.md#dense-1d). The
+    dense parts of consecutive groups share one bucket up to ``DENSE_MERGE_BYTES``. Buckets are
+    ordered by their last gradient's arrival (the engine launches them in index order); every
+    bucket keeps its members' backward order.
     """
+    parts: list[tuple[list[int], bool]] = []
+    if keeps_dense is None:
+        parts = [(list(group), False) for group in plan]
+    else:
+        run: list[int] = []
+        run_bytes = 0
+        for group in plan:
+            dense = [pos for pos in group if keeps_dense(specs_backward[pos])]
+            sparse = [pos for pos in group if not keeps_dense(specs_backward[pos])]
+            if sparse:
+                parts.append((sparse, False))
+            nbytes = sum(specs_backward[pos].nbytes for pos in dense)
+            if run and run_bytes + nbytes > DENSE_MERGE_BYTES:
+                parts.append((run, True))
+                run, run_bytes = [], 0
+            run += dense
+            run_bytes += nbytes
+        if run:
+            parts.append((run, True))
+        parts.sort(key=lambda part: max(part[0]))  # stable: ties cannot occur (disjoint positions)
     buckets: list[Bucket] = []
-
-    def add(part: Sequence[int], dense: bool) -> None:
-        run: list[TensorSpec] = []
+    for part, dense in parts:
+        run_specs: list[TensorSpec] = []
         for pos in part:
             s = specs_backward[pos]
-            if run and run[-1].dtype != s.dtype:
-                buckets.append(Bucket.of(len(buckets), run, dense=dense))
-                run = []
-            run.append(s)
-        if run:
-            buckets.append(Bucket.of(len(buckets), run, dense=dense))
-
-    for group in plan:
-        if keeps_dense is None:
-            add(group, False)
-            continue
-        dense = [pos for pos in group if keeps_dense(specs_backward[pos])]
-        sparse = [pos for pos in group if not keeps_dense(specs_backward[pos])]
-        parts = sorted(((p, p is dense) for p in (sparse, dense) if p), key=lambda pd: max(pd[0]))
-        for part, is_dense in parts:
-            add(part, is_dense)
+            if run_specs and run_specs[-1].dtype != s.dtype:
+                buckets.append(Bucket.of(len(buckets), run_specs, dense=dense))
+                run_specs = []
+            run_specs.append(s)
+        if run_specs:
+            buckets.append(Bucket.of(len(buckets), run_specs, dense=dense))
     if sum(len(b.names) for b in buckets) != len(specs_backward):
         raise ConfigError("internal: the plan does not cover every tensor exactly once")
     return buckets

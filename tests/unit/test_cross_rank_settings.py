@@ -70,9 +70,9 @@ def test_per_layer_density_callable_is_compared_by_the_k_it_gives():
         return lambda name, numel: 0.5 if r == 1 and name.endswith("l1.w") else 0.1
     msg = _same_error_everywhere(_outcomes(2, lambda r: {"compression": Compression.topk(density(r)),
                                                          "fusion_threshold": 0}))
-    # the biases' buckets are sent whole (docs/topk.md#dense-1d): k = their size on both ranks
-    assert msg.startswith("compression k per bucket differs across ranks: rank 0: [8, 51, 64, 204]; "
-                          "rank 1: [8, 51, 64, 1024]"), msg
+    # the biases share one bucket sent whole (docs/topk.md#dense-1d): k = its size on both ranks
+    assert msg.startswith("compression k per bucket differs across ranks: rank 0: [51, 72, 204]; "
+                          "rank 1: [51, 72, 1024]"), msg
 
 
 def test_schedule_and_predivide_differing_backward_passes_may_differ():

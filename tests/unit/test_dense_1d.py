@@ -38,13 +38,19 @@ def grads(rank, step, bad=None):
     return g
 
 
-def test_build_buckets_moves_1d_members_out_keeping_order_and_launch_order():
+def test_build_buckets_moves_1d_members_out_merges_them_and_orders_by_arrival():
     bwd = list(reversed(SPECS))  # l2.b, l2.w, l1.b, l1.w
     one = lambda s: len(s.shape) <= 1  # noqa: E731
     assert [(b.names, b.dense) for b in build_buckets(bwd, [[0, 1, 2, 3]], one)] == [
         (("l2.b", "l1.b"), True), (("l2.w", "l1.w"), False)]  # l1.b (position 2) arrives before l1.w (3)
+    # per-layer groups: the sparse parts stay apart, the 1-D parts share one bucket, which launches
+    # when its last member (l1.b, position 2) arrives
+    assert [(b.names, b.dense) for b in build_buckets(bwd, [[0], [1], [2], [3]], one)] == [
+        (("l2.w",), False), (("l2.b", "l1.b"), True), (("l1.w",), False)]
     assert [(b.names, b.dense) for b in build_buckets(bwd, [[0, 1], [2, 3]], one)] == [
-        (("l2.b",), True), (("l2.w",), False), (("l1.b",), True), (("l1.w",), False)]
+        (("l2.w",), False), (("l2.b", "l1.b"), True), (("l1.w",), False)]
+    big = [TensorSpec(f"b{i}", (1 << 17,), "float32") for i in range(3)]  # 512 KiB each
+    assert [b.names for b in build_buckets(big, [[0], [1], [2]], one)] == [("b0", "b1"), ("b2",)]  # <= 1 MiB
     assert [(b.names, b.dense) for b in build_buckets(bwd, [[0, 1, 2, 3]])] == [
         (("l2.b", "l2.w", "l1.b", "l1.w"), False)]  # no predicate (dense reducers): one bucket
     mixed = [TensorSpec("a", (3, 3), "float32"), TensorSpec("b", (3,), "float32"),
