@@ -69,7 +69,8 @@ class Bucket:
     dense: bool = False
 
     @classmethod
-    def of(cls, index: int, members: Sequence[TensorSpec], name: str | None = None, dense: bool = False) -> Bucket:
+    def of(cls, index: int, members: Sequence[TensorSpec], name: str | None = None,
+           dense: bool = False) -> Bucket:
         """A bucket of ``members`` (in that order), named like the engine's buckets by default."""
         if not members:
             raise ConfigError("internal: a bucket needs at least one tensor")
