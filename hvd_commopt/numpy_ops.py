@@ -50,6 +50,12 @@ class NumpyOps:
             return half_to_float32(t).astype(dtype)
         return t.astype(numpy_dtype(dtype), copy=False)
 
+    def as_bytes(self, t): return np.ascontiguousarray(t).reshape(-1).view(np.uint8)
+
+    def from_bytes(self, b, dtype):
+        # "bfloat16" (and the host name of its bits, "uint16") both view as uint16 bit patterns
+        return np.ascontiguousarray(b).reshape(-1).view(numpy_dtype(dtype))
+
     def scale(self, t, factor):
         t *= t.dtype.type(factor)
         return t

@@ -181,6 +181,18 @@ class TFOps:
         return tf.zeros_like(tf.convert_to_tensor(_t(t)))
     def cast(self, t, dtype): return tf.cast(_t(t), TF_DTYPES[dtype])
 
+    # tf.bitcast to a narrower dtype adds a last axis ([n] float32 -> [n, 4] uint8) and from a
+    # wider one needs it: the byte view is flattened, and reshaped to [n, width] on the way back
+    def as_bytes(self, t):
+        return tf.reshape(tf.bitcast(tf.reshape(_t(t), _FLAT), tf.uint8), _FLAT)
+
+    def from_bytes(self, b, dtype):
+        dt = TF_DTYPES[dtype]
+        b = tf.reshape(_t(b), _FLAT)
+        if dt.size == 1:
+            return tf.bitcast(b, dt)
+        return tf.bitcast(tf.reshape(b, [-1, dt.size]), dt)
+
     # -- arithmetic --------------------------------------------------------------------------
     def scale(self, t, factor):
         t = tf.convert_to_tensor(_t(t))

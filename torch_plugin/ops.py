@@ -111,6 +111,17 @@ class TorchOps:
     def cast(self, t, dtype):
         return t.to(TORCH_DTYPES[dtype])
 
+    def as_bytes(self, t):
+        return t.detach().reshape(-1).contiguous().view(torch.uint8)
+
+    def from_bytes(self, b, dtype):
+        b = b.reshape(-1).contiguous()
+        dt = TORCH_DTYPES[dtype]
+        width = torch.empty(0, dtype=dt).element_size()
+        if (b.storage_offset() * b.element_size()) % width:  # view(dtype) wants an aligned start
+            b = b.clone()
+        return b.view(dt)
+
     def scale(self, t, factor):
         return t.mul_(factor)
 

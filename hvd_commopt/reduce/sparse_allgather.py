@@ -7,14 +7,17 @@ its k values and k indices to each of the P-1 others.
 
 Per bucket and step (the engine calls ``start`` as soon as the bucket is complete, so with one
 bucket per layer, ``fusion_threshold=0``, this *is* LAGS-SGD, pipelined with backward): the
-selection with error feedback of :class:`~hvd_commopt.reduce.sparse.SparseReducer`, then two
-allgathers (values, int32 indices) -> out = scatter_add(zeros, idx_all, vals_all)·postscale.
+selection with error feedback of :class:`~hvd_commopt.reduce.sparse.SparseReducer`, then one
+allgather of (values, int32 indices) packed as bytes -> out = scatter_add(zeros, idx_all,
+vals_all)·postscale.
 
 Choices (beyond the sparse reducers' shared ones, :mod:`hvd_commopt.reduce.sparse`):
 
 * A compressor whose indices are identical on every rank (``collective == "allreduce"``,
   random-k) has its k values allreduced instead: O(k) traffic and no indices.
 * With one rank nothing is communicated; the result is the local selection (scattered).
+* Values and indices travel as ONE byte message per rank (:mod:`hvd_commopt.reduce.packed`,
+  docs/topk.md#one-message): one collective per bucket instead of two, the same bytes.
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ from ..compress.topk import SparseCompressor
 from ..errors import ConfigError
 from ..fusion.pricing import Pricing, sparse_pricing
 from .base import Pending, ReduceContext, RoundInfo
+from .packed import pack_parts, unpack_gathered
 from .sparse import SparseReducer, index_dtype_for
 
 __all__ = ["SparseAllgather"]
@@ -92,16 +96,17 @@ class SparseAllgather(SparseReducer):
             h = comm.allreduce_tensor_async(ops, vals, "sum", f"{name}.values")
             return Pending(name, _Sparse("allreduce", vals, idx, n, flat), (h,))
         wire_idx = ops.cast(idx, index_dtype_for(n, self.index_dtype))
-        hv = comm.allgather_tensor_async(ops, vals, f"{name}.values")
-        hi = comm.allgather_tensor_async(ops, wire_idx, f"{name}.indices")
-        return Pending(name, _Sparse("allgather", vals, wire_idx, n, flat), (hv, hi))
+        h = comm.allgather_tensor_async(ops, pack_parts(ops, (vals, wire_idx)), f"{name}.sparse")
+        return Pending(name, _Sparse("allgather", vals, wire_idx, n, flat), (h,))
 
     def exchanged(self, pending: Pending, ctx: ReduceContext) -> tuple[Any, Any]:
         st, comm = pending.state, ctx.comm
         if st.mode == "allreduce":
             return st.idx, comm.wait(pending.handles[0])
-        vals = comm.wait(pending.handles[0])[0]
-        return ctx.ops.cast(comm.wait(pending.handles[1])[0], "int64"), vals
+        ops = ctx.ops
+        buf, counts = comm.wait(pending.handles[0])
+        vals, idx = unpack_gathered(ops, buf, counts, (ops.dtype_name(st.vals), ops.dtype_name(st.idx)))
+        return ops.cast(idx, "int64"), vals
 
     # -- pricing and state ------------------------------------------------------------------
     def price(self, cost: Any, select_s: float | None = None) -> Pricing:

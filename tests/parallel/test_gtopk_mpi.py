@@ -204,3 +204,30 @@ def test_torch_gtopk_equals_oracle_on_any_backend(algorithm):
         for dtype in (torch.bfloat16,):  # half-precision values on the wire (uint16 bits on hosts)
             h = reduce_once(red, "h", x.clone().to(dtype), ctx, step=s)
             assert h.dtype == dtype and torch.equal(gather_rows(h.float()), h.float().expand(P, n))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
+@pytest.mark.parametrize("index_dtype", ["int32", "int64"])
+def test_torch_topk_is_one_packed_collective_equal_to_the_oracle_on_any_backend(dtype, index_dtype):
+    """Top-k's values and indices as one byte message (docs/topk.md#one-message): under mpi host
+    bytes, under gloo torch uint8 tensors; the result bit for bit the scatter-add of every rank's
+    top-k, and one collective with the bytes of two allgathers."""
+    torch = pytest.importorskip("torch")
+    from torch_plugin.ops import TORCH_DTYPES, TorchOps
+    torch.set_num_threads(1)
+    tops = TorchOps()
+    n, k = 3000, 30
+    red = Compression.topk(k / n, index_dtype=index_dtype)
+    ctx = ReduceContext(comm, tops, 1.0, 1.0)
+    rows = [torch.from_numpy(local_data(0, n, rank=r)).to(TORCH_DTYPES[dtype]) for r in range(P)]
+    comm.traffic.reset()
+    p = start(red, "b", rows[R].clone(), ctx)
+    out = red.finish(p, ctx)
+    stats = comm.traffic.snapshot()
+    leaves = [tops.topk_abs(x, k) for x in rows]
+    ref = tops.scatter_add(torch.zeros(n, dtype=TORCH_DTYPES[dtype]), torch.cat([i for _, i in leaves]),
+                           torch.cat([v for v, _ in leaves]))
+    assert out.dtype == ref.dtype and torch.equal(out.view(torch.uint8), ref.view(torch.uint8))
+    w = torch.empty(0, dtype=TORCH_DTYPES[dtype]).element_size() + (4 if index_dtype == "int32" else 8)
+    assert len(p.handles) == 1 and stats["collectives"] == 1
+    assert stats["bytes_sent"] == (P - 1) * k * w == stats["bytes_received"]

@@ -5,7 +5,7 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 from hvd_commopt import NumpyOps  # noqa: E402
-from tf_plugin.ops import TFOps  # noqa: E402
+from tf_plugin.ops import TF_DTYPES, TFOps  # noqa: E402
 
 T, N = TFOps(), NumpyOps()
 
@@ -136,3 +136,41 @@ def test_host_exchange_is_a_writable_copy():
     v = T.copy_into(T.empty(3, "float32"), 0, tf.constant([1.0, 2.0, 3.0]))
     assert T.to_numpy(v).flags.writeable
     np.testing.assert_array_equal(np_of(T.from_numpy(np.arange(3, dtype=np.int32), like=t)), [0, 1, 2])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16", "int32", "int64", "uint8"])
+def test_byte_view_round_trips_bit_exactly_and_matches_numpy(dtype):
+    """tf.bitcast changes the shape between widths; as_bytes/from_bytes stay 1-D (docs/topk.md#one-message)."""
+    from tests.unit.test_packed_exchange import VALUE_DTYPES, special_values
+    a = special_values(dtype) if dtype in VALUE_DTYPES else np.arange(-5, 32).astype(dtype)
+    t = T.from_numpy(a.copy(), like=tf.zeros([0], dtype=TF_DTYPES[dtype]))
+    assert t.dtype == TF_DTYPES[dtype]
+    b = T.as_bytes(t)
+    assert b.dtype == tf.uint8 and tuple(b.shape) == (a.nbytes,)
+    assert b.numpy().tobytes() == N.as_bytes(a).tobytes()
+    back = T.from_bytes(b, dtype)
+    assert back.dtype == t.dtype and tuple(back.shape) == (a.size,)
+    assert T.as_bytes(back).numpy().tobytes() == b.numpy().tobytes()
+    assert int(tf.size(T.from_bytes(T.as_bytes(t[:0]), dtype))) == 0
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
+@pytest.mark.parametrize("index_dtype", ["int32", "int64"])
+def test_packed_topk_with_tf_tensors_equals_the_oracle(dtype, index_dtype):
+    """Top-k's one byte message with TF tensors on in-process ranks: bit for bit the scatter-add
+    of every rank's top-k (docs/topk.md#one-message)."""
+    from hvd_commopt import Compression, run_ranks
+    from hvd_commopt.reduce import ReduceContext
+    from tests.reducers import reduce_once
+    n, k, P = 500, 7, 3
+    rows = [tf.cast(np.random.default_rng(r).standard_normal(n).astype(np.float32), TF_DTYPES[dtype])
+            for r in range(P)]
+    leaves = [T.topk_abs(x, k) for x in rows]
+    ref = T.scatter_add(T.zeros(n, dtype, like=rows[0]), T.cat([i for _, i in leaves]), T.cat([v for v, _ in leaves]))
+
+    def body(comm):
+        red = Compression.topk(k / n, index_dtype=index_dtype, min_k=1)
+        return reduce_once(red, "b", rows[comm.rank], ReduceContext(comm, T, 1.0, 1.0))
+
+    for out in run_ranks(P, body):
+        assert out.dtype == ref.dtype and T.as_bytes(out).numpy().tobytes() == T.as_bytes(ref).numpy().tobytes()
