@@ -174,14 +174,18 @@ def test_half_precision_dense_round_trip_over_mpi(comp, mantissa_bits):
     np.testing.assert_allclose(out, rows.mean(axis=0), rtol=0, atol=(P + 1) * ulp)
 
 
-@pytest.mark.parametrize("algorithm", ["recursive_doubling", "allgather"])
-def test_torch_gtopk_equals_oracle_on_any_backend(algorithm):
-    """TorchOps end to end; under mpi the wire is packed host bytes, under gloo torch tensors."""
+def _torch_ops():
+    """(torch, TorchOps()) with one thread per rank; skips without torch."""
     torch = pytest.importorskip("torch")
     from torch_plugin.ops import TorchOps
     torch.set_num_threads(1)
-    tops = TorchOps()
+    return torch, TorchOps()
 
+
+@pytest.mark.parametrize("algorithm", ["recursive_doubling", "allgather"])
+def test_torch_gtopk_equals_oracle_on_any_backend(algorithm):
+    """TorchOps end to end; under mpi the wire is packed host bytes, under gloo torch tensors."""
+    torch, tops = _torch_ops()
     n, k = 3000, 30
     red = Compression.gtopk(k / n, algorithm=algorithm)
     ctx = ReduceContext(comm, tops, 1.0, 1.0)
@@ -212,10 +216,8 @@ def test_torch_topk_is_one_packed_collective_equal_to_the_oracle_on_any_backend(
     """Top-k's values and indices as one byte message (docs/topk.md#one-message): under mpi host
     bytes, under gloo torch uint8 tensors; the result bit for bit the scatter-add of every rank's
     top-k, and one collective with the bytes of two allgathers."""
-    torch = pytest.importorskip("torch")
-    from torch_plugin.ops import TORCH_DTYPES, TorchOps
-    torch.set_num_threads(1)
-    tops = TorchOps()
+    torch, tops = _torch_ops()
+    from torch_plugin.ops import TORCH_DTYPES
     n, k = 3000, 30
     red = Compression.topk(k / n, index_dtype=index_dtype)
     ctx = ReduceContext(comm, tops, 1.0, 1.0)
