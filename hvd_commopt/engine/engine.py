@@ -148,7 +148,6 @@ class CommEngine:
         self._specs: dict[str, TensorSpec] = {}
         self._backward: list[TensorSpec] = []
         self._buckets: list[Bucket] = []
-        self._bucket_of: dict[str, Bucket] = {}
         self._slot: dict[str, tuple[Bucket, int]] = {}  # name -> (its bucket, its offset in the buffer)
         self._lock = threading.RLock()
         self._round: Round | None = None       # the round the hooks are filling
@@ -235,7 +234,6 @@ class CommEngine:
                 state, moved = relayout_state(self.ops, self.reducer.state_dict(), old, self._buckets)
                 if moved:
                     self.reducer.load_state_dict(state)
-            self._bucket_of = {n: b for b in self._buckets for n in b.names}
             self._slot = {n: (b, off) for b in self._buckets for n, off in zip(b.names, b.offsets)}
             self._spare = [[] for _ in self._buckets]
             self._reset_step()
@@ -343,13 +341,11 @@ class CommEngine:
             held = [j for j in range(len(spare)) if not self.ops.exclusive(spare[j])]
             spare.pop(held[0] if held else 0)
 
-    def _pack(self, rnd: Round, bucket: Bucket, name: str, tensor: Any, offset: int | None = None) -> None:
+    def _pack(self, rnd: Round, bucket: Bucket, name: str, tensor: Any, offset: int) -> None:
         i = bucket.index
         flat = rnd.flats[i]
         if flat is None:
             flat = self._buffer(bucket, tensor)
-        if offset is None:
-            offset = self._slot[name][1]
         rnd.flats[i] = self.ops.copy_into(flat, offset, tensor)
         rnd.arrived[i].add(name)
 
@@ -383,14 +379,14 @@ class CommEngine:
                 return None
             for name in self.missing():
                 t = fetch(name) if fetch is not None else None
-                bucket = self._bucket_of[name]
+                bucket, offset = self._slot[name]
                 if t is None:
                     like = rnd.flats[bucket.index]
                     if like is None:
                         like = next((f for f in rnd.flats if f is not None), None)
                     t = self.ops.zeros(self._specs[name].numel, self._specs[name].dtype, like=like)
                 self._countdown[name] = 0
-                self._pack(rnd, bucket, name, t)
+                self._pack(rnd, bucket, name, t, offset)
             self._launch_ready(rnd)
             self._reset_step()
             return rnd
@@ -405,14 +401,11 @@ class CommEngine:
         out: dict[str, Any] = {}
         stats = StepStats(step=rnd.step)
         finite: list[Bucket] = []
-        skipped = False
         for b in self._buckets:
             pending = rnd.pending.pop(b.index)
             flat = rnd.reducer.finish(pending, self.ctx)
             if rnd.reducer.settle(b, rnd.info, flat, self.ctx, pending):  # NaN/Inf: memory rolled back
                 finite.append(b)
-            else:
-                skipped = True
             out.update(b.views(self.ops, flat))
             comm_s = sum(h.comm_seconds for h in pending.handles)
             stats.per_bucket[b.name] = {"bytes_sent": pending.bytes_sent,
@@ -421,7 +414,7 @@ class CommEngine:
             stats.bytes_sent += pending.bytes_sent
             stats.bytes_received += pending.bytes_received
             stats.comm_seconds += comm_s
-        if skipped:  # the step is skipped whole: no bucket's memory keeps it (docs/wrapper.md#nonfinite-step)
+        if len(finite) < len(self._buckets):  # the step is skipped whole: no bucket's memory keeps it (docs/wrapper.md#nonfinite-step)
             for b in finite:
                 rnd.reducer.rollback(b, rnd.info, self.ctx)
         stats.wait_seconds = time.perf_counter() - t0
