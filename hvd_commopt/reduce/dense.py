@@ -92,7 +92,7 @@ class DenseAllreduce(Reducer):
     def settle(self, bucket: Bucket, rnd: RoundInfo, out: Any, ctx: ReduceContext,
                pending: Pending | None = None) -> bool:
         if self.memory is not None and not ctx.ops.all_finite(out):
-            self.memory.rollback(ctx.ops, bucket.name, rnd.step)
+            self.rollback(bucket, rnd, ctx)
             return False
         return True
 

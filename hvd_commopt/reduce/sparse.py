@@ -171,7 +171,7 @@ class SparseReducer(Reducer):
             vals, idx = select_with_memory(self.compressor, self.memory, ops, bucket, rnd.step, flat, verdict)
             if (verdict and verdict[0]) or ops.all_finite(flat):  # unknown, or finite values overflowed
                 return vals, idx, n
-            self._rollback(ops, bucket.name, rnd.step)
+            self.rollback(bucket, rnd, ctx)
             finite = False
         else:
             finite = ops.all_finite(flat)
@@ -221,17 +221,14 @@ class SparseReducer(Reducer):
         finiteness was decided in :meth:`finish` from the exchanged positions (:func:`scatter_result`)."""
         finite = pending.finite if pending is not None and pending.finite is not None else ctx.ops.all_finite(out)
         if not finite:
-            self._rollback(ctx.ops, bucket.name, rnd.step)
+            self.rollback(bucket, rnd, ctx)
         return bool(finite)
 
     def rollback(self, bucket: Bucket, rnd: RoundInfo, ctx: ReduceContext) -> None:
-        self._rollback(ctx.ops, bucket.name, rnd.step)
-
-    def _rollback(self, ops: Any, key: str, step: int) -> None:
-        """Round ``step`` of bucket ``key`` is skipped: the memory and the selection's state go
-        back to their snapshots (docs/wrapper.md#nonfinite)."""
-        self.memory.rollback(ops, key, step)
-        self.compressor.rollback(key, step)
+        """Round ``rnd`` of ``bucket`` is skipped: the memory and the selection's state go back to
+        their snapshots (docs/wrapper.md#nonfinite, docs/wrapper.md#nonfinite-step)."""
+        self.memory.rollback(ctx.ops, bucket.name, rnd.step)
+        self.compressor.rollback(bucket.name, rnd.step)
 
     @property
     def density(self) -> float | None:
