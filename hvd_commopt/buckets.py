@@ -142,8 +142,9 @@ def build_buckets(specs_backward: Sequence[TensorSpec], plan: Sequence[Sequence[
         run: list[int] = []
         run_bytes = 0
         for group in plan:
-            dense = [pos for pos in group if keeps_dense(specs_backward[pos])]
-            sparse = [pos for pos in group if not keeps_dense(specs_backward[pos])]
+            is_dense = {pos: keeps_dense(specs_backward[pos]) for pos in group}
+            dense = [pos for pos in group if is_dense[pos]]
+            sparse = [pos for pos in group if not is_dense[pos]]
             if sparse:
                 parts.append((sparse, False))
             nbytes = sum(specs_backward[pos].nbytes for pos in dense)

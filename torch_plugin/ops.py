@@ -117,8 +117,7 @@ class TorchOps:
     def from_bytes(self, b, dtype):
         b = b.reshape(-1).contiguous()
         dt = TORCH_DTYPES[dtype]
-        width = torch.empty(0, dtype=dt).element_size()
-        if (b.storage_offset() * b.element_size()) % width:  # view(dtype) wants an aligned start
+        if (b.storage_offset() * b.element_size()) % dt.itemsize:  # view(dtype) wants an aligned start
             b = b.clone()
         return b.view(dt)
 

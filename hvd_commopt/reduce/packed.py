@@ -15,14 +15,15 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ..dtypes import DTYPE_BYTES, numpy_dtype
+from ..dtypes import numpy_dtype
 
 __all__ = ["dtype_width", "pack_parts", "unpack_gathered"]
 
 
 def dtype_width(name: str) -> int:
-    """Bytes per element of the core dtype ``name`` (host names such as "uint16" included)."""
-    return DTYPE_BYTES[name] if name in DTYPE_BYTES else numpy_dtype(name).itemsize
+    """Bytes per element of the core dtype ``name`` (host names such as "uint16" included; a
+    bfloat16 is its uint16 bit pattern)."""
+    return numpy_dtype(name).itemsize
 
 
 def pack_parts(ops: Any, parts: Sequence[Any]) -> Any:
