@@ -267,6 +267,13 @@ class TorchDistBackend(Backend):
             return torch.cat(parts), counts
         return torch.cat([p[:c] for p, c in zip(parts, counts)]), counts
 
+    def allgather_equal(self, buf, name, deadline):
+        # one Gloo/NCCL collective: the caller promised every rank's size (docs/topk.md#equal-sizes)
+        buf, dtype = _movable(buf.reshape(-1).contiguous())
+        parts = [torch.empty_like(buf) for _ in range(self.size)]
+        self._run("allgather", name, deadline, lambda: dist.all_gather(parts, buf, group=self._pg, async_op=True))
+        return _restore(torch.cat(parts), dtype), [buf.numel()] * self.size
+
     def allgather_host(self, data: np.ndarray, name, deadline):
         # our group has Gloo for CPU tensors in both modes: host bytes stay on the host
         out, counts = self.allgather(torch.from_numpy(data.copy()), name, deadline)

@@ -60,6 +60,14 @@ class Backend(abc.ABC):
         Returns (the concatenation, the per-rank element counts).
         """
 
+    def allgather_equal(self, buf: Any, name: str, deadline: float) -> tuple[Any, list[int]]:
+        """:meth:`allgather` where the caller guarantees that every rank sends ``buf``'s number of
+        elements (an exact top-k's k, fixed by the bucket and the step): a backend may then skip
+        exchanging the sizes, one collective instead of two (docs/topk.md#equal-sizes).
+
+        Default: the general allgather, which needs no promise."""
+        return self.allgather(buf, name, deadline)
+
     @abc.abstractmethod
     def broadcast_(self, buf: Any, root: int, name: str, deadline: float) -> Any:
         """Overwrite ``buf`` with root's ``buf``; return buf."""

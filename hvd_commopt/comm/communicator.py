@@ -282,10 +282,11 @@ class Communicator:
         return self._converted(self.allreduce_async_(to_wire(kind, ops, t), op, name),
                                lambda buf: from_wire(kind, ops, buf, t))
 
-    def allgather_tensor_async(self, ops: Any, t: Any, name: str = "allgather") -> Handle:
-        """Allgather of the flat tensor ``t``; waiting gives (a tensor like t, per-rank counts)."""
+    def allgather_tensor_async(self, ops: Any, t: Any, name: str = "allgather", equal: bool = False) -> Handle:
+        """Allgather of the flat tensor ``t``; waiting gives (a tensor like t, per-rank counts).
+        ``equal``: see :meth:`allgather_async`."""
         kind = self.buffer_kind
-        return self._converted(self.allgather_async(to_wire(kind, ops, t), name),
+        return self._converted(self.allgather_async(to_wire(kind, ops, t), name, equal),
                                lambda r: (from_wire(kind, ops, r[0], t), r[1]))
 
     def broadcast_tensor_async(self, ops: Any, t: Any, root: int = 0, name: str = "broadcast") -> Handle:
@@ -322,11 +323,15 @@ class Communicator:
         return self._converted(self.alltoall_async(to_wire(kind, ops, t), counts, name),
                                lambda r: (from_wire(kind, ops, r[0], t), r[1]))
 
-    def allgather_async(self, buf: Any, name: str = "allgather") -> Handle:
-        """Concatenation of every rank's 1-D ``buf`` (sizes may differ); result is (array, counts)."""
+    def allgather_async(self, buf: Any, name: str = "allgather", equal: bool = False) -> Handle:
+        """Concatenation of every rank's 1-D ``buf`` (sizes may differ); result is (array, counts).
+
+        ``equal=True`` promises that every rank sends as many elements as this one (an exact
+        top-k's k): the backend then skips the size exchange (docs/topk.md#equal-sizes)."""
         p = self.size
         n = _nbytes(buf)
-        return self._submit("allgather", name, self.backend.allgather, (buf, name),
+        fn = self.backend.allgather_equal if equal else self.backend.allgather
+        return self._submit("allgather", name, fn, (buf, name),
                             lambda r: ((p - 1) * n, _nbytes(r[0]) - n))
 
     def allgather(self, buf: Any, name: str = "allgather") -> tuple[Any, list[int]]:

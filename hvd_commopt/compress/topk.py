@@ -141,6 +141,15 @@ class SparseCompressor:
             return numel
         return min(max(self.count(numel, bucket, step), self.min_k), numel)
 
+    @property
+    def sends_k(self) -> bool:
+        """True when every selection is exactly :meth:`k_for` entries (the exact top-k, of Top-k
+        or DGC): k is fixed by the bucket, the density and the step, so every rank sends the same
+        count and the exchange may skip its size round (docs/topk.md#equal-sizes). Threshold
+        reuse and DGC's sampled threshold select a count that varies by rank."""
+        sel = getattr(self, "selection", None)
+        return sel is not None and sel.mode == "exact"
+
     def count(self, numel: int, bucket: Bucket | None, step: int) -> int:
         """The density's count before the floor: ``int(numel*density)``."""
         return int(numel * self.density(bucket, numel))

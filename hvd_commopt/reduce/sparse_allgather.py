@@ -18,6 +18,8 @@ Choices (beyond the sparse reducers' shared ones, :mod:`hvd_commopt.reduce.spars
 * With one rank nothing is communicated; the result is the local selection (scattered).
 * Values and indices travel as ONE byte message per rank (:mod:`hvd_commopt.reduce.packed`,
   docs/topk.md#one-message): one collective per bucket instead of two, the same bytes.
+* When the selection is the exact top-k (k fixed by bucket and step, the same on every rank)
+  the allgather skips its size exchange (docs/topk.md#equal-sizes).
 """
 from __future__ import annotations
 
@@ -96,7 +98,9 @@ class SparseAllgather(SparseReducer):
             h = comm.allreduce_tensor_async(ops, vals, "sum", f"{name}.values")
             return Pending(name, _Sparse("allreduce", vals, idx, n, flat), (h,))
         wire_idx = ops.cast(idx, index_dtype_for(n, self.index_dtype))
-        h = comm.allgather_tensor_async(ops, pack_parts(ops, (vals, wire_idx)), f"{name}.sparse")
+        # an exact top-k sends k entries on every rank: no size round (docs/topk.md#equal-sizes)
+        h = comm.allgather_tensor_async(ops, pack_parts(ops, (vals, wire_idx)), f"{name}.sparse",
+                                        equal=self.compressor.sends_k)
         return Pending(name, _Sparse("allgather", vals, wire_idx, n, flat), (h,))
 
     def exchanged(self, pending: Pending, ctx: ReduceContext) -> tuple[Any, Any]:

@@ -147,3 +147,20 @@ def test_half_precision_allreduce_is_close_and_bit_identical(dtype, n):
     tol = 3e-2 if dtype == "bfloat16" else 3e-3
     np.testing.assert_allclose(got, exact, rtol=tol, atol=tol * P)
     assert len(set(comm.allgather_object(np.asarray(ops.to_numpy(h)).tobytes()))) == 1
+
+
+@pytest.mark.parametrize("dtype", ["float32", "uint8", "int64"])
+def test_equal_size_allgather_matches_the_general_one(dtype):
+    # the promise "every rank sends n elements" skips the size round (docs/topk.md#equal-sizes):
+    # MPI's Allgather, one Gloo all_gather; the result must be the general allgather's, bit for bit
+    from hvd_commopt import NumpyOps, runtime
+    comm = runtime.communicator()
+    ops = NumpyOps() if comm.buffer_kind == "numpy" else hco.TorchOps()
+    x = (np.arange(37) * (R + 3)).astype(dtype)
+    t = x if comm.buffer_kind == "numpy" else torch.from_numpy(x)
+    fast, fast_counts = comm.wait(comm.allgather_tensor_async(ops, t, "eq", equal=True))
+    slow, slow_counts = comm.wait(comm.allgather_tensor_async(ops, t, "gen"))
+    assert fast_counts == slow_counts == [37] * P
+    fast, slow = np.asarray(ops.to_numpy(fast)), np.asarray(ops.to_numpy(slow))
+    assert fast.dtype == slow.dtype == x.dtype and fast.tobytes() == slow.tobytes()
+    assert fast.tobytes() == np.concatenate([(np.arange(37) * (r + 3)).astype(dtype) for r in range(P)]).tobytes()

@@ -9,6 +9,7 @@ import pytest
 
 from hvd_commopt import Compression, NumpyOps, run_ranks
 from hvd_commopt.dtypes import float32_to_half
+from hvd_commopt.errors import RankMismatchError
 from hvd_commopt.reduce import ReduceContext
 from hvd_commopt.reduce.packed import pack_parts, unpack_gathered
 from tests.reducers import start
@@ -89,3 +90,40 @@ def test_a_topk_bucket_is_one_collective(P, index_dtype):
         assert handles == 1 and stats["collectives"] == 1
         assert stats["bytes_sent"] == (P - 1) * k * w and stats["bytes_received"] == (P - 1) * k * w
         assert np.count_nonzero(out) <= P * k
+
+
+def test_equal_size_allgather_is_the_general_one_and_checks_its_promise():
+    # docs/topk.md#equal-sizes: the in-process backend keeps the promise honest
+    def body(comm):
+        x = np.arange(6, dtype=np.float32) + comm.rank
+        fast = comm.wait(comm.allgather_tensor_async(ops, x, "eq", equal=True))
+        slow = comm.wait(comm.allgather_tensor_async(ops, x, "gen"))
+        with pytest.raises(RankMismatchError, match="k differs across ranks"):
+            comm.wait(comm.allgather_async(x[:comm.rank + 1], "uneven", equal=True))
+        return fast, slow
+
+    for (fo, fc), (so, sc) in run_ranks(3, body):
+        assert fc == sc == [6, 6, 6] and fo.tobytes() == so.tobytes()
+
+
+@pytest.mark.parametrize("make, equal", [
+    (lambda: Compression.topk(0.01, min_k=1), True),
+    (lambda: Compression.dgc(0.01, momentum=0.9, selection="exact"), True),
+    (lambda: Compression.topk(0.01, min_k=1, selection="threshold"), False),
+    (lambda: Compression.dgc(0.01, momentum=0.9), False),
+])
+def test_only_the_exact_selection_promises_equal_sizes(make, equal):
+    calls = []
+
+    def body(comm):
+        backend = comm.backend
+        plain, promised = backend.allgather, backend.allgather_equal
+        backend.allgather = lambda *a, **kw: (calls.append("general"), plain(*a, **kw))[1]
+        backend.allgather_equal = lambda *a, **kw: (calls.append("equal"), promised(*a, **kw))[1]
+        x = np.random.default_rng(comm.rank).standard_normal(1000).astype(np.float32)
+        ctx = ReduceContext(comm, ops, 1.0, 1.0 / comm.size)
+        red = make()
+        red.finish(start(red, "b", x, ctx), ctx)
+
+    run_ranks(2, body)
+    assert calls == ["equal" if equal else "general"] * 2
