@@ -244,6 +244,8 @@ VARIANTS: dict[str, tuple[Callable[[nn.Module, Ctx], Runner], str]] = {
     "ddp_powersgd1": (lambda m, c: b_ddp(m, c, 1), "DDP + PowerSGD comm hook, rank 1"),
     "ddp_powersgd4": (lambda m, c: b_ddp(m, c, 4), "DDP + PowerSGD comm hook, rank 4"),
     "ssgd": (lambda m, c: _ours("ssgd", m, c), "our S-SGD, threshold fusion (25 MiB), default backend"),
+    "ssgd_nofirst": (lambda m, c: _ours("ssgd_nofirst", m, c, fusion_options={"first_bucket_bytes": 0}),
+                     "our S-SGD without DDP's 1 MiB first bucket (nothing overlaps backward on a model under 25 MiB)"),
     "ssgd_gloo": (b_ssgd_gloo, "our S-SGD over the same Gloo as DDP"),
     "mgwfbp": (b_fusion("mgwfbp"), "S-SGD, MG-WFBP merged buckets"),
     "optimal": (b_fusion("optimal"), "S-SGD, exact (DP) bucket planner"),
