@@ -55,6 +55,7 @@ class LocalOptimizer:
         self.ops, self.kind = ops, kind
         self.momentum, self.scale, self.dc_lambda = float(momentum), float(scale), float(dc_lambda)
         self.buf: dict[str, Tensor] = {}
+        self._d: dict[str, Tensor] = {}  # per-tensor scratch for the step direction d
 
     def update(self, name: str, w: Tensor, base: Tensor | None, grad: Tensor, *, lr: float,
                weight_decay: float = 0.0, glu_dir: Tensor | None = None, glu_coef: float = 0.0,
@@ -71,9 +72,18 @@ class LocalOptimizer:
                 optimizer's own ``momentum``, no dampening, no Nesterov).
         """
         ops = self.ops
-        d = ops.clone(grad)
-        if self.scale != 1.0:
-            d = ops.scale(d, self.scale)
+        # d lives in a buffer kept per tensor (written whole every step, never state): no new
+        # tensor per tensor per step, and s*g in one pass instead of a clone and a scale
+        d = self._d.get(name)
+        if d is None:
+            d = ops.clone(grad)
+            if self.scale != 1.0:
+                d = ops.scale(d, self.scale)
+        elif self.scale != 1.0:
+            d = ops.scale_into(d, grad, self.scale)
+        else:
+            d = ops.copy_(d, grad)
+        self._d[name] = d
         if self.kind == "dcasgd" and self.dc_lambda and base is not None:
             # lambda * g ⊙ g ⊙ (b - w_c): computed before w is overwritten by the base.
             comp = ops.mul(ops.mul(d, d), ops.sub(ops.clone(base), w))
