@@ -154,6 +154,12 @@ class TorchOps:
                 return y.add_(x, alpha=alpha)
         return y.add_(x, alpha=alpha)
 
+    def axpy_into(self, dst, y, alpha, x):  # the same add kernel as axpy_, reading y instead of dst
+        if dst.requires_grad or y.requires_grad or x.requires_grad:
+            with torch.no_grad():
+                return torch.add(y, x, alpha=alpha, out=dst)
+        return torch.add(y, x, alpha=alpha, out=dst)
+
     def ternary(self, t, theta, dtype):
         with torch.no_grad():
             wire = TORCH_DTYPES[dtype]

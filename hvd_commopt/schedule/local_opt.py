@@ -107,8 +107,8 @@ class LocalOptimizer:
                 m = ops.axpy_(ops.scale(m, mu), 1.0 - dampening, d)
             self.buf[name] = m
             d = ops.axpy_(d, mu, m) if nesterov else m
-        if base is not None:
-            w = ops.copy_(w, base)
+        if base is not None:  # w = b - lr*d in one pass, not a copy of the base and then the step
+            return ops.axpy_into(w, base, -lr, d)
         return ops.axpy_(w, -lr, d)
 
     # -- checkpoint ---------------------------------------------------------------------------
