@@ -107,7 +107,7 @@ class LocalOptimizer:
                 m = ops.axpy_(ops.scale(m, mu), 1.0 - dampening, d)
             self.buf[name] = m
             d = ops.axpy_(d, mu, m) if nesterov else m
-        if base is not None:  # w = b - lr*d in one pass, not a copy of the base and then the step
+        if base is not None:  # w = b - lr*d in one pass, not a copy of the base and then the step (docs/od-sgd.md#step-cost)
             return ops.axpy_into(w, base, -lr, d)
         return ops.axpy_(w, -lr, d)
 
