@@ -86,6 +86,9 @@ class NumpyOps:
         y += x * y.dtype.type(alpha)
         return y
 
+    def axpy_into(self, dst, y, alpha, x):
+        return np.add(y, x * y.dtype.type(alpha), out=dst)
+
     def ternary(self, t, theta, dtype):
         th = t.dtype.type(theta)
         return (t >= th).astype(numpy_dtype(dtype)) - (t <= -th).astype(numpy_dtype(dtype))

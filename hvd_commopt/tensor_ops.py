@@ -73,6 +73,10 @@ class TensorOps(Protocol):
     def axpy_(self, y: Tensor, alpha: float, x: Tensor) -> Tensor:
         """``y + alpha*x`` with the framework's fused kernel (in place into y allowed)."""
         ...
+    def axpy_into(self, dst: Tensor, y: Tensor, alpha: float, x: Tensor) -> Tensor:
+        """``y + alpha*x`` into dst (y and x intact): what ``axpy_(copy_(dst, y), alpha, x)``
+        gives, bit for bit, in one pass (the delayed schedules' local step from the replica)."""
+        ...
     def ternary(self, t: Tensor, theta: float, dtype: str) -> Tensor:
         """Signs of the ternary quantizer: +1 where ``t >= theta``, -1 where ``t <= -theta``, else
         0, as integers of ``dtype`` (MXNet's 2-bit quantizer, docs/cd-sgd.md#update-rule)."""

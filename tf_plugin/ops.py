@@ -223,6 +223,8 @@ class TFOps:
         y, x = tf.convert_to_tensor(_t(y)), _t(x)
         return y + tf.constant(alpha, dtype=y.dtype) * x
 
+    def axpy_into(self, dst, y, alpha, x): return self.axpy_(y, alpha, x)  # immutable: a new tensor
+
     def ternary(self, t, theta, dtype):
         t = tf.convert_to_tensor(_t(t))
         wire = TF_DTYPES[dtype]

@@ -125,8 +125,10 @@ class TorchOps:
         return t.mul_(factor)
 
     def scale_into(self, dst, t, factor):
-        with torch.no_grad():
-            return torch.mul(t, factor, out=dst)
+        if t.requires_grad or dst.requires_grad:
+            with torch.no_grad():
+                return torch.mul(t, factor, out=dst)
+        return torch.mul(t, factor, out=dst)
 
     def add(self, a, b): return a.add_(b)
     def sub(self, a, b): return a.sub_(b)
@@ -138,13 +140,25 @@ class TorchOps:
         with torch.no_grad():
             return a * b
 
+    # copy_, axpy_, scale_into: called per tensor by the delayed schedules' local update (~5 per
+    # tensor per step); like copy_into, no no_grad() context unless autograd could record the op
     def copy_(self, dst, src):
-        with torch.no_grad():
-            return dst.copy_(src)
+        if dst.requires_grad or src.requires_grad:
+            with torch.no_grad():
+                return dst.copy_(src)
+        return dst.copy_(src)
 
     def axpy_(self, y, alpha, x):  # torch.optim.SGD's own kernel (bit-exact local updates)
-        with torch.no_grad():
-            return y.add_(x, alpha=alpha)
+        if y.requires_grad or x.requires_grad:
+            with torch.no_grad():
+                return y.add_(x, alpha=alpha)
+        return y.add_(x, alpha=alpha)
+
+    def axpy_into(self, dst, y, alpha, x):  # the same add kernel as axpy_, reading y instead of dst
+        if dst.requires_grad or y.requires_grad or x.requires_grad:
+            with torch.no_grad():
+                return torch.add(y, x, alpha=alpha, out=dst)
+        return torch.add(y, x, alpha=alpha, out=dst)
 
     def ternary(self, t, theta, dtype):
         with torch.no_grad():

@@ -167,7 +167,9 @@ def run(args: argparse.Namespace) -> dict:
             r.drain()
             path = timeline.stop() or ""
             # stored relative to the repository, so a report does not carry this machine's paths
-            traces[name] = str(Path(path).resolve().relative_to(ROOT)) if path.startswith(str(ROOT)) else path
+            # is_relative_to, not a string prefix: --out /tmp/x1 from a tree at /tmp/x is not inside it
+            resolved = Path(path).resolve()
+            traces[name] = str(resolved.relative_to(ROOT)) if path and resolved.is_relative_to(ROOT) else path
     env.barrier()
     job_tx = env.gather(env.tx_bytes() - tx_start)
     lo_shared = env.iface == "lo"  # one counter for every rank (and any other local traffic)

@@ -55,6 +55,7 @@ class LocalOptimizer:
         self.ops, self.kind = ops, kind
         self.momentum, self.scale, self.dc_lambda = float(momentum), float(scale), float(dc_lambda)
         self.buf: dict[str, Tensor] = {}
+        self._d: dict[str, Tensor] = {}  # per-tensor scratch for the step direction d
 
     def update(self, name: str, w: Tensor, base: Tensor | None, grad: Tensor, *, lr: float,
                weight_decay: float = 0.0, glu_dir: Tensor | None = None, glu_coef: float = 0.0,
@@ -71,19 +72,33 @@ class LocalOptimizer:
                 optimizer's own ``momentum``, no dampening, no Nesterov).
         """
         ops = self.ops
-        d = ops.clone(grad)
-        if self.scale != 1.0:
-            d = ops.scale(d, self.scale)
-        if self.kind == "dcasgd" and self.dc_lambda and base is not None:
+        mu = self.momentum if momentum is None else float(momentum)
+        dc = self.kind == "dcasgd" and self.dc_lambda and base is not None
+        glu = glu_dir is not None and glu_coef
+        if self.scale == 1.0 and not (dc or glu or weight_decay or (mu and nesterov)):
+            # d = g is only read below (the mirroring default, docs/od-sgd.md#local-defaults,
+            # without weight decay or Nesterov): no copy of the gradient at all
+            d = grad
+        else:
+            # d in a buffer kept per tensor (written whole every step, never state): no new tensor
+            # per tensor per step, and s*g in one pass instead of a clone and a scale
+            d = self._d.get(name)
+            if d is None:
+                d = ops.scale(ops.clone(grad), self.scale) if self.scale != 1.0 else ops.clone(grad)
+            elif self.scale != 1.0:
+                d = ops.scale_into(d, grad, self.scale)
+            else:
+                d = ops.copy_(d, grad)
+            self._d[name] = d
+        if dc:
             # lambda * g ⊙ g ⊙ (b - w_c): computed before w is overwritten by the base.
             comp = ops.mul(ops.mul(d, d), ops.sub(ops.clone(base), w))
             d = ops.axpy_(d, self.dc_lambda, comp)
-        if glu_dir is not None and glu_coef:
+        if glu:
             d = ops.axpy_(d, glu_coef, glu_dir)
         b = w if base is None else base
         if weight_decay:
             d = ops.axpy_(d, weight_decay, b)
-        mu = self.momentum if momentum is None else float(momentum)
         if mu:
             m = self.buf.get(name)
             if m is None:
@@ -92,8 +107,8 @@ class LocalOptimizer:
                 m = ops.axpy_(ops.scale(m, mu), 1.0 - dampening, d)
             self.buf[name] = m
             d = ops.axpy_(d, mu, m) if nesterov else m
-        if base is not None:
-            w = ops.copy_(w, base)
+        if base is not None:  # w = b - lr*d in one pass, not a copy of the base and then the step (docs/od-sgd.md#step-cost)
+            return ops.axpy_into(w, base, -lr, d)
         return ops.axpy_(w, -lr, d)
 
     # -- checkpoint ---------------------------------------------------------------------------

@@ -455,3 +455,20 @@ def test_add_abs_where_into_out_equals_in_place_and_leaves_acc(variant):
 def test_fused_memories_equal_unfused_on_every_ops(variant, case):
     from tests.unit.test_fused_memory import check_fused
     check_fused(VARIANTS[variant], case)
+
+
+@pytest.mark.parametrize("variant", FAST + ("tf-native",))
+def test_axpy_into_equals_copy_then_axpy_and_leaves_inputs(variant):
+    """axpy_into(dst, y, a, x) is axpy_(copy_(dst, y), a, x) bit for bit (the delayed schedules'
+    local step from the replica, docs/od-sgd.md#update-rule), with y and x intact."""
+    ops = VARIANTS[variant]
+    rng = np.random.default_rng(5)
+    for dt in (np.float32, np.float64):
+        y, x = rng.standard_normal(5000).astype(dt), rng.standard_normal(5000).astype(dt)
+        like = ops.from_numpy(y, like=None)
+        yt, xt = ops.from_numpy(y.copy(), like=like), ops.from_numpy(x.copy(), like=like)
+        got = ops.axpy_into(ops.from_numpy(np.zeros_like(y), like=like), yt, -0.37, xt)
+        want = ops.axpy_(ops.copy_(ops.from_numpy(np.zeros_like(y), like=like), ops.from_numpy(y, like=like)), -0.37,
+                         ops.from_numpy(x, like=like))
+        assert np.array_equal(np.asarray(ops.to_numpy(got)), np.asarray(ops.to_numpy(want)))
+        assert np.array_equal(np.asarray(ops.to_numpy(yt)), y) and np.array_equal(np.asarray(ops.to_numpy(xt)), x)

@@ -540,3 +540,34 @@ def test_set_plan_mid_training_drains_first():
         for t in range(2, 6):
             one_step(eng, host, comm.rank, t)
     run_ranks(2, body)
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.5])
+@pytest.mark.parametrize("mu,damp,nesterov,wd", [(0.0, 0.0, False, 0.0), (0.9, 0.0, False, 0.0),
+                                                 (0.9, 0.1, False, 1e-3), (0.9, 0.0, True, 0.0)])
+@pytest.mark.parametrize("kind", ["sgd", "dcasgd"])
+def test_local_update_is_the_closed_form_and_leaves_the_gradient_alone(scale, mu, damp, nesterov, wd, kind):
+    """The local step (docs/od-sgd.md#update-rule) against its formula in the same operation order,
+    bit for bit, over steps with and without a base; the gradient passed in is never written (the
+    default path reads it in place instead of copying it)."""
+    rng = np.random.default_rng(3)
+    lo = LocalOptimizer(OPS, kind, mu, scale, dc_lambda=0.04)
+    w = rng.standard_normal(50).astype(np.float32)
+    ref_w, ref_m = w.copy(), None
+    for step in range(6):
+        g = rng.standard_normal(50).astype(np.float32)
+        g_before = g.copy()
+        base = rng.standard_normal(50).astype(np.float32) if step % 2 else None
+        b = ref_w if base is None else base
+        d = g * np.float32(scale) if scale != 1.0 else g.copy()
+        if kind == "dcasgd" and base is not None:
+            d = d + np.float32(0.04) * ((d * d) * (base - ref_w))
+        if wd:
+            d = d + np.float32(wd) * b
+        if mu:
+            ref_m = d.copy() if ref_m is None else ref_m * np.float32(mu) + np.float32(1.0 - damp) * d
+            d = d + np.float32(mu) * ref_m if nesterov else ref_m
+        ref_w = b + np.float32(-0.1) * d
+        w = lo.update("p", w, base, g, lr=0.1, weight_decay=wd, momentum=mu, dampening=damp, nesterov=nesterov)
+        np.testing.assert_array_equal(g, g_before)
+        np.testing.assert_array_equal(w, ref_w)
