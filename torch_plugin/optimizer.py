@@ -213,7 +213,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         gradient_predivide_factor: with Average, divide by f before the sum, by size/f after.
         fusion_threshold: fusion buffer size in bytes (0 = no fusion); default from
             ``HVD_COMMOPT_FUSION_THRESHOLD`` / ``HOROVOD_FUSION_THRESHOLD``, else 25 MiB
-            (``env.DEFAULT_FUSION_THRESHOLD``).
+            (``env.DEFAULT_FUSION_THRESHOLD``). Dense buckets close once they reach it, as DDP's
+            do (docs/wrapper.md#first-bucket); sparse ones stay under it.
         communicator: a core Communicator; default: the one ``init()`` made.
         schedule: ``Schedule.sync()`` (default), ``.od()``, ``.ssd()``, ``.cd()``, ``.cocod(period)``,
             ``.local_sgd(period)`` (see hvd_commopt.schedule). Non-sync schedules need ``step()``

@@ -64,7 +64,7 @@ from ..fusion.exact import plan_optimal
 from ..fusion.mgwfbp import plan_mgwfbp
 from ..fusion.omgs import plan_omgs
 from ..fusion.pricing import PER_LAYER_DENSITY, fit_select_s
-from ..fusion.threshold import plan_per_tensor, plan_single, plan_threshold, validate_plan
+from ..fusion.threshold import plan_bucket_cap, plan_per_tensor, plan_single, plan_threshold, validate_plan
 from ..reduce.base import Reducer
 from ..reduce.dense import DenseAllreduce
 from .profiler import Profile, StepProfiler
@@ -201,6 +201,15 @@ class FusionTuner:
         return self.strategy in PLANNED
 
     # -- engine hooks -----------------------------------------------------------------------
+    def _threshold_plan(self, sizes: Sequence[int]) -> list[list[int]]:
+        """The "threshold" plan: a dense reducer gets DDP's buckets (a 1 MiB first bucket, then
+        buckets that close once they reach the threshold, docs/wrapper.md#first-bucket); a sparse
+        reducer Horovod's hard cap, one selection per bucket spanning it."""
+        if self.reducer.sparse:
+            return plan_threshold(sizes, self.threshold_bytes)
+        first = FIRST_BUCKET_BYTES if self.options.first_bucket_bytes is None else self.options.first_bucket_bytes
+        return plan_bucket_cap(sizes, self.threshold_bytes, first_bytes=first or None)
+
     def initial_plan(self, names: Sequence[str], sizes_bytes: Sequence[int],
                      explicit: Sequence[Sequence[int]] | None = None) -> list[list[int]]:
         """The plan to register now (names and sizes in backward order). Restarts profiling when
@@ -225,10 +234,7 @@ class FusionTuner:
         if self.strategy == "none":
             self.plan = plan_per_tensor(len(sizes))
         else:
-            first = None
-            if not self.reducer.sparse:  # a sparse bucket's selection spans the whole bucket
-                first = FIRST_BUCKET_BYTES if self.options.first_bucket_bytes is None else self.options.first_bucket_bytes
-            self.plan = plan_threshold(sizes, self.threshold_bytes, first_bytes=first or None)
+            self.plan = self._threshold_plan(sizes)
         self._report = self._static_report(sizes, self.strategy)
         if self.planned and sizes:
             self.phase, self._steps, self._measured = "warmup", 0, []
@@ -358,7 +364,7 @@ class FusionTuner:
             select_s = fit_select_s(self.ops, self._like, self.reducer.density, max(sizes) // 4, self.clock)
         pr = self.reducer.price(cm, select_s)
         sel = pr.select_time
-        thr = plan_threshold(sizes, self.threshold_bytes)
+        thr = self._threshold_plan(sizes)
         linear_cost = pr.alpha_beta if pr.exact_linear else pr.comm_time
         if self.strategy == "auto":
             strategies = candidate_plans(sizes, tb, linear_cost, threshold_bytes=self.threshold_bytes,

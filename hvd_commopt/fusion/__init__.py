@@ -10,10 +10,10 @@ from .exact import brute_force_plan, optimal_with_time, plan_optimal
 from .mgwfbp import mgwfbp_with_prediction, plan_mgwfbp
 from .omgs import OMGS_TOPK_S, omgs_with_prediction, plan_omgs, topk_select_time
 from .simulator import SimResult, check_profile, ready_times, simulate
-from .threshold import plan_per_tensor, plan_single, plan_threshold, validate_plan
+from .threshold import plan_bucket_cap, plan_per_tensor, plan_single, plan_threshold, validate_plan
 
 __all__ = [
-    "plan_threshold", "plan_per_tensor", "plan_single", "validate_plan",
+    "plan_threshold", "plan_bucket_cap", "plan_per_tensor", "plan_single", "validate_plan",
     "AlphaBeta", "CostModel", "CommTimeFn", "ring_allreduce_time", "allgather_time", "topk_allgather_time",
     "gtopk_time", "sparse_k", "plan_mgwfbp", "mgwfbp_with_prediction", "plan_optimal", "optimal_with_time",
     "brute_force_plan", "plan_omgs", "omgs_with_prediction", "topk_select_time", "OMGS_TOPK_S",

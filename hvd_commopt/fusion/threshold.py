@@ -9,12 +9,17 @@ Horovod packs ready tensors into one fusion buffer until adding the next would e
 ``HOROVOD_FUSION_THRESHOLD`` bytes (a tensor larger than the threshold travels alone);
 ``threshold == 0`` disables fusion (one tensor per message). We plan that statically over the
 backward order, which is what Horovod converges to when gradients arrive in that order.
+
+:func:`plan_bucket_cap` is PyTorch DDP's rule instead (docs/wrapper.md#first-bucket): a bucket
+takes tensors until it *reaches* its cap (1 MiB for the first, then the threshold), so it may
+exceed the cap by its last tensor. On a model with large layers this moves bytes from the last
+bucket (sent after backward) into the earlier ones (sent during backward).
 """
 from __future__ import annotations
 
 from typing import Sequence
 
-__all__ = ["plan_threshold", "plan_per_tensor", "plan_single", "validate_plan"]
+__all__ = ["plan_threshold", "plan_bucket_cap", "plan_per_tensor", "plan_single", "validate_plan"]
 
 
 def plan_threshold(sizes_bytes: Sequence[int], threshold_bytes: int,
@@ -35,6 +40,29 @@ def plan_threshold(sizes_bytes: Sequence[int], threshold_bytes: int,
             current, filled = [], 0
         current.append(i)
         filled += nb
+    if current:
+        groups.append(current)
+    return groups
+
+
+def plan_bucket_cap(sizes_bytes: Sequence[int], cap_bytes: int, first_bytes: int | None = None) -> list[list[int]]:
+    """DDP's bucket assignment over the backward order: a group closes as soon as its bytes reach
+    ``first_bytes`` (the first group, when given and smaller than the cap) or ``cap_bytes`` (the
+    others); ``cap_bytes == 0`` is one tensor per group, as with :func:`plan_threshold`."""
+    if cap_bytes < 0:
+        raise ValueError(f"fusion threshold must be >= 0 bytes, got {cap_bytes}")
+    if cap_bytes == 0:
+        return plan_per_tensor(len(sizes_bytes))
+    groups: list[list[int]] = []
+    current: list[int] = []
+    filled = 0
+    for i, nb in enumerate(sizes_bytes):
+        current.append(i)
+        filled += nb
+        limit = min(cap_bytes, first_bytes) if first_bytes and not groups else cap_bytes
+        if filled >= limit:
+            groups.append(current)
+            current, filled = [], 0
     if current:
         groups.append(current)
     return groups

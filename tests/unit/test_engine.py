@@ -5,7 +5,7 @@ import pytest
 from hvd_commopt import Compression, NumpyOps, build_engine, run_ranks
 from hvd_commopt.engine import TensorSpec
 from hvd_commopt.errors import ConfigError, HvdCommoptError, RankMismatchError
-from hvd_commopt.fusion import plan_threshold
+from hvd_commopt.fusion import plan_bucket_cap, plan_threshold
 
 SPECS = [TensorSpec("l1.w", (4, 3), "float32"), TensorSpec("l1.b", (4,), "float32"),
          TensorSpec("l2.w", (2, 4), "float32"), TensorSpec("l2.b", (2,), "float32")]
@@ -45,11 +45,15 @@ def test_bucket_layout_follows_threshold_in_backward_order():
     assert plan_threshold(sizes, 1 << 20) == [[0, 1, 2, 3]]
     assert plan_threshold([100, 1, 1], 10) == [[0], [1, 2]]  # a large tensor travels alone
 
+    # a dense reducer's buckets follow DDP's rule: a bucket closes once it reaches the cap
+    assert plan_bucket_cap(sizes, 40) == [[0, 1], [2, 3]]
+    assert plan_bucket_cap(sizes, 0) == [[0], [1], [2], [3]]
+
     def body(comm):
         eng = build_engine(comm, NumpyOps(), fusion_threshold=40)
         eng.register(SPECS)
         return [list(b.names) for b in eng.buckets]
-    assert run_ranks(1, body)[0] == [["l2.b", "l2.w"], ["l1.b"], ["l1.w"]]
+    assert run_ranks(1, body)[0] == [["l2.b", "l2.w"], ["l1.b", "l1.w"]]
 
 
 def test_sum_op_and_predivide_factor():

@@ -1,6 +1,6 @@
 """DDP's small first bucket under "threshold" fusion (docs/wrapper.md#first-bucket)."""
 from hvd_commopt.engine.tuner import FIRST_BUCKET_BYTES, FusionTuner
-from hvd_commopt.fusion.threshold import plan_threshold
+from hvd_commopt.fusion.threshold import plan_bucket_cap, plan_threshold
 from hvd_commopt.reduce import DenseAllreduce
 
 
@@ -35,3 +35,15 @@ def test_dense_threshold_fusion_gets_ddps_first_bucket_sparse_does_not():
         sparse, density = True, 0.01
     sparse = FusionTuner("threshold", OneRank(), threshold_bytes=25 * MB, reducer=Sparse())
     assert sparse.initial_plan(names, sizes) == [list(range(8))]
+
+
+def test_dense_buckets_close_once_they_reach_the_cap_as_ddp_does():
+    # ResNet-18's backward order (MiB): DDP's rule puts the 9 MiB conv into the first bucket and
+    # leaves the last bucket small; the hard cap leaves 25 MiB for after backward
+    sizes = [MB // 64, 9 * MB, 9 * MB, 9 * MB, 9 * MB, 2 * MB, 2 * MB]
+    assert plan_bucket_cap(sizes, 25 * MB, first_bytes=MB) == [[0, 1], [2, 3, 4], [5, 6]]
+    assert plan_threshold(sizes, 25 * MB, first_bytes=MB) == [[0], [1, 2], [3, 4, 5, 6]]
+    assert plan_bucket_cap(sizes, 25 * MB) == [[0, 1, 2, 3], [4, 5, 6]]
+    names = [f"t{i}" for i in range(len(sizes))]
+    dense = FusionTuner("threshold", OneRank(), threshold_bytes=25 * MB, reducer=DenseAllreduce())
+    assert dense.initial_plan(names, sizes) == [[0, 1], [2, 3, 4], [5, 6]]

@@ -15,7 +15,7 @@ from hvd_commopt.engine import TensorSpec
 from hvd_commopt.engine.profiler import StepProfiler
 from hvd_commopt.engine.tuner import FusionOptions, FusionTuner, format_report
 from hvd_commopt.errors import ConfigError
-from hvd_commopt.fusion import AlphaBeta, CostModel, plan_mgwfbp, plan_optimal, plan_threshold, simulate
+from hvd_commopt.fusion import AlphaBeta, CostModel, plan_mgwfbp, plan_bucket_cap, plan_optimal, plan_threshold, simulate
 
 NUMEL = [300, 20, 1000, 10, 500, 40]            # registration (forward) order
 SPECS = [TensorSpec(f"l{i}.w", (n, 1), "float32") for i, n in enumerate(NUMEL)]  # 2-D: sparse reducers select them
@@ -318,7 +318,7 @@ def test_static_strategies_and_argument_checks():
         return none.plan, none.fusion_report, thr.plan, thr.tuner.phase
     none_plan, rep, thr_plan, phase = run_ranks(1, body)[0]
     assert none_plan == [[i] for i in range(len(SPECS))] and rep["buckets"] == len(SPECS)
-    assert thr_plan == plan_threshold(BWD_SIZES, 1300) and phase == "static"
+    assert thr_plan == plan_bucket_cap(BWD_SIZES, 1300, first_bytes=1 << 20) and phase == "static"
     with pytest.raises(ConfigError, match="fusion must be one of"):
         run_ranks(1, lambda c: make_engine(c, "greedy"))
     with pytest.raises(ConfigError, match="unknown fusion option"):
