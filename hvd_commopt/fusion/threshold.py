@@ -26,29 +26,20 @@ def plan_threshold(sizes_bytes: Sequence[int], threshold_bytes: int,
                    first_bytes: int | None = None) -> list[list[int]]:
     """Greedy contiguous packing of tensors (in backward order) under ``threshold_bytes``;
     the first group under ``first_bytes`` when given and smaller (DDP's small first bucket)."""
-    if threshold_bytes < 0:
-        raise ValueError(f"fusion threshold must be >= 0 bytes, got {threshold_bytes}")
-    if threshold_bytes == 0:
-        return plan_per_tensor(len(sizes_bytes))
-    groups: list[list[int]] = []
-    current: list[int] = []
-    filled = 0
-    cap = min(threshold_bytes, first_bytes) if first_bytes else threshold_bytes
-    for i, nb in enumerate(sizes_bytes):
-        if current and filled + nb > (cap if not groups else threshold_bytes):
-            groups.append(current)
-            current, filled = [], 0
-        current.append(i)
-        filled += nb
-    if current:
-        groups.append(current)
-    return groups
+    return _pack(sizes_bytes, threshold_bytes, first_bytes, reach=False)
 
 
 def plan_bucket_cap(sizes_bytes: Sequence[int], cap_bytes: int, first_bytes: int | None = None) -> list[list[int]]:
     """DDP's bucket assignment over the backward order: a group closes as soon as its bytes reach
     ``first_bytes`` (the first group, when given and smaller than the cap) or ``cap_bytes`` (the
     others); ``cap_bytes == 0`` is one tensor per group, as with :func:`plan_threshold`."""
+    return _pack(sizes_bytes, cap_bytes, first_bytes, reach=True)
+
+
+def _pack(sizes_bytes: Sequence[int], cap_bytes: int, first_bytes: int | None, reach: bool) -> list[list[int]]:
+    """Contiguous groups under each group's limit (``first_bytes`` for the first when smaller):
+    ``reach`` closes a group once it reaches the limit (DDP), else before it would exceed it
+    (Horovod; a tensor larger than the limit travels alone)."""
     if cap_bytes < 0:
         raise ValueError(f"fusion threshold must be >= 0 bytes, got {cap_bytes}")
     if cap_bytes == 0:
@@ -57,10 +48,13 @@ def plan_bucket_cap(sizes_bytes: Sequence[int], cap_bytes: int, first_bytes: int
     current: list[int] = []
     filled = 0
     for i, nb in enumerate(sizes_bytes):
+        limit = min(cap_bytes, first_bytes) if first_bytes and not groups else cap_bytes
+        if not reach and current and filled + nb > limit:
+            groups.append(current)
+            current, filled = [], 0
         current.append(i)
         filled += nb
-        limit = min(cap_bytes, first_bytes) if first_bytes and not groups else cap_bytes
-        if filled >= limit:
+        if reach and filled >= limit:
             groups.append(current)
             current, filled = [], 0
     if current:
