@@ -246,15 +246,21 @@ class TorchDistBackend(Backend):
         return buf
 
     def allgather(self, buf, name, deadline):
-        buf, dtype = _movable(buf.reshape(-1))
-        out, counts = self._allgather(buf, name, deadline)
-        return _restore(out, dtype), counts
+        return self._allgather(buf, name, deadline)
 
-    def _allgather(self, buf, name, deadline):
-        n = torch.tensor([buf.numel()], dtype=torch.int64, device=buf.device)
-        counts = [torch.zeros_like(n) for _ in range(self.size)]
-        self._run("allgather", name, deadline, lambda: dist.all_gather(counts, n, group=self._pg, async_op=True))
-        counts = [int(c) for c in torch.cat(counts).tolist()]  # one device sync, not one per rank
+    def allgather_equal(self, buf, name, deadline):
+        # one Gloo/NCCL collective: the caller promised every rank's size (docs/topk.md#equal-sizes)
+        return self._allgather(buf, name, deadline, equal=True)
+
+    def _allgather(self, buf, name, deadline, equal: bool = False):
+        buf, dtype = _movable(buf.reshape(-1))
+        if equal:
+            counts = [buf.numel()] * self.size
+        else:
+            n = torch.tensor([buf.numel()], dtype=torch.int64, device=buf.device)
+            counts = [torch.zeros_like(n) for _ in range(self.size)]
+            self._run("allgather", name, deadline, lambda: dist.all_gather(counts, n, group=self._pg, async_op=True))
+            counts = [int(c) for c in torch.cat(counts).tolist()]  # one device sync, not one per rank
         m = max(counts)
         if buf.numel() == m:
             padded = buf.contiguous()
@@ -264,15 +270,8 @@ class TorchDistBackend(Backend):
         parts = [torch.empty_like(padded) for _ in range(self.size)]
         self._run("allgather", name, deadline, lambda: dist.all_gather(parts, padded, group=self._pg, async_op=True))
         if all(c == m for c in counts):
-            return torch.cat(parts), counts
-        return torch.cat([p[:c] for p, c in zip(parts, counts)]), counts
-
-    def allgather_equal(self, buf, name, deadline):
-        # one Gloo/NCCL collective: the caller promised every rank's size (docs/topk.md#equal-sizes)
-        buf, dtype = _movable(buf.reshape(-1).contiguous())
-        parts = [torch.empty_like(buf) for _ in range(self.size)]
-        self._run("allgather", name, deadline, lambda: dist.all_gather(parts, buf, group=self._pg, async_op=True))
-        return _restore(torch.cat(parts), dtype), [buf.numel()] * self.size
+            return _restore(torch.cat(parts), dtype), counts
+        return _restore(torch.cat([p[:c] for p, c in zip(parts, counts)]), dtype), counts
 
     def allgather_host(self, data: np.ndarray, name, deadline):
         # our group has Gloo for CPU tensors in both modes: host bytes stay on the host

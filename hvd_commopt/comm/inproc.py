@@ -115,17 +115,19 @@ class InProcBackend(Backend):
         return buf
 
     def allgather(self, buf, name, deadline):
-        parts = self._meet("allgather", name, np.array(buf, copy=True).reshape(-1), deadline)
-        return np.concatenate(parts), [int(p.size) for p in parts]
+        return self._gather(buf, name, deadline)
 
     def allgather_equal(self, buf, name, deadline):
-        parts = self._meet("allgather", name, np.array(buf, copy=True).reshape(-1), deadline)
-        out, counts = np.concatenate(parts), [int(p.size) for p in parts]
+        out, counts = self._gather(buf, name, deadline)
         if len(set(counts)) > 1:  # the in-process world can check the caller's promise
             raise RankMismatchError(f"allgather '{name}' was promised equal sizes but the ranks sent "
                                     f"{counts} elements: the selection's k differs across ranks (same "
                                     f"model, density and step everywhere?)")
         return out, counts
+
+    def _gather(self, buf, name, deadline):
+        parts = self._meet("allgather", name, np.array(buf, copy=True).reshape(-1), deadline)
+        return np.concatenate(parts), [int(p.size) for p in parts]
 
     def broadcast_(self, buf, root, name, deadline):
         parts = self._meet("broadcast", name, np.array(buf, copy=True) if self._rank == root else None, deadline)
