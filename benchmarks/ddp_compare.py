@@ -5,7 +5,8 @@
 
 Variants, interleaved block by block so machine noise hits all of them alike:
   compute       no communication at all (the lower bound)
-  ddp           torch DistributedDataParallel over Gloo (bucket_cap_mb=25)
+  ddp           torch DistributedDataParallel over Gloo, its defaults (1 MiB first bucket, then 25 MiB)
+  ddp-nofirst   the same with bucket_cap_mb=25 (torch then makes no first bucket)
   ours          DistributedOptimizer on Gloo on our own group, MPI as control plane (the default
                 across hosts; on one host the default is MPI, i.e. ours-mpi), default fusion
   ours-nofirst  the same without DDP's 1 MiB first bucket (fusion_options first_bucket_bytes=0)
@@ -34,7 +35,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=3, help="timed steps per block")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--models", default="resnet18,deep_mlp")
-    p.add_argument("--variants", default="compute,ddp,ours,ours-nofirst,ours-mpi,ours-fp16,ours-mpi-fp16")
+    p.add_argument("--variants", default="compute,ddp,ddp-nofirst,ours,ours-nofirst,ours-mpi,ours-fp16,ours-mpi-fp16")
     args = p.parse_args()
     if args.quick:
         args.blocks, args.steps = 2, 2
@@ -75,8 +76,10 @@ def main() -> None:
         for name in wanted:
             if name == "compute":
                 variants[name] = plain(copy.deepcopy(base))
-            elif name == "ddp":
-                ddp_model = DDP(copy.deepcopy(base), bucket_cap_mb=25)
+            elif name in ("ddp", "ddp-nofirst"):
+                # an explicit bucket_cap_mb turns DDP's 1 MiB first bucket off (torch makes it only
+                # when bucket_cap_mb is None): "ddp" is DDP(model), "ddp-nofirst" the explicit cap
+                ddp_model = DDP(copy.deepcopy(base)) if name == "ddp" else DDP(copy.deepcopy(base), bucket_cap_mb=25)
                 variants[name] = (ddp_model, torch.optim.SGD(ddp_model.parameters(), lr=0.01, momentum=0.9))
             else:
                 m = copy.deepcopy(base)

@@ -142,13 +142,16 @@ def ddp_bytes_per_step(model: nn.Module, size: int, rank_r: int | None = None, m
     return int(2 * (size - 1) / size * 4 * elems)
 
 
-def b_ddp(model: nn.Module, ctx: Ctx, powersgd_rank: int | None = None) -> Runner:
+def b_ddp(model: nn.Module, ctx: Ctx, powersgd_rank: int | None = None, first_bucket: bool = True) -> Runner:
     from torch.nn.parallel import DistributedDataParallel as DDP
     # one Gloo group per DDP instance: with three DDPs on one group, ResNet jobs intermittently
     # died of a Gloo message-size mismatch inside backward (benchmarks/README.md, "Known issues")
     group = ctx.new_ddp_group() if ctx.new_ddp_group is not None else ctx.ddp_group
-    ddp = DDP(model, bucket_cap_mb=25, process_group=group)
-    name = "ddp"
+    # DDP's defaults, as `DDP(model)` gives them: 25 MiB buckets after a 1 MiB first one. Passing
+    # bucket_cap_mb=25 is not the same: torch gives the first bucket only when bucket_cap_mb is
+    # None (BucketCapacityConfig), so an explicit cap means no first bucket (`ddp_nofirst`)
+    ddp = DDP(model, process_group=group) if first_bucket else DDP(model, bucket_cap_mb=25, process_group=group)
+    name = "ddp" if first_bucket else "ddp_nofirst"
     if powersgd_rank is not None:
         from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
         state = psgd.PowerSGDState(process_group=group, matrix_approximation_rank=powersgd_rank,
@@ -240,7 +243,8 @@ def b_fp16(model: nn.Module, ctx: Ctx) -> Runner:
 # name -> (builder, one-line description)
 VARIANTS: dict[str, tuple[Callable[[nn.Module, Ctx], Runner], str]] = {
     "compute": (b_compute, "no communication: the compute-only lower bound"),
-    "ddp": (b_ddp, "PyTorch DDP over Gloo, 25 MB buckets"),
+    "ddp": (b_ddp, "PyTorch DDP over Gloo, its defaults: a 1 MiB first bucket, then 25 MiB"),
+    "ddp_nofirst": (lambda m, c: b_ddp(m, c, first_bucket=False), "DDP with bucket_cap_mb=25: no first bucket"),
     "ddp_powersgd1": (lambda m, c: b_ddp(m, c, 1), "DDP + PowerSGD comm hook, rank 1"),
     "ddp_powersgd4": (lambda m, c: b_ddp(m, c, 4), "DDP + PowerSGD comm hook, rank 4"),
     "ssgd": (lambda m, c: _ours("ssgd", m, c), "our S-SGD, threshold fusion (25 MiB), default backend"),
@@ -280,7 +284,7 @@ DEFAULT = [n for n in VARIANTS if n != "ssgd_gloo"]
 QUICK = ["compute", "ddp", "ddp_powersgd1", "ssgd", "mgwfbp", "fp16", "topk", "gtopk", "dgc", "od", "local_sgd"]
 
 
-_NOT_OURS = ("compute", "ddp", "ddp_powersgd1", "ddp_powersgd4")
+_NOT_OURS = ("compute", "ddp", "ddp_nofirst", "ddp_powersgd1", "ddp_powersgd4")
 
 
 def is_ours(name: str) -> bool:

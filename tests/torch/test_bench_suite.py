@@ -87,3 +87,29 @@ def test_backend_switch_names_our_variants_on_mpi() -> None:
         assert r.name == "ssgd@mpi" and r.opt.comm_engine.comm is comm
         assert V.describe("ssgd@mpi").endswith(", on mpi")
     run_ranks(1, body)
+
+
+def test_ddp_baseline_has_ddps_default_buckets_and_ddp_nofirst_has_none() -> None:
+    # `ddp` is DDP(model) as a user gets it: a 1 MiB first bucket, then 25 MiB. An explicit
+    # bucket_cap_mb=25 makes no first bucket (torch makes it only when bucket_cap_mb is None), which
+    # is `ddp_nofirst`. A fresh process: DDP needs a process group of its own (one rank, Gloo).
+    import subprocess
+    import sys
+    from pathlib import Path
+    code = (
+        "import tempfile, torch, torch.distributed as dist\n"
+        "dist.init_process_group('gloo', init_method='file://' + tempfile.mktemp(), rank=0, world_size=1)\n"
+        "from benchmarks.suite import variants as V\n"
+        "from benchmarks.models import deep_mlp\n"
+        "for name in ('ddp', 'ddp_nofirst'):\n"
+        "    torch.manual_seed(0)\n"
+        "    r = V.build(name, deep_mlp(depth=48), V.Ctx(mode='throughput', rank=0, size=1, ddp_group=dist.group.WORLD))\n"
+        "    for _ in range(2):\n"
+        "        r.module(torch.randn(4, 64)).sum().backward()\n"
+        "    print(name, [b.buffer().numel() * 4 for b in r.module.reducer._get_zeros_like_grad_buckets()])\n")
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = dict(ln.split(" ", 1) for ln in out.stdout.splitlines())
+    assert lines["ddp"] == "[1062952, 11119616]"  # the same buckets as our S-SGD's (docs/wrapper.md#first-bucket)
+    assert lines["ddp_nofirst"] == "[12182568]"
