@@ -54,6 +54,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--blocks", type=int, default=None, help="interleaved blocks per variant (default 3; quick 2)")
     ap.add_argument("--steps", type=int, default=None, help="timed steps per block = averaging period (default 4; quick 2)")
     ap.add_argument("--warmup", type=int, default=None, help="untimed steps per variant first (default 3; quick 2)")
+    ap.add_argument("--traced-steps", type=int, default=1,
+                    help="consecutive steps per variant in its timeline (after the timed blocks)")
     ap.add_argument("--density", type=float, default=0.001, help="sparse density for the throughput jobs")
     ap.add_argument("--no-tta", dest="tta", action="store_false", help="skip the time-to-accuracy job")
     ap.add_argument("--tta-only", action="store_true", help="only the time-to-accuracy job (no throughput jobs)")
@@ -221,7 +223,7 @@ def run_net(net: str, args: argparse.Namespace, prog: _Progress) -> dict[str, An
             tl_dir = out / "timelines" / tag / model
             argv = ["benchmarks.suite.worker", "--model", model, "--variants", args.variants, "--blocks",
                     str(args.blocks), "--steps", str(args.steps), "--warmup", str(args.warmup), "--density",
-                    str(args.density), "--timeline-dir", str(tl_dir)] + (["--quick"] if args.quick else [])
+                    str(args.density), "--timeline-dir", str(tl_dir), "--traced-steps", str(args.traced_steps)] + (["--quick"] if args.quick else [])
             job = _run_job_retry(cl, args, argv, work, f"{tag}_{model}", nvar * (args.blocks + 1), prog, f"{net} {model}")
             job.setdefault("model", model)
             run["jobs"].append(job)

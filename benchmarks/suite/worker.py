@@ -11,8 +11,8 @@ communication spills into the next one's block. Per variant and rank the worker 
 emulated link's tx byte counter around each block (bytes that really crossed the shaped link)
 and, for our variants, the library's own accounting (``comm_stats['bytes_sent']``).
 
-After timing, each variant runs one traced step with the Chrome-trace timeline on
-(``--timeline-dir``): forward/backward/step spans and gradient-ready instants from here, each
+After timing, each variant runs one traced step (``--traced-steps N``: N in a row) with the
+Chrome-trace timeline on (``--timeline-dir``): forward/backward/step spans and gradient-ready instants from here, each
 collective from the communicator's progress thread.
 """
 from __future__ import annotations
@@ -163,7 +163,8 @@ def run(args: argparse.Namespace) -> dict:
             env.barrier()
             timeline.start(f"{args.timeline_dir}/{name}.json", env.rank)
             timeline.instant("traced step", "step")
-            timed_step(r, x, y)
+            for _ in range(max(1, args.traced_steps)):
+                timed_step(r, x, y)
             r.drain()
             path = timeline.stop() or ""
             # stored relative to the repository, so a report does not carry this machine's paths
@@ -184,7 +185,7 @@ def run(args: argparse.Namespace) -> dict:
         acct_per_rank = env.gather(statistics.median(s["acct"]) if runners[name].ours else None)
         out[name] = {
             "step_s": step_s, "samples_per_s": batch * env.size / step_s,
-            "block_step_s_rank0": s["block_s"], "median_single_step_s_rank0": statistics.median(s["step_s"]),
+            "block_step_s_rank0": s["block_s"], "step_s_rank0": s["step_s"], "median_single_step_s_rank0": statistics.median(s["step_s"]),
             "bytes_sent_per_step_accounted": acct_per_rank,
             "bytes_per_step_analytic": runners[name].analytic_bytes,
             "link_tx_bytes_per_step": link_per_rank,
@@ -213,6 +214,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--progress", default=None)
     ap.add_argument("--timeline-dir", default=None)
+    ap.add_argument("--traced-steps", type=int, default=1)
     args = ap.parse_args(argv)
     result = run(args)
     import torch_plugin as hco
