@@ -150,6 +150,11 @@ def b_ddp(model: nn.Module, ctx: Ctx, powersgd_rank: int | None = None, first_bu
     # DDP's defaults, as `DDP(model)` gives them: 25 MiB buckets after a 1 MiB first one. Passing
     # bucket_cap_mb=25 is not the same: torch gives the first bucket only when bucket_cap_mb is
     # None (BucketCapacityConfig), so an explicit cap means no first bucket (`ddp_nofirst`)
+    # PowerSGD keeps the explicit cap (no first bucket): its hook chains further collectives from
+    # each bucket's callbacks, and with several buckets in flight Gloo receives them in a different
+    # order on each rank (a message-size mismatch; benchmarks/README.md, "Known issues")
+    if powersgd_rank is not None:
+        first_bucket = False
     ddp = DDP(model, process_group=group) if first_bucket else DDP(model, bucket_cap_mb=25, process_group=group)
     name = "ddp" if first_bucket else "ddp_nofirst"
     if powersgd_rank is not None:
