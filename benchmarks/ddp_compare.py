@@ -79,7 +79,7 @@ def main() -> None:
             elif name in ("ddp", "ddp-nofirst"):
                 # an explicit bucket_cap_mb turns DDP's 1 MiB first bucket off (torch makes it only
                 # when bucket_cap_mb is None): "ddp" is DDP(model), "ddp-nofirst" the explicit cap
-                ddp_model = DDP(copy.deepcopy(base)) if name == "ddp" else DDP(copy.deepcopy(base), bucket_cap_mb=25)
+                ddp_model = DDP(copy.deepcopy(base), bucket_cap_mb=None if name == "ddp" else 25)
                 variants[name] = (ddp_model, torch.optim.SGD(ddp_model.parameters(), lr=0.01, momentum=0.9))
             else:
                 m = copy.deepcopy(base)

@@ -223,7 +223,8 @@ def run_net(net: str, args: argparse.Namespace, prog: _Progress) -> dict[str, An
             tl_dir = out / "timelines" / tag / model
             argv = ["benchmarks.suite.worker", "--model", model, "--variants", args.variants, "--blocks",
                     str(args.blocks), "--steps", str(args.steps), "--warmup", str(args.warmup), "--density",
-                    str(args.density), "--timeline-dir", str(tl_dir), "--traced-steps", str(args.traced_steps)] + (["--quick"] if args.quick else [])
+                    str(args.density), "--timeline-dir", str(tl_dir),
+                    "--traced-steps", str(args.traced_steps)] + (["--quick"] if args.quick else [])
             job = _run_job_retry(cl, args, argv, work, f"{tag}_{model}", nvar * (args.blocks + 1), prog, f"{net} {model}")
             job.setdefault("model", model)
             run["jobs"].append(job)

@@ -147,15 +147,14 @@ def b_ddp(model: nn.Module, ctx: Ctx, powersgd_rank: int | None = None, first_bu
     # one Gloo group per DDP instance: with three DDPs on one group, ResNet jobs intermittently
     # died of a Gloo message-size mismatch inside backward (benchmarks/README.md, "Known issues")
     group = ctx.new_ddp_group() if ctx.new_ddp_group is not None else ctx.ddp_group
-    # DDP's defaults, as `DDP(model)` gives them: 25 MiB buckets after a 1 MiB first one. Passing
-    # bucket_cap_mb=25 is not the same: torch gives the first bucket only when bucket_cap_mb is
-    # None (BucketCapacityConfig), so an explicit cap means no first bucket (`ddp_nofirst`)
-    # PowerSGD keeps the explicit cap (no first bucket): its hook chains further collectives from
-    # each bucket's callbacks, and with several buckets in flight Gloo receives them in a different
-    # order on each rank (a message-size mismatch; benchmarks/README.md, "Known issues")
-    if powersgd_rank is not None:
-        first_bucket = False
-    ddp = DDP(model, process_group=group) if first_bucket else DDP(model, bucket_cap_mb=25, process_group=group)
+    # bucket_cap_mb=None is DDP's default: 25 MiB buckets after a 1 MiB first one. An explicit 25
+    # is not the same: torch makes the first bucket only when bucket_cap_mb is None
+    # (BucketCapacityConfig), so the explicit cap means no first bucket (`ddp_nofirst`). PowerSGD
+    # keeps the explicit cap: its hook chains further collectives from each bucket's callbacks,
+    # and with several buckets in flight Gloo receives them in a different order on each rank (a
+    # message-size mismatch; benchmarks/README.md, "Known issues")
+    first_bucket = first_bucket and powersgd_rank is None
+    ddp = DDP(model, bucket_cap_mb=None if first_bucket else 25, process_group=group)
     name = "ddp" if first_bucket else "ddp_nofirst"
     if powersgd_rank is not None:
         from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd

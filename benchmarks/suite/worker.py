@@ -12,8 +12,8 @@ emulated link's tx byte counter around each block (bytes that really crossed the
 and, for our variants, the library's own accounting (``comm_stats['bytes_sent']``).
 
 After timing, each variant runs one traced step (``--traced-steps N``: N in a row) with the
-Chrome-trace timeline on (``--timeline-dir``): forward/backward/step spans and gradient-ready instants from here, each
-collective from the communicator's progress thread.
+Chrome-trace timeline on (``--timeline-dir``): forward/backward/step spans and gradient-ready
+instants from here, each collective from the communicator's progress thread.
 """
 from __future__ import annotations
 
