@@ -12,7 +12,8 @@ Whole-model versus layer-wise selection is decided by the fusion buckets: one bu
 (``fusion_threshold`` at least the model's gradient size) selects the top-k of the whole
 gradient (the default 25 MiB cap gives one bucket for models up to ~6.5M fp32 parameters); one
 bucket per layer (``fusion_threshold=0``) is LAGS-SGD, each layer sparsified and sent from the
-backward hooks while backward continues. ``density`` may be a dict or callable for per-layer
+backward hooks while backward continues. ``Compression.topk(density, layerwise=True)`` selects
+LAGS's per-layer top-k inside fused buckets, one exchange per bucket. ``density`` may be a dict or callable for per-layer
 densities (see :class:`hvd_commopt.compress.topk.DensitySpec`).
 """
 from __future__ import annotations
@@ -59,7 +60,7 @@ class Compression:
     def topk(density: Density = 0.001, error_feedback: bool = True, index_dtype: str | None = None,
              momentum_correction: bool | None = None, momentum_masking: bool = True, min_k: int = 16,
              nonfinite: str = "skip", selection: str = "exact", tau: int = 16, band: float = 0.2,
-             dense_1d: bool = True) -> SparseAllgather:
+             dense_1d: bool = True, layerwise: bool = False) -> SparseAllgather:
         """Top-k S-SGD (docs/topk.md#update-rule): exact top-k per bucket, allgather of (values, indices).
 
         Args:
@@ -83,8 +84,12 @@ class Compression:
             dense_1d: send 1-D tensors (biases, normalisation scales and shifts) whole, in buckets
                 of their own, as DGC's and PowerSGD's reference code do; False selects them with
                 the matrices (docs/topk.md#dense-1d; every sparse constructor below takes it).
+            layerwise: the top-k of each tensor, as LAGS-SGD selects, inside fused buckets sent
+                whole (docs/lags-omgs.md#lags-merged); a dict or callable density is then asked by
+                tensor name. Exact selection only.
         """
-        return SparseAllgather(TopKCompressor(density, selection, tau, band, min_k=min_k, dense_1d=dense_1d),
+        return SparseAllgather(TopKCompressor(density, selection, tau, band, min_k=min_k, dense_1d=dense_1d,
+                                              layerwise=layerwise),
                                _memory(error_feedback, momentum_correction, momentum_masking, nonfinite), index_dtype)
 
     @staticmethod

@@ -15,6 +15,7 @@ class NumpyOps:
     """TensorOps over 1-D NumPy arrays. In-place where NumPy allows."""
 
     name = "numpy"
+    slices_are_views = True  # slice() shares memory, so writes into a slice land in the buffer
 
     def numel(self, t): return int(t.size)
     def dtype_name(self, t): return str(t.dtype)
@@ -115,6 +116,7 @@ class NumpyOps:
         return t
 
     def arange(self, n, like=None): return np.arange(n, dtype=np.int64)
+    def shift(self, idx, offset): return np.add(idx, int(offset), dtype=np.int64)
 
     def unique_sum(self, idx, vals):
         u, inv = np.unique(np.asarray(idx, dtype=np.int64), return_inverse=True)

@@ -33,6 +33,7 @@ class TensorOps(Protocol):
     """Native tensor operations the core needs. All tensors handled here are 1-D unless stated."""
 
     name: str  # "torch", "tensorflow", "numpy"
+    slices_are_views: bool  # slice() shares memory: what is written into a slice lands in the buffer
 
     # -- description -------------------------------------------------------------------------
     def numel(self, t: Tensor) -> int: ...
@@ -92,6 +93,7 @@ class TensorOps(Protocol):
     def index_fill(self, t: Tensor, idx: Tensor, value: float) -> Tensor: ...
     def index_copy(self, t: Tensor, idx: Tensor, vals: Tensor) -> Tensor: ...  # t[idx] = vals (in place allowed; repeated indices carry equal values)
     def arange(self, n: int, like: Tensor) -> Tensor: ...  # int64
+    def shift(self, idx: Tensor, offset: int) -> Tensor: ...  # a new int64 tensor idx + offset
 
     # -- sparse merging and selection (top-k, gTop-k, DGC) -------------------------------------
     def unique_sum(self, idx: Tensor, vals: Tensor) -> tuple[Tensor, Tensor]:

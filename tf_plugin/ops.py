@@ -116,6 +116,7 @@ class TFOps:
     """TensorOps over 1-D TF tensors (fusion buffers: :class:`PackBuffer`)."""
 
     name = "tensorflow"
+    slices_are_views = False  # slice() shares memory, so writes into a slice land in the buffer
 
     # -- description -------------------------------------------------------------------------
     def numel(self, t):
@@ -267,6 +268,9 @@ class TFOps:
     def arange(self, n, like=None):
         with tf.device(_device_of(like)):
             return tf.range(int(n), dtype=tf.int64)
+
+    def shift(self, idx, offset):
+        return tf.cast(_t(idx), tf.int64) + int(offset)
 
     # -- sparse merging and selection (gTop-k, DGC) --------------------------------------------
     def unique_sum(self, idx, vals):

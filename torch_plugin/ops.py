@@ -62,6 +62,7 @@ class TorchOps:
     """
 
     name = "torch"
+    slices_are_views = True  # slice() shares memory, so writes into a slice land in the buffer
     host_kernels = True
     word_max_density = 0.02
 
@@ -203,6 +204,9 @@ class TorchOps:
 
     def arange(self, n, like=None):
         return torch.arange(int(n), dtype=torch.int64, device=self._device(like))
+
+    def shift(self, idx, offset):
+        return idx + int(offset)  # a new tensor: a selection may hand out a cached arange
 
     def unique_sum(self, idx, vals):
         u, inv = torch.unique(idx.to(torch.int64), sorted=True, return_inverse=True)

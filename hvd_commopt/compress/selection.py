@@ -407,15 +407,20 @@ class Selection:
             res = self.exact.select(ops, r, k, addend=addend, out=out)
         else:
             res = self.reuse.select(ops, r, k, key=name, addend=addend, out=out)
-        made = self.exact.stats["calls"] - calls  # threshold reuse calls the exact selector on its own steps only
+        # threshold reuse calls the exact selector on its own steps only
+        self.record_calls(name, step, self.exact.stats["calls"] - calls)
+        if finite is not None:
+            finite.append(res.finite)
+        return res.values, res.indices, res.acc
+
+    def record_calls(self, name: str, step: int, made: int) -> None:
+        """``made`` exact selections of bucket ``name`` in round ``step``, which a rollback of
+        that round takes back from the ``calls`` count."""
         if made:
             per_step = self._calls.setdefault(name, {})
             per_step[step] = per_step.get(step, 0) + made
             if len(per_step) > _CALL_STEPS_KEPT:
                 del per_step[min(per_step)]
-        if finite is not None:
-            finite.append(res.finite)
-        return res.values, res.indices, res.acc
 
     def check_k(self, k_raw: float, n: int, name: str) -> None:
         """Threshold reuse needs a k that the density gives, not one rounded up from 0."""

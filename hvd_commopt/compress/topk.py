@@ -31,6 +31,7 @@ from typing import Any, Callable, Mapping, Union
 from ..buckets import Bucket
 from ..errors import ConfigError
 from ..tensor_ops import TensorOps
+from .layerwise import LayerwiseK
 from .selection import Selection
 
 __all__ = ["DensitySpec", "SparseCompressor", "TopKCompressor", "check_density"]
@@ -96,6 +97,18 @@ class DensitySpec:
             raise ConfigError(f"no density for bucket {name!r} (first tensor {first!r}); "
                               f"add it to the density dict or give a 'default' entry")
         return self._default
+
+    def of_tensor(self, name: str, numel: int) -> float:
+        """The density of one tensor of a bucket, by its parameter name: a layer-wise selection
+        (``TopKCompressor(layerwise=True)``) asks it for each member of a fused bucket."""
+        if self._const is not None:
+            return self._const
+        if self._fn is not None:
+            return check_density(self._fn(name, numel), f"density({name!r}, {numel})")
+        d = self._map.get(name, self._default)
+        if d is None:
+            raise ConfigError(f"no density for tensor {name!r}; add it to the density dict or give a 'default' entry")
+        return d
 
     def config(self) -> Any:
         """Plain values describing the density (a callable by its qualified name)."""
@@ -200,10 +213,19 @@ class TopKCompressor(SparseCompressor):
     name = "topk"
 
     def __init__(self, density: Density = 0.001, selection: str = "exact", tau: int = 16, band: float = 0.2,
-                 min_k: int = 1, dense_1d: bool = True):
+                 min_k: int = 1, dense_1d: bool = True, layerwise: bool = False):
         super().__init__(density, min_k, dense_1d)
         self.selection = Selection(selection, tau, band, sampled=self._sampled)
         self._dgc = None
+        if not isinstance(layerwise, bool):
+            raise ConfigError(f"layerwise must be True (the top-k of each tensor of a bucket, LAGS-SGD's rule) or "
+                              f"False (the top-k of the whole bucket), got {layerwise!r}")
+        if layerwise and self.selection.mode != "exact":
+            raise ConfigError(f"layerwise=True selects each tensor exactly; selection={selection!r} keeps its state "
+                              f"per bucket. Use selection='exact', or fusion_threshold=0 (one bucket per layer, "
+                              f"where every selection mode applies)")
+        self.layerwise = layerwise
+        self._layers = LayerwiseK(self)
 
     def _sampled(self, ops: TensorOps, r: Any, bucket: Bucket | None, step: int, addend: Any = None,
                  out: Any = None, finite: list | None = None) -> tuple[Any, Any, Any]:
@@ -218,22 +240,31 @@ class TopKCompressor(SparseCompressor):
         """The selection can tell the sparse reducer that the bucket is finite (docs/selection.md#finite-sweep)."""
         return self.selection.folds_finite
 
+    def k_for(self, numel: int, bucket: Bucket | None = None, step: int = 0) -> int:
+        """:meth:`SparseCompressor.k_for`; layer-wise, the sum of the members' own k."""
+        segs = self._layers.of(bucket, numel)
+        return super().k_for(numel, bucket, step) if segs is None else sum(k for _, _, k in segs)
+
     def select_acc(self, ops: TensorOps, r: Any, bucket: Bucket | None, step: int, addend: Any,
                    out: Any = None, finite: list | None = None) -> tuple[Any, Any, Any]:
         """(values, indices, acc) of ``acc = r + addend`` (into r where allowed, or into ``out``
         with r intact): the fused form the memories call (docs/selection.md#fused-ef); the
         verdict on acc's finiteness is appended to ``finite`` (docs/selection.md#finite-sweep)."""
         n = ops.numel(r)
+        segs = self._layers.of(bucket, n)
+        if segs is not None and len(segs) > 1:
+            return self._layers.select_acc(ops, segs, r, bucket, step, addend, out, finite)
         if self.selection.mode == "threshold":
             self.selection.check_k(n * self.density(bucket, n), n, bucket.name if bucket is not None else "")
-        return self.selection.select_acc(ops, r, self.k_for(n, bucket, step), bucket, step, addend, out, finite)
+        k = segs[0][2] if segs is not None else self.k_for(n, bucket, step)
+        return self.selection.select_acc(ops, r, k, bucket, step, addend, out, finite)
 
     def select(self, ops: TensorOps, acc: Any, bucket: Bucket | None = None, step: int = 0) -> tuple[Any, Any]:
         vals, idx, _ = self.select_acc(ops, acc, bucket, step, None)
         return vals, idx
 
     def config(self) -> dict:
-        return {**super().config(), **self.selection.config()}
+        return {**super().config(), **self.selection.config(), "layerwise": self.layerwise}
 
     def selection_stats(self) -> dict:
         return self.selection.stats()
@@ -245,4 +276,5 @@ class TopKCompressor(SparseCompressor):
         self.selection.load_state_dict(state)
 
     def __repr__(self) -> str:
-        return f"TopKCompressor(density={self.density!r}, selection={self.selection.mode!r})"
+        lw = ", layerwise=True" if self.layerwise else ""
+        return f"TopKCompressor(density={self.density!r}, selection={self.selection.mode!r}{lw})"

@@ -42,12 +42,14 @@ def slow_down_rank1(model):
             m.weight.register_hook(lambda g: (time.sleep(0.003), g)[1])
 
 
-def train(fusion, steps=12, compression=None, **kw):
+def train(fusion, steps=12, compression=None, threshold=4096, **kw):
     model = make_model()
     slow_down_rank1(model)
+    if threshold is not None:
+        kw["fusion_threshold"] = threshold
     opt = hco.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
                                    named_parameters=model.named_parameters(), fusion=fusion,
-                                   compression=compression, fusion_threshold=4096, **kw)
+                                   compression=compression, **kw)
     for step in range(steps):
         x, y = batch(R, step)
         opt.zero_grad()
@@ -85,4 +87,16 @@ def test_sparse_topk_plans_with_omgs_and_ranks_stay_identical():
     plans = everyone(opt.comm_engine.plan)
     assert all(p == plans[0] for p in plans)
     flat = torch.cat([t.reshape(-1) for t in got])
+    assert all(torch.equal(flat, f) for f in everyone(flat))
+
+
+def test_layerwise_topk_in_fused_buckets_trains_like_one_bucket_per_layer():
+    """docs/lags-omgs.md#lags-merged: LAGS's per-layer top-k sent in the default buckets gives the
+    weights of one bucket per layer, bit for bit, on every rank."""
+    per_layer, _ = train("threshold", compression=hco.Compression.topk(0.05), threshold=0)
+    fused, opt = train("threshold", compression=hco.Compression.topk(0.05, layerwise=True), threshold=None)
+    assert any(len(b.names) > 1 and not b.dense for b in opt.comm_engine.buckets)
+    for a, b in zip(per_layer, fused):
+        assert torch.equal(a, b)
+    flat = torch.cat([t.reshape(-1) for t in fused])
     assert all(torch.equal(flat, f) for f in everyone(flat))

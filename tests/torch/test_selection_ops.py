@@ -472,3 +472,33 @@ def test_axpy_into_equals_copy_then_axpy_and_leaves_inputs(variant):
                          ops.from_numpy(x, like=like))
         assert np.array_equal(np.asarray(ops.to_numpy(got)), np.asarray(ops.to_numpy(want)))
         assert np.array_equal(np.asarray(ops.to_numpy(yt)), y) and np.array_equal(np.asarray(ops.to_numpy(xt)), x)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("with_out", [False, True])
+def test_layerwise_selection_is_each_members_top_k_in_every_framework(variant, with_out):
+    """docs/lags-omgs.md#lags-merged: the members' exact top-k, bucket-relative and ascending, the
+    accumulator equal to r + g; in place where the framework's slices are views."""
+    from hvd_commopt.buckets import Bucket, TensorSpec
+    from hvd_commopt.compress.topk import TopKCompressor
+    ops = VARIANTS[variant]
+    specs = [TensorSpec("a", (300, 200), "float32"), TensorSpec("b", (50, 20), "float32"),
+             TensorSpec("c", (40000,), "float32")]
+    b = Bucket.of(0, specs)
+    rng = np.random.default_rng(11)
+    g = rng.standard_normal(b.numel).astype(np.float32)
+    g[[10, 20, 60005, 60900]] = 4.0  # ties
+    r = rng.standard_normal(b.numel).astype(np.float32)
+    comp = TopKCompressor({"a": 0.001, "b": 0.05, "c": 0.002}, layerwise=True)
+    rt, gt = to_native(ops, r), to_native(ops, g)
+    out = ops.empty(b.numel, "float32", like=rt) if with_out else None
+    vals, idx, acc = comp.select_acc(ops, rt, b, 0, gt, out, fin := [])
+    acc_np = r + g
+    assert same_bits(host(ops, acc), acc_np) and fin == [True]
+    if with_out:
+        assert same_bits(host(ops, rt), r)  # r intact
+    want = [key_reference(acc_np[o:o + n], k) for o, n, k in ((0, 60000, 60), (60000, 1000, 50), (61000, 40000, 80))]
+    assert same_bits(host(ops, idx), np.concatenate([i + o for (_, i), o in zip(want, (0, 60000, 61000))]))
+    assert same_bits(host(ops, vals), np.concatenate([v for v, _ in want]))
+    if ops.name in ("torch", "numpy"):  # views: the bucket swept in place, no concatenation
+        assert acc is (out if with_out else rt)
