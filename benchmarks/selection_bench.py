@@ -12,7 +12,13 @@ two terms are measured back to back, interleaved, so the shared machine's noise 
 
 Targets (docs/selection.md#selection-bench): exact <= 4 passes, threshold reuse <= 2.
 
-Run: ``python -m benchmarks.selection_bench [--quick] [--sizes 1,4,16,64] [--densities ...]``
+``--layers L`` adds the layer-wise selection (docs/lags-omgs.md#lags-merged) of a bucket of L
+equal members, fused with the residual add, in passes over the whole bucket: ``layerwise``
+(``TopKCompressor(layerwise=True)``, the batched CPU path), ``per member`` (the exact fused step
+once per member, what one bucket per layer runs) and ``whole`` (one top-k of the bucket, k the
+members' sum).
+
+Run: ``python -m benchmarks.selection_bench [--quick] [--sizes 1,4,16,64] [--densities ...] [--layers 48]``
 """
 from __future__ import annotations
 
@@ -68,6 +74,32 @@ def measure(n: int, d: float, reps: int, slow_refs: bool) -> dict:
     return out
 
 
+def measure_layerwise(n: int, layers: int, d: float, reps: int) -> dict:
+    from hvd_commopt.buckets import Bucket, TensorSpec
+    from hvd_commopt.compress.topk import TopKCompressor
+    m = n // layers
+    b = Bucket.of(0, [TensorSpec(f"l{i}", (m,), "float32") for i in range(layers)])
+    rng = np.random.default_rng(n + layers)
+    g = torch.from_numpy(rng.standard_normal(b.numel).astype(np.float32))
+    r = torch.from_numpy(rng.standard_normal(b.numel).astype(np.float32))
+    buf = torch.empty_like(r)
+    one_pass = _median(lambda: torch.abs(r, out=buf), reps)
+    lw, whole = TopKCompressor(d, layerwise=True), TopKCompressor(d)
+    k_l = max(int(m * d), 1)
+    ex = ExactTopK()
+
+    def per_member():
+        for off in range(0, b.numel, m):
+            ex.select(OPS, r[off:off + m], k_l, addend=g[off:off + m], out=buf[off:off + m])
+
+    out = {"n": b.numel, "layers": layers, "density": d, "pass_ms": one_pass * 1e3}
+    out["layerwise"] = _median(lambda: lw.select_acc(OPS, r, b, 0, g, buf, []), reps) / one_pass
+    out["per_member"] = _median(per_member, reps) / one_pass
+    k = lw.k_for(b.numel, b)
+    out["whole"] = _median(lambda: whole.selection.select_acc(OPS, r, k, None, 0, g, buf), reps) / one_pass
+    return out
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="1M and 4M only, fewer repetitions")
@@ -75,6 +107,7 @@ def main(argv=None) -> None:
     p.add_argument("--densities", default="0.001,0.01,0.05")
     p.add_argument("--reps", type=int, default=15)
     p.add_argument("--no-refs", action="store_true", help="skip torch.topk / topk_abs (slow at 64M)")
+    p.add_argument("--layers", type=int, default=0, help="also the layer-wise selection of L equal members")
     a = p.parse_args(argv)
     torch.set_num_threads(1)
     sizes = [1, 4] if a.quick else [int(s) for s in a.sizes.split(",")]
@@ -93,7 +126,17 @@ def main(argv=None) -> None:
     ok_reuse = max(r["reuse"] for r in res) <= 2.0
     print(f"worst exact {max(r['exact'] for r in res):.2f} passes ({'meets' if ok_exact else 'misses'} <= 4); "
           f"worst reuse {max(r['reuse'] for r in res):.2f} ({'meets' if ok_reuse else 'misses'} <= 2)")
-    write_json("selection_bench", {"rows": res})
+    lw_rows, lw_res = [], []
+    if a.layers:
+        for m in sizes:
+            for d in (float(x) for x in a.densities.split(",")):
+                r = measure_layerwise(m << 20, a.layers, d, reps)
+                lw_res.append(r)
+                lw_rows.append([f"{m}M", a.layers, d, f"{r['pass_ms']:.2f}"] +
+                               [f"{r[c]:.2f}" for c in ("layerwise", "per_member", "whole")])
+        print(f"\nlayer-wise selection with the residual add, {a.layers} members, in passes over the bucket")
+        print(table(["n", "layers", "density", "pass ms", "layerwise", "per member", "whole"], lw_rows))
+    write_json("selection_bench", {"rows": res, "layerwise": lw_res})
 
 
 if __name__ == "__main__":

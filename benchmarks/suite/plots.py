@@ -23,7 +23,7 @@ from .report import BASELINES, best_ours  # noqa: E402
 __all__ = ["plot_run", "plot_timeline_compare", "plot_summary"]
 
 FAMILY = {"compute": "#999999", "ddp": "#444444", "ddp_nofirst": "#555555", "ddp_powersgd1": "#777777", "ddp_powersgd4": "#777777"}
-SPARSE = {"topk", "gtopk", "lags", "omgs", "dgc", "randomk", "dgc_exact", "topk_thr", "oktopk", "ssd_topk", "od_topk",
+SPARSE = {"topk", "gtopk", "lags", "lags_fused", "omgs", "dgc", "randomk", "dgc_exact", "topk_thr", "oktopk", "ssd_topk", "od_topk",
           "od_dgc"}
 SCHEDULE = {"od", "ssd", "cd", "cocod", "local_sgd"}
 

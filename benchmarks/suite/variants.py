@@ -196,9 +196,11 @@ def b_fusion(kind: str) -> Callable[[nn.Module, Ctx], Runner]:
 
 def b_sparse(kind: str, layerwise: bool = False, planner: str | None = None,
              name: str | None = None, selection: str | None = None,
-             schedule: str | None = None) -> Callable[[nn.Module, Ctx], Runner]:
+             schedule: str | None = None, fused: bool = False) -> Callable[[nn.Module, Ctx], Runner]:
     """A sparse variant; ``selection`` picks the selection mode (docs/selection.md), ``schedule``
-    "od"/"ssd" runs it under a delayed schedule (docs/ssd-sgd.md#sparse-delayed)."""
+    "od"/"ssd" runs it under a delayed schedule (docs/ssd-sgd.md#sparse-delayed). ``layerwise``:
+    LAGS's per-layer top-k, sent one bucket per layer, or with ``fused`` in the default buckets
+    (``Compression.topk(layerwise=True)``, docs/lags-omgs.md#lags-merged)."""
     def build_(model: nn.Module, ctx: Ctx) -> Runner:
         factory = getattr(_hco().Compression, kind)
         kw: dict[str, Any] = {}
@@ -213,10 +215,10 @@ def b_sparse(kind: str, layerwise: bool = False, planner: str | None = None,
             from hvd_commopt.compress.randomk import RANDOMK_MIN_DENSITY
             comp = factory(density=max(ctx.density, RANDOMK_MIN_DENSITY))
         else:
-            comp = factory(density=ctx.density, **sel)
+            comp = factory(density=ctx.density, **sel, **({"layerwise": True} if fused else {}))
         if schedule is not None:
             kw["schedule"] = getattr(_hco().Schedule, schedule)(warmup_steps=ctx.warmup_steps)
-        if layerwise:
+        if layerwise and not fused:
             kw["fusion_threshold"] = 0  # one bucket per layer: LAGS (layer-wise selection, sent from the hooks)
         if planner is not None:
             kw.update(_fusion_kw(ctx, planner))
@@ -262,6 +264,8 @@ VARIANTS: dict[str, tuple[Callable[[nn.Module, Ctx], Runner], str]] = {
     "topk": (b_sparse("topk"), "Top-k S-SGD (whole-bucket top-k, allgather, error feedback)"),
     "gtopk": (b_sparse("gtopk"), "gTop-k S-SGD (recursive doubling)"),
     "lags": (b_sparse("topk", layerwise=True), "LAGS-SGD: layer-wise top-k, one bucket per layer"),
+    "lags_fused": (b_sparse("topk", layerwise=True, fused=True, name="lags_fused"),
+                   "LAGS-SGD's layer-wise top-k in the default buckets, one exchange per bucket"),
     "omgs": (b_sparse("topk", planner="mgwfbp", name="omgs"),
              "OMGS-SGD: top-k, sparse buckets merged by the OMGS planner (fusion='mgwfbp' on a sparse reducer)"),
     "dgc": (b_sparse("dgc"), "Deep Gradient Compression"),
