@@ -63,6 +63,7 @@ from ..fusion.cost_model import AlphaBeta, CostModel
 from ..fusion.exact import plan_optimal
 from ..fusion.mgwfbp import plan_mgwfbp
 from ..fusion.omgs import plan_omgs
+from ..compress.selection import ExactTopK
 from ..fusion.pricing import PER_LAYER_DENSITY, fit_select_s
 from ..fusion.threshold import plan_bucket_cap, plan_per_tensor, plan_single, plan_threshold, validate_plan
 from ..reduce.base import Reducer
@@ -361,7 +362,11 @@ class FusionTuner:
         select_s = opts.select_s
         sparse = self.reducer.sparse
         if sparse and select_s is None and self.ops is not None and self._like is not None:
-            select_s = fit_select_s(self.ops, self._like, self.reducer.density, max(sizes) // 4, self.clock)
+            # the reducers' exact selection (a fresh one: its counters stay the reducer's), on
+            # sizes up to the whole gradient, the largest bucket a plan can make
+            ops, exact = self.ops, ExactTopK()
+            select_s = fit_select_s(ops, self._like, self.reducer.density, sum(sizes) // 4, self.clock,
+                                    select=lambda buf, k: exact.select(ops, buf, k).values)
         pr = self.reducer.price(cm, select_s)
         sel = pr.select_time
         thr = self._threshold_plan(sizes)

@@ -19,7 +19,7 @@ dense allreduce, ``fp16`` / ``bf16``            ``α + β·n/2`` (half the bytes
 
 The selection cost is OMGS's model ``ts(x) = s·x·log2 x`` for x elements (docs/lags-omgs.md#omgs). Its
 reference ``s`` was measured on a P102-100 GPU; :func:`fit_select_s` measures it with the
-engine's own tensor ops (least squares through the origin), since a CPU's top-k is far slower.
+selection the reducer runs, on the engine's own tensor ops (least squares through the origin).
 """
 from __future__ import annotations
 
@@ -95,13 +95,19 @@ def sparse_pricing(cost: CostModel, kind: str, density: float | None, select_s: 
 
 
 def fit_select_s(ops: Any, like: Any, density: float, max_numel: int,
-                 clock: Callable[[], float] = time.perf_counter, repeats: int = 3) -> float:
-    """Fit OMGS's ``s`` in ``ts(x) = s·x·log2 x`` by timing ``ops.topk_abs`` on this rank.
+                 clock: Callable[[], float] = time.perf_counter, repeats: int = 3,
+                 select: Callable[[Any, int], Any] | None = None) -> float:
+    """Fit OMGS's ``s`` in ``ts(x) = s·x·log2 x`` by timing a top-k selection on this rank:
+    ``select(buf, k)`` (returning the values), the selection the reducer runs; default
+    ``ops.topk_abs``, the reference sort, 10-40x slower on a CPU than the package's exact
+    selection, which made merged buckets look far too expensive (docs/lags-omgs.md#omgs-fit).
 
-    Sizes 2^12, 2^15, 2^18, 2^20 elements, capped at the largest bucket (at least one size);
+    Sizes 2^12, 2^15, 2^18, 2^20 elements, capped at ``max_numel`` (at least one size);
     the fastest of ``repeats`` per size; the result is read back to the host so asynchronous
     devices are timed to completion.
     """
+    if select is None:
+        select = lambda buf, k: ops.topk_abs(buf, k)[0]  # noqa: E731
     rng = np.random.default_rng(0)
     cap = max(int(max_numel), 1 << 12)
     sizes = [n for n in (1 << 12, 1 << 15, 1 << 18, 1 << 20) if n <= cap]
@@ -112,8 +118,7 @@ def fit_select_s(ops: Any, like: Any, density: float, max_numel: int,
         best = math.inf
         for _ in range(repeats):
             t0 = clock()
-            vals, _ = ops.topk_abs(buf, k)
-            ops.to_numpy(vals)
+            ops.to_numpy(select(buf, k))
             best = min(best, clock() - t0)
         f = n * math.log2(n)
         num += f * best
