@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import warnings
 
 import numpy as np
 
@@ -131,3 +132,19 @@ def mean_in_rank_order(per_rank: list[dict[str, np.ndarray]]) -> dict[str, np.nd
         acc *= np.float32(1.0 / P)
         out[n] = acc
     return out
+
+
+def reduce_all(eng, g: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Hand every gradient of ``g`` to ``eng`` in backward order, reduce, and return copies of the
+    reduced tensors (a skipped non-finite step's RuntimeWarning silenced)."""
+    for name in eng.backward_names:
+        eng.grad_ready(name, g[name].copy())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return {n: np.array(v, copy=True) for n, v in eng.reduce_step().items()}
+
+
+def reducer_memory(eng) -> dict[str, np.ndarray]:
+    """Copies of the reducer's memory, keyed ``"{kind}/{bucket}"``."""
+    mem = eng.reducer.state_dict()["memory"]
+    return {f"{k}/{n}": np.array(t, copy=True) for k, d in mem.items() for n, t in d.items()}

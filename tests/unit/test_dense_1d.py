@@ -5,8 +5,6 @@ In-process ranks, NumpyOps, the engine as the adapters drive it (grad_ready, red
 """
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import pytest
 
@@ -15,6 +13,7 @@ from hvd_commopt.buckets import TensorSpec, build_buckets
 from hvd_commopt.compress.dgc import DGCCompressor
 from hvd_commopt.compress.topk import TopKCompressor
 from hvd_commopt.errors import ConfigError, RankMismatchError
+from tests.unit.schedule_helpers import reduce_all, reducer_memory
 
 ops = NumpyOps()
 # registration (forward) order; backward order is the reverse: l2.b, l2.w, l1.b, l1.w
@@ -129,14 +128,8 @@ def _run(kind, bad, skip):
         for s in range(STEPS):
             if skip and s == BAD:
                 continue
-            g = grads(comm.rank, s, bad if (s == BAD and comm.rank == 0) else None)
-            for name in eng.backward_names:
-                eng.grad_ready(name, g[name].copy())
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)
-                outs[s] = {n: np.array(v, copy=True) for n, v in eng.reduce_step().items()}
-        mem = eng.reducer.state_dict()["memory"]
-        return outs, {f"{k}/{n}": np.array(t, copy=True) for k, d in mem.items() for n, t in d.items()}
+            outs[s] = reduce_all(eng, grads(comm.rank, s, bad if (s == BAD and comm.rank == 0) else None))
+        return outs, reducer_memory(eng)
     return run_ranks(2, body)
 
 

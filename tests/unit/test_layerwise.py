@@ -5,8 +5,6 @@ In-process ranks, NumpyOps, the engine as the adapters drive it (grad_ready, red
 """
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import pytest
 
@@ -15,6 +13,7 @@ from hvd_commopt.buckets import Bucket, TensorSpec
 from hvd_commopt.compress.selection import ExactTopK
 from hvd_commopt.compress.topk import TopKCompressor
 from hvd_commopt.errors import ConfigError
+from tests.unit.schedule_helpers import reduce_all, reducer_memory
 
 ops = NumpyOps()
 SPECS = [TensorSpec("l1.w", (24, 16), "float32"), TensorSpec("l1.b", (24,), "float32"),
@@ -42,15 +41,8 @@ def _train(make, P, fusion_threshold, bad_step=None, skip=None):
         for s in range(STEPS):
             if s == skip:
                 continue
-            g = grads(comm.rank, s, "l2.w" if (s == bad_step and comm.rank == 0) else None)
-            for name in eng.backward_names:
-                eng.grad_ready(name, g[name].copy())
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)
-                outs[s] = {n: np.array(v, copy=True) for n, v in eng.reduce_step().items()}
-        mem = eng.reducer.state_dict()["memory"]
-        layout = [(b.names, b.dense) for b in eng.buckets]
-        return outs, {f"{k}/{n}": np.array(t, copy=True) for k, d in mem.items() for n, t in d.items()}, layout
+            outs[s] = reduce_all(eng, grads(comm.rank, s, "l2.w" if (s == bad_step and comm.rank == 0) else None))
+        return outs, reducer_memory(eng), [(b.names, b.dense) for b in eng.buckets]
     return run_ranks(P, body)
 
 
