@@ -37,6 +37,12 @@ def main() -> None:
                    help="the 25x512 MLP, or the suite's deep_mlp (48x256, 3.05M parameters, inputs 64)")
     p.add_argument("--quick", action="store_true")
     args = p.parse_args()
+    names = args.variants.split(",")
+    unknown = sorted(set(names) - set(VARIANTS))
+    if unknown:
+        p.error(f"unknown variants {unknown}; choose from {','.join(VARIANTS)}")
+    if "compute" not in names:  # the ratios' baseline
+        args.variants = ",".join(["compute"] + names)
     if args.quick:
         args.blocks, args.steps = 2, 3
     relaunch_under_mpirun(args.ranks, sys.argv)
