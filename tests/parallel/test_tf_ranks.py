@@ -172,9 +172,10 @@ def tf_loss_torch_layout(ws, x, y):
     return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
 
 
-@pytest.mark.parametrize("compression", ["none", "topk", "gtopk", "od"])
+@pytest.mark.parametrize("compression", ["none", "topk", "topk_layerwise", "gtopk", "od"])
 def test_cross_framework_equivalence_with_torch_plugin(compression):
-    """torch_plugin and tf_plugin, same initial weights and data, same engine: same weights."""
+    """torch_plugin and tf_plugin, same initial weights and data, same engine: same weights
+    (``topk_layerwise``: each weight matrix's own top-k in one fused bucket, docs/lags-omgs.md#lags-merged)."""
     torch = pytest.importorskip("torch")
     import torch_plugin as hco_torch
     from hvd_commopt import Compression, Schedule
@@ -182,6 +183,8 @@ def test_cross_framework_equivalence_with_torch_plugin(compression):
     def comp():
         if compression in ("none", "od"):
             return None
+        if compression == "topk_layerwise":
+            return Compression.topk(density=0.3, layerwise=True)
         return getattr(Compression, compression)(density=0.3)
 
     def sched():  # OD-SGD: 2 synchronous warm-up steps, then delayed global + local updates
