@@ -64,7 +64,7 @@ from ..fusion.exact import plan_optimal
 from ..fusion.mgwfbp import plan_mgwfbp
 from ..fusion.omgs import plan_omgs
 from ..compress.selection import ExactTopK
-from ..fusion.pricing import PER_LAYER_DENSITY, fit_select_s
+from ..fusion.pricing import PER_LAYER_DENSITY, fit_select_cost
 from ..fusion.threshold import plan_bucket_cap, plan_per_tensor, plan_single, plan_threshold, validate_plan
 from ..reduce.base import Reducer
 from ..reduce.dense import DenseAllreduce
@@ -359,15 +359,16 @@ class FusionTuner:
         self.cost_model = cm
         prof = self._profile = self._profiler.profile()
         sizes, tb, fwd = list(prof.sizes_bytes), list(prof.backward_times), prof.forward_s
-        select_s = opts.select_s
+        select_s, select_c0 = opts.select_s, 0.0
         sparse = self.reducer.sparse
         if sparse and select_s is None and self.ops is not None and self._like is not None:
             # the reducers' exact selection (a fresh one: its counters stay the reducer's), on
-            # sizes up to the whole gradient, the largest bucket a plan can make
+            # sizes up to the whole gradient, the largest bucket a plan can make; with its fixed
+            # cost per call (docs/lags-omgs.md#omgs-fit)
             ops, exact = self.ops, ExactTopK()
-            select_s = fit_select_s(ops, self._like, self.reducer.density, sum(sizes) // 4, self.clock,
-                                    select=lambda buf, k: exact.select(ops, buf, k).values)
-        pr = self.reducer.price(cm, select_s)
+            select_s, select_c0 = fit_select_cost(ops, self._like, self.reducer.density, sum(sizes) // 4, self.clock,
+                                                  select=lambda buf, k: exact.select(ops, buf, k).values)
+        pr = self.reducer.price(cm, select_s, select_c0)
         sel = pr.select_time
         thr = self._threshold_plan(sizes)
         linear_cost = pr.alpha_beta if pr.exact_linear else pr.comm_time
@@ -400,6 +401,7 @@ class FusionTuner:
                           "measured_s": prof.period_s},
             "candidates_s": {k: r.iteration_time for k, r in choice.results.items()},
             "comm": pr.description, "select_s": select_s if sparse else None,
+            "select_c0": select_c0 if sparse else None,
             "cost_model": cm.to_dict(),
             "profile": {"rank": 0, "steps": prof.steps, "tensors": len(sizes), "bytes": sum(sizes),
                         "forward_s": fwd, "backward_s": prof.backward_s, "out_of_order": prof.out_of_order,

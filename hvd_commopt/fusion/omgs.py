@@ -38,20 +38,24 @@ __all__ = ["plan_omgs", "omgs_with_prediction", "topk_select_time", "OMGS_TOPK_S
 OMGS_TOPK_S = 2.18896957e-10
 
 
-def topk_select_time(s: float = OMGS_TOPK_S, elem_bytes: int = 4) -> Callable[[int], float]:
-    """The OMGS top-k selection model ``ts(x) = s·x·log2 x`` for x = bytes / elem_bytes elements.
+def topk_select_time(s: float = OMGS_TOPK_S, elem_bytes: int = 4, c0: float = 0.0) -> Callable[[int], float]:
+    """The OMGS top-k selection model ``ts(x) = s·x·log2 x`` for x = bytes / elem_bytes elements,
+    plus ``c0`` per selection (0 in the paper; the fixed cost of one call on a CPU,
+    docs/lags-omgs.md#omgs-fit).
 
     Returns a function of bucket bytes, 0 for buckets of at most one element. Re-fit ``s`` for
     your GPU; the default is the reference's.
     """
     if not (s >= 0 and math.isfinite(s)):
         raise ValueError(f"selection cost s must be finite and >= 0, got {s!r}")
+    if not (c0 >= 0 and math.isfinite(c0)):
+        raise ValueError(f"selection cost c0 must be finite and >= 0, got {c0!r}")
     if elem_bytes <= 0:
         raise ValueError(f"elem_bytes must be > 0, got {elem_bytes}")
 
     def ts(nbytes: int) -> float:
         x = nbytes / elem_bytes
-        return 0.0 if x <= 1 else s * x * math.log2(x)
+        return 0.0 if x <= 1 else c0 + s * x * math.log2(x)
 
     return ts
 

@@ -34,7 +34,7 @@ from ..errors import ConfigError
 from .cost_model import AlphaBeta, CostModel, sparse_k
 from .omgs import topk_select_time
 
-__all__ = ["Pricing", "dense_pricing", "sparse_pricing", "fit_select_s", "PER_LAYER_DENSITY"]
+__all__ = ["Pricing", "dense_pricing", "sparse_pricing", "fit_select_s", "fit_select_cost", "PER_LAYER_DENSITY"]
 
 PER_LAYER_DENSITY = ("planned fusion (fusion='mgwfbp'/'optimal'/'auto') prices each bucket with one density; "
                      "per-layer densities (a dict or callable) need fusion='threshold' or fusion='none' "
@@ -69,7 +69,8 @@ def dense_pricing(cost: CostModel, bytes_ratio: float, what: str) -> Pricing:
     return Pricing(ab, None, ab, True, f"{what}: alpha={ab.alpha:.3g} s, beta={ab.beta:.3g} s/B")
 
 
-def sparse_pricing(cost: CostModel, kind: str, density: float | None, select_s: float | None = None) -> Pricing:
+def sparse_pricing(cost: CostModel, kind: str, density: float | None, select_s: float | None = None,
+                   select_c0: float = 0.0) -> Pricing:
     """A sparse bucket: ``kind`` "topk" (allgather of values and indices), "randomk" (allreduce
     of the k values, same indices everywhere) or "gtopk" (point-to-point rounds).
 
@@ -80,8 +81,10 @@ def sparse_pricing(cost: CostModel, kind: str, density: float | None, select_s: 
     if density is None:
         raise ConfigError(PER_LAYER_DENSITY)
     ar = cost.allreduce
-    ts = topk_select_time() if select_s is None else topk_select_time(select_s)
+    ts = topk_select_time() if select_s is None else topk_select_time(select_s, c0=select_c0)
     s_text = f"select s={select_s if select_s is not None else 'P102 reference'}"
+    if select_s is not None and select_c0:
+        s_text += f" + {select_c0:.3g} s per selection"
     if kind == "randomk":
         ab = AlphaBeta(ar.alpha, ar.beta * density)
         return Pricing(lambda nb: ar.time(4 * sparse_k(nb, density)), None, ab, False,
@@ -124,3 +127,43 @@ def fit_select_s(ops: Any, like: Any, density: float, max_numel: int,
         num += f * best
         den += f * f
     return max(0.0, num / den) if den else 0.0
+
+
+def fit_select_cost(ops: Any, like: Any, density: float, max_numel: int,
+                    clock: Callable[[], float] = time.perf_counter, repeats: int = 3,
+                    select: Callable[[Any, int], Any] | None = None) -> tuple[float, float]:
+    """``(s, c0)`` of ``ts(x) = c0 + s·x·log2 x``, timed as :func:`fit_select_s` does, fitted on
+    relative error (weights 1/t²) so that the small sizes, which set ``c0``, count as much as the
+    large ones. A CPU selection has a fixed cost per call (a chain of framework calls, about
+    0.05-0.25 ms here) that the paper's GPU model omits; without it one bucket per layer looks
+    as cheap to select as one merged bucket (docs/lags-omgs.md#omgs-fit). Falls back to the fit
+    through the origin (``c0 = 0``) when the two-parameter fit is not non-negative."""
+    if select is None:
+        select = lambda buf, k: ops.topk_abs(buf, k)[0]  # noqa: E731
+    rng = np.random.default_rng(0)
+    cap = max(int(max_numel), 1 << 12)
+    sizes = [n for n in (1 << 12, 1 << 15, 1 << 18, 1 << 20) if n <= cap]
+    fs, ts = [], []
+    for n in sizes:
+        buf = ops.from_numpy(rng.standard_normal(n).astype(np.float32), like)
+        k = max(int(n * density), 1)
+        best = math.inf
+        for _ in range(repeats):
+            t0 = clock()
+            ops.to_numpy(select(buf, k))
+            best = min(best, clock() - t0)
+        fs.append(n * math.log2(n))
+        ts.append(best)
+    f, t = np.asarray(fs), np.asarray(ts)
+    if f.size >= 2 and np.all(t > 0):
+        w = 1.0 / t ** 2
+        a = np.array([[w.sum(), (w * f).sum()], [(w * f).sum(), (w * f * f).sum()]])
+        b = np.array([(w * t).sum(), (w * f * t).sum()])
+        try:
+            c0, s = np.linalg.solve(a, b)
+        except np.linalg.LinAlgError:
+            c0, s = -1.0, -1.0
+        if c0 >= 0 and s >= 0:
+            return float(s), float(c0)
+    den = float(f @ f)
+    return (max(0.0, float(f @ t) / den) if den else 0.0), 0.0

@@ -161,7 +161,7 @@ class Reducer(abc.ABC):
         agree on it, and the engines of the TensorFlow adapter are cached by it."""
         return {"reducer": self.name}
 
-    def price(self, cost: Any, select_s: float | None = None) -> Pricing:
+    def price(self, cost: Any, select_s: float | None = None, select_c0: float = 0.0) -> Pricing:
         """What one bucket costs under ``cost`` (a fitted :class:`~hvd_commopt.fusion.cost_model.
         CostModel`), for the fusion planners: a dense allreduce unless overridden."""
         return dense_pricing(cost, 1.0, "dense allreduce")

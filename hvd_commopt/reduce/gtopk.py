@@ -269,8 +269,8 @@ class GTopK(SparseReducer):
     def config(self) -> dict:
         return {**super().config(), "algorithm": self.algorithm}
 
-    def price(self, cost: Any, select_s: float | None = None) -> Pricing:
-        return sparse_pricing(cost, "gtopk", self.density, select_s)
+    def price(self, cost: Any, select_s: float | None = None, select_c0: float = 0.0) -> Pricing:
+        return sparse_pricing(cost, "gtopk", self.density, select_s, select_c0)
 
     def __repr__(self) -> str:
         return f"GTopK(density={self.compressor.density!r}, algorithm={self.algorithm!r}, {self.memory!r})"

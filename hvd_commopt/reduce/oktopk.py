@@ -241,8 +241,8 @@ class OkTopK(SparseReducer):
     def config(self) -> dict:
         return {**super().config(), "rebalance": self.rebalance}
 
-    def price(self, cost: Any, select_s: float | None = None) -> Pricing:
-        return sparse_pricing(cost, "oktopk", self.density, select_s)
+    def price(self, cost: Any, select_s: float | None = None, select_c0: float = 0.0) -> Pricing:
+        return sparse_pricing(cost, "oktopk", self.density, select_s, select_c0)
 
     def state_dict(self) -> dict:
         return {**super().state_dict(),

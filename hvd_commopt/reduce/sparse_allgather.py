@@ -113,9 +113,9 @@ class SparseAllgather(SparseReducer):
         return ops.cast(idx, "int64"), vals
 
     # -- pricing and state ------------------------------------------------------------------
-    def price(self, cost: Any, select_s: float | None = None) -> Pricing:
+    def price(self, cost: Any, select_s: float | None = None, select_c0: float = 0.0) -> Pricing:
         kind = "randomk" if self.compressor.collective == "allreduce" else "topk"
-        return sparse_pricing(cost, kind, self.density, select_s)
+        return sparse_pricing(cost, kind, self.density, select_s, select_c0)
 
     def set_epoch(self, epoch: int) -> None:
         """Forwarded to the compressor (DGC's sparsity warm-up)."""

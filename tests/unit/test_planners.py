@@ -146,8 +146,33 @@ def test_topk_select_time_model():
     assert ts(0) == 0.0 and ts(4) == 0.0  # one element: nothing to select
     assert ts(4 * 1024) == pytest.approx(1e-9 * 1024 * 10)
     assert topk_select_time(s=1e-9, elem_bytes=2)(2 * 1024) == pytest.approx(1e-9 * 1024 * 10)
+    assert topk_select_time(s=1e-9, c0=1e-4)(4 * 1024) == pytest.approx(1e-4 + 1e-9 * 1024 * 10)
+    assert topk_select_time(s=1e-9, c0=1e-4)(4) == 0.0
     with pytest.raises(ValueError, match="elem_bytes"):
         topk_select_time(elem_bytes=0)
+    with pytest.raises(ValueError, match="c0"):
+        topk_select_time(c0=-1.0)
+
+
+@pytest.mark.parametrize("c0, s", [(2e-4, 3e-11), (0.0, 5e-11), (1e-3, 0.0)])
+def test_fit_select_cost_recovers_a_fixed_cost_per_call(c0, s):
+    """docs/lags-omgs.md#omgs-fit: ts(x) = c0 + s·x·log2 x, fitted from timed selections (a fake
+    clock that the selection advances by the model's time: the fit is exact)."""
+    import math
+
+    from hvd_commopt import NumpyOps
+    from hvd_commopt.fusion.pricing import fit_select_cost, fit_select_s
+    now = [0.0]
+
+    def select(buf, k):
+        n = buf.size
+        now[0] += c0 + s * n * math.log2(n)
+        return buf[:k]
+
+    got_s, got_c0 = fit_select_cost(NumpyOps(), None, 0.01, 1 << 20, clock=lambda: now[0], select=select)
+    assert got_s == pytest.approx(s, rel=1e-6, abs=1e-18) and got_c0 == pytest.approx(c0, rel=1e-6, abs=1e-12)
+    only_s = fit_select_s(NumpyOps(), None, 0.01, 1 << 20, clock=lambda: now[0], select=select)
+    assert only_s >= s * (1 - 1e-9)  # through the origin, the fixed cost is folded into s
 
 
 def test_omgs_no_merges_without_comm_costs():
