@@ -23,7 +23,8 @@ Choices:
   (:mod:`hvd_commopt.compress.layerwise_host`); other tensors (a device, bfloat16) member by
   member with :class:`~hvd_commopt.compress.selection.ExactTopK`, on the device.
 * Exact selection only: threshold reuse and DGC's sampled threshold keep their state per bucket.
-* The per-member ``k`` is cached per (bucket, size): buckets change only on a re-plan.
+* The per-member ``k`` is cached per bucket layout (the frozen :class:`~hvd_commopt.buckets.Bucket`
+  itself, not its name) and size: buckets change only on a re-plan.
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ class LayerwiseK:
     def __init__(self, comp: Any):
         self._comp = comp
         self._host = HostLayerwise(comp.selection.exact)
-        self._plans: dict[tuple[str, int], tuple[tuple[int, int, int], ...] | None] = {}
+        self._plans: dict[tuple[Any, int], tuple[tuple[int, int, int], ...] | None] = {}
 
     def of(self, bucket: Any, numel: int) -> tuple[tuple[int, int, int], ...] | None:
         """The bucket's per-member plan, or None where the whole-bucket rule applies (not layer-wise,
@@ -51,7 +52,7 @@ class LayerwiseK:
         comp = self._comp
         if not comp.layerwise or bucket is None or bucket.dense:
             return None
-        key = (bucket.name, int(numel))
+        key = (bucket, int(numel))  # by value: a re-plan may reuse a name for other members
         if key in self._plans:
             return self._plans[key]
         sizes = [_numel(shape) for shape in bucket.shapes]
@@ -71,7 +72,7 @@ class LayerwiseK:
         sel = self._comp.selection
         target = r if out is None else out
         if ops.device_name(r) == "cpu" and ops.dtype_name(r) in HOST_DTYPES:
-            key = (bucket.name, ops.numel(r), ops.name, ops.dtype_name(r))
+            key = (bucket, ops.numel(r), ops.name, ops.dtype_name(r))
             v, i, accs, ok, made = self._host.select(ops, plan, key, r, addend, out)
             sel.record_calls(bucket.name, step, made)
             if finite is not None:
