@@ -97,25 +97,18 @@ def sparse_pricing(cost: CostModel, kind: str, density: float | None, select_s: 
                    f"{s_text}")
 
 
-def fit_select_s(ops: Any, like: Any, density: float, max_numel: int,
-                 clock: Callable[[], float] = time.perf_counter, repeats: int = 3,
-                 select: Callable[[Any, int], Any] | None = None) -> float:
-    """Fit OMGS's ``s`` in ``ts(x) = s·x·log2 x`` by timing a top-k selection on this rank:
-    ``select(buf, k)`` (returning the values), the selection the reducer runs; default
-    ``ops.topk_abs``, the reference sort, 10-40x slower on a CPU than the package's exact
-    selection, which made merged buckets look far too expensive (docs/lags-omgs.md#omgs-fit).
-
-    Sizes 2^12, 2^15, 2^18, 2^20 elements, capped at ``max_numel`` (at least one size);
-    the fastest of ``repeats`` per size; the result is read back to the host so asynchronous
-    devices are timed to completion.
-    """
+def _timed_selections(ops: Any, like: Any, density: float, max_numel: int, clock: Callable[[], float],
+                      repeats: int, select: Callable[[Any, int], Any] | None) -> tuple[np.ndarray, np.ndarray]:
+    """``(x·log2 x, fastest seconds)`` per size x in 2^12, 2^15, 2^18, 2^20 elements, capped at
+    ``max_numel`` (at least one size): ``select(buf, k)`` (returning the values; default
+    ``ops.topk_abs``) timed ``repeats`` times, its result read back to the host so asynchronous
+    devices are timed to completion."""
     if select is None:
         select = lambda buf, k: ops.topk_abs(buf, k)[0]  # noqa: E731
     rng = np.random.default_rng(0)
     cap = max(int(max_numel), 1 << 12)
-    sizes = [n for n in (1 << 12, 1 << 15, 1 << 18, 1 << 20) if n <= cap]
-    num = den = 0.0
-    for n in sizes:
+    fs, ts = [], []
+    for n in (n for n in (1 << 12, 1 << 15, 1 << 18, 1 << 20) if n <= cap):
         buf = ops.from_numpy(rng.standard_normal(n).astype(np.float32), like)
         k = max(int(n * density), 1)
         best = math.inf
@@ -123,10 +116,21 @@ def fit_select_s(ops: Any, like: Any, density: float, max_numel: int,
             t0 = clock()
             ops.to_numpy(select(buf, k))
             best = min(best, clock() - t0)
-        f = n * math.log2(n)
-        num += f * best
-        den += f * f
-    return max(0.0, num / den) if den else 0.0
+        fs.append(n * math.log2(n))
+        ts.append(best)
+    return np.asarray(fs, dtype=np.float64), np.asarray(ts, dtype=np.float64)
+
+
+def fit_select_s(ops: Any, like: Any, density: float, max_numel: int,
+                 clock: Callable[[], float] = time.perf_counter, repeats: int = 3,
+                 select: Callable[[Any, int], Any] | None = None) -> float:
+    """Fit OMGS's ``s`` in ``ts(x) = s·x·log2 x`` (least squares through the origin) by timing a
+    top-k selection on this rank: ``select(buf, k)``, the selection the reducer runs; default
+    ``ops.topk_abs``, the reference sort, 10-40x slower on a CPU than the package's exact
+    selection, which made merged buckets look far too expensive (docs/lags-omgs.md#omgs-fit)."""
+    f, t = _timed_selections(ops, like, density, max_numel, clock, repeats, select)
+    den = float(f @ f)
+    return max(0.0, float(f @ t) / den) if den else 0.0
 
 
 def fit_select_cost(ops: Any, like: Any, density: float, max_numel: int,
@@ -138,23 +142,7 @@ def fit_select_cost(ops: Any, like: Any, density: float, max_numel: int,
     0.05-0.25 ms here) that the paper's GPU model omits; without it one bucket per layer looks
     as cheap to select as one merged bucket (docs/lags-omgs.md#omgs-fit). Falls back to the fit
     through the origin (``c0 = 0``) when the two-parameter fit is not non-negative."""
-    if select is None:
-        select = lambda buf, k: ops.topk_abs(buf, k)[0]  # noqa: E731
-    rng = np.random.default_rng(0)
-    cap = max(int(max_numel), 1 << 12)
-    sizes = [n for n in (1 << 12, 1 << 15, 1 << 18, 1 << 20) if n <= cap]
-    fs, ts = [], []
-    for n in sizes:
-        buf = ops.from_numpy(rng.standard_normal(n).astype(np.float32), like)
-        k = max(int(n * density), 1)
-        best = math.inf
-        for _ in range(repeats):
-            t0 = clock()
-            ops.to_numpy(select(buf, k))
-            best = min(best, clock() - t0)
-        fs.append(n * math.log2(n))
-        ts.append(best)
-    f, t = np.asarray(fs), np.asarray(ts)
+    f, t = _timed_selections(ops, like, density, max_numel, clock, repeats, select)
     if f.size >= 2 and np.all(t > 0):
         w = 1.0 / t ** 2
         a = np.array([[w.sum(), (w * f).sum()], [(w * f).sum(), (w * f * f).sum()]])
