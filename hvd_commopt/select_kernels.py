@@ -22,7 +22,7 @@ import threading
 import numpy as np
 
 __all__ = ["OPS", "ALL", "NONE", "threshold_plan", "np_abs_where", "np_add_abs_where",
-           "np_kth_largest_abs", "np_key_of", "np_sweep", "np_all_none", "NP_KEYS"]
+           "np_kth_largest_abs", "np_key_of", "np_sweep", "np_all_none", "np_abs_keys", "np_key_value", "NP_KEYS"]
 
 OPS = ("ge", "gt", "le", "lt")
 
@@ -164,16 +164,23 @@ def np_add_abs_where(acc: np.ndarray, g, op: str, thr: float, out: np.ndarray | 
     return (y, *np_sweep(acc, plan, g, y))
 
 
+def np_abs_keys(x: np.ndarray) -> np.ndarray:
+    """|x| as its keys (a new array), every NaN one key just above +Inf."""
+    kd, mask, inf_key = NP_KEYS[x.dtype]
+    keys = np.bitwise_and(x.view(kd), kd.type(mask))
+    return np.minimum(keys, kd.type(inf_key + 1), out=keys)
+
+
+def np_key_value(key: int, dtype) -> float:
+    """The magnitude a key stands for, as a Python float (nan for the NaN key)."""
+    kd, _, inf_key = NP_KEYS[np.dtype(dtype)]
+    return math.nan if int(key) > inf_key else float(np.array(key, dtype=kd).view(dtype))
+
+
 def np_kth_largest_abs(x, k: int) -> float:
     """Exact k-th largest |x| in the key order (NaN largest), via np.partition on the keys."""
     x = _np_float(x)
     n, k = x.size, int(k)
     if not 1 <= k <= n:
         raise ValueError(f"kth_largest_abs: k={k} outside [1, {n}]")
-    kd, mask, inf_key = NP_KEYS[x.dtype]
-    keys = np.bitwise_and(x.view(kd), kd.type(mask))
-    np.minimum(keys, kd.type(inf_key + 1), out=keys)  # every NaN one key
-    kk = int(np.partition(keys, n - k)[n - k])
-    if kk > inf_key:
-        return math.nan
-    return float(np.array(kk, dtype=kd).view(x.dtype))
+    return np_key_value(np.partition(np_abs_keys(x), n - k)[n - k], x.dtype)

@@ -116,7 +116,7 @@ class TFOps:
     """TensorOps over 1-D TF tensors (fusion buffers: :class:`PackBuffer`)."""
 
     name = "tensorflow"
-    slices_are_views = False  # slice() shares memory, so writes into a slice land in the buffer
+    slices_are_views = False  # slice() returns a new tensor: nothing written into it reaches the buffer
 
     # -- description -------------------------------------------------------------------------
     def numel(self, t):

@@ -55,7 +55,7 @@ class LayerwiseK:
         key = (bucket, int(numel))  # by value: a re-plan may reuse a name for other members
         if key in self._plans:
             return self._plans[key]
-        sizes = [_numel(shape) for shape in bucket.shapes]
+        sizes = [bucket.member_numel(i) for i in range(len(bucket.names))]
         plan = None
         if sum(sizes) == numel:
             plan = tuple((off, n, min(max(int(n * comp.density.of_tensor(name, n)), comp.min_k), n))
@@ -102,10 +102,3 @@ class LayerwiseK:
         if addend is None:
             return r
         return target if getattr(ops, "slices_are_views", False) else ops.cat(sums)
-
-
-def _numel(shape: tuple) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n

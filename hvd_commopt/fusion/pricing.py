@@ -128,7 +128,11 @@ def fit_select_s(ops: Any, like: Any, density: float, max_numel: int,
     top-k selection on this rank: ``select(buf, k)``, the selection the reducer runs; default
     ``ops.topk_abs``, the reference sort, 10-40x slower on a CPU than the package's exact
     selection, which made merged buckets look far too expensive (docs/lags-omgs.md#omgs-fit)."""
-    f, t = _timed_selections(ops, like, density, max_numel, clock, repeats, select)
+    return _through_origin(*_timed_selections(ops, like, density, max_numel, clock, repeats, select))
+
+
+def _through_origin(f: np.ndarray, t: np.ndarray) -> float:
+    """Least-squares ``s`` of ``t ≈ s·f``, at least 0."""
     den = float(f @ f)
     return max(0.0, float(f @ t) / den) if den else 0.0
 
@@ -153,5 +157,4 @@ def fit_select_cost(ops: Any, like: Any, density: float, max_numel: int,
             c0, s = -1.0, -1.0
         if c0 >= 0 and s >= 0:
             return float(s), float(c0)
-    den = float(f @ f)
-    return (max(0.0, float(f @ t) / den) if den else 0.0), 0.0
+    return _through_origin(f, t), 0.0
