@@ -13,7 +13,7 @@ from . import variants as V
 
 __all__ = ["net_markdown", "summary_markdown", "load_runs", "fmt_bytes", "best_ours"]
 
-BASELINES = ("compute", "ddp", "ddp_nofirst", "ddp_powersgd1", "ddp_powersgd4")
+BASELINES = V.BASELINES
 
 
 def fmt_bytes(b: float | None) -> str:

@@ -292,12 +292,13 @@ DEFAULT = [n for n in VARIANTS if n != "ssgd_gloo"]
 QUICK = ["compute", "ddp", "ddp_powersgd1", "ssgd", "mgwfbp", "fp16", "topk", "gtopk", "dgc", "od", "local_sgd"]
 
 
-_NOT_OURS = ("compute", "ddp", "ddp_nofirst", "ddp_powersgd1", "ddp_powersgd4")
+# the variants that do not run on our library: the bounds and DDP's, what ours are compared with
+BASELINES = ("compute", "ddp", "ddp_nofirst", "ddp_powersgd1", "ddp_powersgd4")
 
 
 def is_ours(name: str) -> bool:
     """Whether variant ``name`` runs on our library (then ``<name>@mpi`` / ``@gloo`` exist)."""
-    return name.partition("@")[0] not in _NOT_OURS
+    return name.partition("@")[0] not in BASELINES
 
 
 def known(name: str) -> bool:
