@@ -1,7 +1,7 @@
 """hvd_commopt: communication optimisation for data-parallel training (PyTorch and TensorFlow)."""
 from pathlib import Path
 
-from setuptools import find_packages, setup
+from setuptools import Extension, find_packages, setup
 
 ROOT = Path(__file__).parent
 version = {}
@@ -36,6 +36,10 @@ setup(
         "test": TEST + EXAMPLES,
         "all": TORCH + TF + MPI + EXAMPLES + TEST,
     },
+    # The native selection sweep (docs/selection.md#native-sweep): optional, so an install without a
+    # C compiler still works and the NumPy kernels take its place.
+    ext_modules=[Extension("hvd_commopt._hostkernels", ["hvd_commopt/_hostkernels.c"],
+                           extra_compile_args=["-O3", "-ffp-contract=off"], optional=True)],
     entry_points={"console_scripts": [
         "hvd_commopt-run = hvd_commopt.run:main",
     ]},

@@ -8,8 +8,9 @@ are interleaved block by block so machine noise hits all alike: ``compute`` (no 
 the lower bound), ``dense`` (our SSGD), ``topk`` / ``topk_thr`` (Top-k 1 %, exact / threshold
 reuse; momentum correction on, the default with momentum SGD), ``topk_nomc`` (Top-k 1 % with
 ``momentum_correction=False``: plain error feedback), ``dgc`` / ``dgc_exact`` (DGC 1 %, sampled /
-exact selection). Prints the median step and its ratio to the compute-only step (target: Top-k
-1 % and DGC 1 % <= 1.3x).
+exact selection); ``topk_np`` / ``dgc_np``: ``topk`` / ``dgc`` with the NumPy kernels instead of the
+native ones (docs/selection.md#native-sweep). Prints the median step and its ratio to the
+compute-only step (target: Top-k 1 % and DGC 1 % <= 1.3x).
 """
 from __future__ import annotations
 
@@ -22,7 +23,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import machine_info, relaunch_under_mpirun, table, time_blocks, train_step, write_json  # noqa: E402
 
-VARIANTS = ("compute", "dense", "topk", "topk_nomc", "topk_thr", "dgc", "dgc_exact")
+VARIANTS = ("compute", "dense", "topk", "topk_nomc", "topk_thr", "dgc", "dgc_exact", "topk_np", "dgc_np")
+
+
+def _numpy_sweep(step):
+    """``step`` with the NumPy kernels (every selection of a synchronous step ends within it)."""
+    from hvd_commopt import select_kernels
+
+    def run():
+        prev = select_kernels.use_native(False)
+        try:
+            return step()
+        finally:
+            select_kernels.use_native(prev)
+    return run
 
 
 def main() -> None:
@@ -66,7 +80,8 @@ def main() -> None:
     comps = {"dense": None, "topk": hco.Compression.topk(d),
              "topk_nomc": hco.Compression.topk(d, momentum_correction=False),
              "topk_thr": hco.Compression.topk(d, selection="threshold"),
-             "dgc": hco.Compression.dgc(d), "dgc_exact": hco.Compression.dgc(d, selection="exact")}
+             "dgc": hco.Compression.dgc(d), "dgc_exact": hco.Compression.dgc(d, selection="exact"),
+             "topk_np": hco.Compression.topk(d), "dgc_np": hco.Compression.dgc(d)}
     models = {}
     for name in args.variants.split(","):
         m = copy.deepcopy(base)
@@ -78,6 +93,7 @@ def main() -> None:
         models[name] = (m, opt)
 
     steps = {k: train_step(*v, x, y) for k, v in models.items()}
+    steps.update({k: _numpy_sweep(steps[k]) for k in steps if k.endswith("_np")})
     comm = runtime.communicator()
     samples = time_blocks(steps, args.blocks, args.steps, barrier=comm.barrier)
     med = {k: max(comm.allgather_object(sorted(v)[len(v) // 2])) for k, v in samples.items()}

@@ -8,7 +8,9 @@ two terms are measured back to back, interleaved, so the shared machine's noise 
 * ``exact``: :class:`~hvd_commopt.compress.selection.ExactTopK` (bit-identical to topk_abs);
 * ``reuse``: :class:`~hvd_commopt.compress.selection.ReuseTopK` in steady state (a reused step);
 * ``EF exact`` / ``EF reuse``: the fused error-feedback step (residual += g, select, zero sent);
-  ``EF reuse`` with tau 16 and band 0.2, its exact steps and recomputations included.
+  ``EF reuse`` with tau 16 and band 0.2, its exact steps and recomputations included;
+* ``exact np`` / ``EF exact np``: the same two with the NumPy candidate sweep instead of the
+  native one (docs/selection.md#native-sweep; absent when the extension was not built).
 
 Targets (docs/selection.md#selection-bench): exact <= 4 passes, threshold reuse <= 2.
 
@@ -31,6 +33,7 @@ import torch
 
 from benchmarks.common import table, write_json
 from hvd_commopt.compress.error_feedback import ErrorFeedback
+from hvd_commopt import select_kernels
 from hvd_commopt.compress.selection import ExactTopK, ReuseTopK
 from torch_plugin.ops import TorchOps
 
@@ -68,6 +71,13 @@ def measure(n: int, d: float, reps: int, slow_refs: bool) -> dict:
     ef2, rs = ErrorFeedback(), ReuseTopK(tau=16, band=0.2)  # amortised: exact steps and recomputations included
     fn2 = lambda r, a: (lambda res: (res.values, res.indices, res.acc))(rs.select(OPS, r, k, "b", a))  # noqa: E731
     out["ef_reuse"] = _median(lambda: ef2.compensate_select(OPS, "b", g, fn2), reps) / one_pass
+    if select_kernels.native_sweep():  # the same two on the NumPy sweep, in the same process
+        select_kernels.use_native(False)
+        try:
+            out["exact_np"] = _median(lambda: ex.select(OPS, t, k), reps) / one_pass
+            out["ef_exact_np"] = _median(lambda: ef.compensate_select(OPS, "b", g, fn), reps) / one_pass
+        finally:
+            select_kernels.use_native(True)
     if slow_refs:
         out["torch.topk"] = _median(lambda: torch.topk(t.abs(), k, sorted=False), max(3, reps // 3)) / one_pass
         out["topk_abs"] = _median(lambda: OPS.topk_abs(t, k), max(3, reps // 3)) / one_pass
@@ -113,7 +123,7 @@ def main(argv=None) -> None:
     sizes = [1, 4] if a.quick else [int(s) for s in a.sizes.split(",")]
     reps = 5 if a.quick else a.reps
     rows, res = [], []
-    cols = ["torch.topk", "topk_abs", "exact", "reuse", "ef_exact", "ef_reuse"]
+    cols = ["torch.topk", "topk_abs", "exact", "exact_np", "reuse", "ef_exact", "ef_exact_np", "ef_reuse"]
     for m in sizes:
         for d in (float(x) for x in a.densities.split(",")):
             r = measure(m << 20, d, reps, not a.no_refs)

@@ -6,7 +6,7 @@ from typing import Sequence
 import numpy as np
 
 from .dtypes import float32_to_half, half_to_float32, numpy_dtype
-from .select_kernels import np_abs_where, np_add_abs_where, np_kth_largest_abs
+from .select_kernels import np_abs_where, np_add_abs_where, np_kth_largest_abs, np_scale_add
 
 __all__ = ["NumpyOps", "numpy_dtype"]
 
@@ -67,6 +67,8 @@ class NumpyOps:
     def add(self, a, b):
         a += b
         return a
+
+    def scale_add_into(self, dst, t, factor, g): return np_scale_add(dst, t, factor, g)
 
     def sub(self, a, b):
         a -= b

@@ -3,7 +3,10 @@
 NumPy only, so the core can hold them: :class:`hvd_commopt.numpy_ops.NumpyOps` calls them, and
 the adapters call them on the memory of contiguous CPU tensors (torch's ``Tensor.numpy()`` is
 zero-copy), because ATen's CPU ``nonzero`` and bool comparisons alone cost 3-5 memory passes
-(docs/selection.md#primitives).
+(docs/selection.md#primitives). The candidate sweep of float32/float64 runs in the native
+extension ``hvd_commopt._hostkernels`` when it was built (one pass where NumPy needs five
+operations per chunk; bit-identical, docs/selection.md#native-sweep), else in NumPy; so does the
+momentum correction's ``u = mu*u + g`` (:func:`np_scale_add`, one pass where NumPy makes two).
 
 The order on magnitudes (docs/selection.md#order): ``+0 == -0 < denormals < normals < +Inf <
 NaN`` with every NaN equal, the order of ``torch.topk`` / ``np.partition``. Comparisons work on
@@ -22,7 +25,13 @@ import threading
 import numpy as np
 
 __all__ = ["OPS", "ALL", "NONE", "threshold_plan", "np_abs_where", "np_add_abs_where",
-           "np_kth_largest_abs", "np_key_of", "np_sweep", "np_all_none", "np_abs_keys", "np_key_value", "NP_KEYS"]
+           "np_kth_largest_abs", "np_key_of", "np_sweep", "np_all_none", "np_abs_keys", "np_key_value", "NP_KEYS",
+           "native_sweep", "use_native", "np_scale_add"]
+
+try:  # built by setup.py when a C compiler is there (optional: the NumPy sweep stands in)
+    from . import _hostkernels as _native
+except ImportError:  # pragma: no cover - an install without the compiled extension
+    _native = None
 
 OPS = ("ge", "gt", "le", "lt")
 
@@ -107,9 +116,31 @@ def np_all_none(x, plan):
     return np.empty(0, dtype=np.int64), x[:0].copy()
 
 
+_NATIVE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_OP_CODE = {"ge": 0, "gt": 1, "le": 2, "lt": 3}
+_native_on = _native is not None
+
+
+def native_sweep() -> bool:
+    """True when the candidate sweep runs in the native extension (built, and not turned off)."""
+    return _native_on
+
+
+def use_native(on: bool) -> bool:
+    """Turn the native sweep on or off (benchmarks compare the two in one process); returns the
+    previous setting. On needs the extension: without it this stays off."""
+    global _native_on
+    prev, _native_on = _native_on, bool(on) and _native is not None
+    return prev
+
+
 def np_sweep(x: np.ndarray, plan, g: np.ndarray | None = None, out: np.ndarray | None = None):
     """(indices, values) of |x| op key, chunk by chunk; with ``g``: x += g first, per chunk (into
     ``out`` instead of x when given: x stays intact, at no extra pass)."""
+    if _native_on and x.dtype in _NATIVE_DTYPES and x.flags.c_contiguous:
+        y = x if g is None or out is None else out
+        if (g is None or (g.dtype == x.dtype and g.flags.c_contiguous)) and y.flags.c_contiguous:
+            return _native_run(x, plan, g, y)
     op, key = plan
     kd, mask, _ = NP_KEYS[x.dtype]
     cmp = _NP_CMP[op]
@@ -140,6 +171,39 @@ def np_sweep(x: np.ndarray, plan, g: np.ndarray | None = None, out: np.ndarray |
     if len(ip) == 1:
         return ip[0], vp[0]
     return np.concatenate(ip), np.concatenate(vp)
+
+
+def _native_run(x: np.ndarray, plan, g: np.ndarray | None, y: np.ndarray):
+    """:func:`np_sweep` in the native kernel: output buffers sized for 1/32 of the elements; when
+    they fill up, the kernel says where it stopped and the sweep goes on into larger ones."""
+    op, key = plan
+    code, n = _OP_CODE[op], x.size
+    start, cap, ip, vp = 0, max(64, n >> 5), [], []
+    while True:
+        idx = np.empty(min(cap, n - start + 64), dtype=np.int64)
+        val = np.empty(idx.size, dtype=x.dtype)
+        c, start = _native.sweep(x, g, y, code, key, idx, val, start)
+        ip.append(idx[:c])
+        vp.append(val[:c])
+        if start >= n:
+            break
+        cap *= 4
+    if len(ip) == 1:
+        return ip[0], vp[0]
+    return np.concatenate(ip), np.concatenate(vp)
+
+
+def np_scale_add(out: np.ndarray, t: np.ndarray, s: float, g: np.ndarray) -> np.ndarray:
+    """``t * s + g`` into ``out`` (which may be t, not g), ``s`` rounded to t's dtype: two
+    roundings, bit-identical to a multiply then an add (docs/selection.md#native-sweep)."""
+    if (_native_on and t.dtype in _NATIVE_DTYPES and g.dtype == t.dtype and out.dtype == t.dtype
+            and t.size == g.size == out.size and t.flags.c_contiguous and g.flags.c_contiguous
+            and out.flags.c_contiguous):
+        _native.scale_add(t, float(s), g, out)
+        return out
+    with np.errstate(invalid="ignore", over="ignore"):  # Inf*0 and overflow are values here, as in torch
+        np.multiply(t, t.dtype.type(s), out=out)
+        return np.add(out, g, out=out)
 
 
 def np_abs_where(x, op: str, thr: float):

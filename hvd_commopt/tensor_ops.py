@@ -67,6 +67,9 @@ class TensorOps(Protocol):
     def scale(self, t: Tensor, factor: float) -> Tensor: ...  # t * factor (in place allowed)
     def scale_into(self, dst: Tensor, t: Tensor, factor: float) -> Tensor: ...  # t * factor into dst (t intact)
     def add(self, a: Tensor, b: Tensor) -> Tensor: ...  # a + b (in place into a allowed)
+    # t * factor + g into dst (dst may be t, not g): scale_into then add, bit for bit (two
+    # roundings, never an FMA); one pass on host memory (docs/selection.md#native-sweep)
+    def scale_add_into(self, dst: Tensor, t: Tensor, factor: float, g: Tensor) -> Tensor: ...
     def sub(self, a: Tensor, b: Tensor) -> Tensor: ...
     def mul(self, a: Tensor, b: Tensor) -> Tensor: ...  # a new tensor a*b (element-wise)
     def trunc_divide(self, t: Tensor, d: int) -> Tensor: ...  # integer t / d rounded toward zero (in place allowed)

@@ -202,6 +202,7 @@ class TFOps:
     def scale_into(self, dst, t, factor): return self.scale(t, factor)  # immutable tensors: a new one
 
     def add(self, a, b): return tf.convert_to_tensor(_t(a)) + _t(b)
+    def scale_add_into(self, dst, t, factor, g): return self.add(self.scale(t, factor), g)
     def sub(self, a, b): return tf.convert_to_tensor(_t(a)) - _t(b)
     def mul(self, a, b): return tf.convert_to_tensor(_t(a)) * _t(b)
 

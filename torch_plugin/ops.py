@@ -8,7 +8,7 @@ import math
 import numpy as np
 import torch
 
-from hvd_commopt.select_kernels import (ALL, NONE, np_all_none, np_kth_largest_abs, np_sweep,
+from hvd_commopt.select_kernels import (ALL, NONE, np_all_none, np_kth_largest_abs, np_scale_add, np_sweep,
                                         threshold_plan)
 
 __all__ = ["TorchOps", "TORCH_DTYPES"]
@@ -132,6 +132,14 @@ class TorchOps:
         return torch.mul(t, factor, out=dst)
 
     def add(self, a, b): return a.add_(b)
+
+    def scale_add_into(self, dst, t, factor, g):
+        if (self.host_kernels and _host_ok(t) and _host_ok(g) and _host_ok(dst)
+                and t.dtype == g.dtype == dst.dtype != torch.float16):
+            np_scale_add(dst.detach().view(-1).numpy(), t.detach().view(-1).numpy(), factor,
+                         g.detach().view(-1).numpy())
+            return dst
+        return self.add(self.scale_into(dst, t, factor), g)
     def sub(self, a, b): return a.sub_(b)
 
     def trunc_divide(self, t, d):

@@ -345,7 +345,7 @@ class DGCMemory:
             buf = self._snaps[0].free(ops, name, u_old)
             if buf is None:
                 buf = ops.empty(ops.numel(u_old), ops.dtype_name(u_old), like=u_old)
-            u = ops.add(ops.scale_into(buf, u_old, self.momentum), g)
+            u = ops.scale_add_into(buf, u_old, self.momentum, g)
         self._u.set(name, u)
         return u
 

@@ -502,3 +502,23 @@ def test_layerwise_selection_is_each_members_top_k_in_every_framework(variant, w
     assert same_bits(host(ops, vals), np.concatenate([v for v, _ in want]))
     if ops.name in ("torch", "numpy"):  # views: the bucket swept in place, no concatenation
         assert acc is (out if with_out else rt)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_scale_add_into_is_scale_into_then_add(variant):
+    """The momentum correction's ``u = mu*u + g`` (one native pass on host memory) equals the
+    framework's multiply then add bit for bit (docs/selection.md#native-sweep)."""
+    ops = VARIANTS[variant]
+    rng = np.random.default_rng(11)
+    u = rng.standard_normal(300_001).astype(np.float32)
+    u[::97], u[1::89] = np.inf, np.nan
+    g = rng.standard_normal(u.size).astype(np.float32)
+    want = np.add(np.multiply(u, np.float32(0.9)), g)
+    ut = to_native(ops, u)
+    got = ops.scale_add_into(ops.empty(u.size, "float32", like=ut), ut, 0.9, to_native(ops, g))
+    assert same_bits(host(ops, got), want)
+    if ops.name == "torch":  # into u itself, as a snapshot-free momentum update does
+        assert same_bits(host(ops, ops.scale_add_into(ut, ut, 0.9, to_native(ops, g))), want)
+        t64 = torch.from_numpy(u.astype(np.float64))
+        ref64 = torch.mul(t64, 0.9).add_(t64)
+        assert same_bits(ops.scale_add_into(torch.empty_like(t64), t64, 0.9, t64).numpy(), ref64.numpy())

@@ -1,0 +1,136 @@
+"""The native host kernels (hvd_commopt/_hostkernels.c) against the NumPy kernels they stand in
+for: bit for bit, on every comparison, dtype, special value and block boundary, on the AVX2 path
+and the portable one (docs/selection.md#native-sweep)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hvd_commopt import select_kernels as sk
+from hvd_commopt.numpy_ops import NumpyOps
+
+native = pytest.importorskip("hvd_commopt._hostkernels",
+                             reason="the native extension was not built (no C compiler at install time)")
+
+SIMD = ["avx2", "portable"]
+
+
+@pytest.fixture(params=SIMD)
+def simd(request):
+    got = native.set_simd(request.param == "avx2")
+    if got != request.param:
+        native.set_simd(True)
+        pytest.skip(f"this CPU has no {request.param} path")
+    yield got
+    native.set_simd(True)
+
+
+@pytest.fixture
+def restore_native():
+    yield
+    sk.use_native(True)
+
+
+def _specials(x: np.ndarray) -> np.ndarray:
+    """Zeros of both signs, infinities, NaNs, denormals and ties scattered through x."""
+    tiny = np.finfo(x.dtype).smallest_subnormal
+    for j, v in enumerate((0.0, -0.0, np.inf, np.nan, -np.inf, tiny, -3 * tiny, 1.0, -1.0)):
+        x[j::7 + 2 * j] = v
+    return x
+
+
+def _bits(a: np.ndarray | None):
+    return None if a is None else a.view(np.uint8)
+
+
+def _sweep_both(x, plan, g=None, out=None):
+    """np_sweep with the NumPy kernel and with the native one, each on fresh copies."""
+    runs = []
+    for on in (False, True):
+        sk.use_native(on)
+        xx = x.copy()
+        oo = None if out is None else np.zeros_like(x)
+        idx, vals = sk.np_sweep(xx, plan, g, oo)
+        runs.append((idx, _bits(vals), _bits(xx), _bits(oo)))
+    return runs
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n", [0, 1, 15, 16, 17, 31, 32, 33, 100, 4097, 70001])
+def test_sweep_is_bit_identical_to_numpy(dtype, n, simd, restore_native):
+    rng = np.random.default_rng(n)
+    x = rng.standard_normal(n).astype(dtype)
+    if n > 20:
+        x = _specials(x)
+    g = rng.standard_normal(n).astype(dtype)
+    key_of = sk.np_key_of(np.dtype(dtype))
+    inf_key = sk.NP_KEYS[np.dtype(dtype)][2]
+    for op in sk.OPS:
+        for thr in (0.0, 0.3, 1.0, 2.5, np.inf, np.nan):
+            plan = sk.threshold_plan(op, thr, key_of, inf_key)
+            if plan in (sk.ALL, sk.NONE):
+                continue
+            for args in ((), (g,), (g, True)):
+                (i0, v0, x0, o0), (i1, v1, x1, o1) = _sweep_both(x, plan, *args)
+                assert np.array_equal(i0, i1) and i1.dtype == np.int64, (op, thr, len(args))
+                assert np.array_equal(v0, v1) and np.array_equal(x0, x1), (op, thr, len(args))
+                assert (o0 is None and o1 is None) or np.array_equal(o0, o1)
+
+
+def test_sweep_continues_past_full_output_buffers(restore_native):
+    # every element selected: the first output buffers (n/32) fill, the kernel says where it
+    # stopped and the sweep goes on into larger ones
+    x = np.random.default_rng(0).standard_normal(100_000).astype(np.float32)
+    plan = ("ge", 0)
+    idx, vals = sk.np_sweep(x, plan)
+    assert np.array_equal(idx, np.arange(x.size)) and np.array_equal(vals, x)
+
+
+def test_sweep_keeps_x_when_writing_the_sum_elsewhere(restore_native):
+    rng = np.random.default_rng(1)
+    x, g = rng.standard_normal(1000).astype(np.float32), rng.standard_normal(1000).astype(np.float32)
+    x0, out = x.copy(), np.empty_like(x)
+    sk.np_sweep(x, ("ge", 0), g, out)
+    assert np.array_equal(x, x0) and np.array_equal(out, x0 + g)
+    sk.np_sweep(x, ("ge", 0), g)  # no out: the sum goes into x
+    assert np.array_equal(x, x0 + g)
+
+
+def test_the_kernels_refuse_buffers_they_cannot_read():
+    x = np.zeros(10, np.float32)
+    with pytest.raises(ValueError, match="contiguous buffer of 4-byte items"):
+        native.sweep(x, None, np.zeros(10, np.float64), 0, 0, np.zeros(16, np.int64), np.zeros(16, np.float32), 0)
+    with pytest.raises(ValueError, match="float32 or float64"):
+        native.sweep(np.zeros(10, np.int16), None, np.zeros(10, np.int16), 0, 0, np.zeros(16, np.int64),
+                     np.zeros(16, np.int16), 0)
+    with pytest.raises(ValueError, match="at least as long as x"):
+        native.scale_add(x, 0.5, np.zeros(5, np.float32), np.zeros(10, np.float32))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("mu", [0.9, 0.0, 0.99, 1 / 3])
+def test_scale_add_is_a_multiply_then_an_add(dtype, mu, restore_native):
+    rng = np.random.default_rng(2)
+    t, g = _specials(rng.standard_normal(5003).astype(dtype)), rng.standard_normal(5003).astype(dtype)
+    ref = np.add(np.multiply(t, dtype(mu)), g)
+    out = np.empty_like(t)
+    assert sk.np_scale_add(out, t, mu, g) is out and np.array_equal(_bits(out), _bits(ref))
+    same = t.copy()
+    sk.np_scale_add(same, same, mu, g)  # in place into t
+    assert np.array_equal(_bits(same), _bits(ref))
+    sk.use_native(False)
+    assert np.array_equal(_bits(sk.np_scale_add(np.empty_like(t), t, mu, g)), _bits(ref))
+
+
+def test_numpy_ops_scale_add_into_matches_scale_into_then_add(restore_native):
+    ops = NumpyOps()
+    rng = np.random.default_rng(3)
+    u, g = rng.standard_normal(1000).astype(np.float32), rng.standard_normal(1000).astype(np.float32)
+    ref = ops.add(ops.scale_into(np.empty_like(u), u, 0.9), g)
+    assert np.array_equal(ops.scale_add_into(np.empty_like(u), u, 0.9, g), ref)
+
+
+def test_use_native_reports_and_restores():
+    assert sk.native_sweep()
+    assert sk.use_native(False) is True and not sk.native_sweep()
+    assert sk.use_native(True) is False and sk.native_sweep()
