@@ -8,6 +8,9 @@ Builds the ``mpirun`` command the way ``horovodrun`` does and execs it:
 * this machine's needs are handled: ``--allow-run-as-root`` when root, ``--oversubscribe`` plus
   ``mpi_yield_when_idle`` when there are more local ranks than cores, ``--bind-to none``, and
   a large ``MALLOC_MMAP_THRESHOLD_`` for MPI buffers;
+* ``--mpi-args="--map-by socket --mca btl_tcp_if_include eth0"``: more mpirun arguments, as one
+  string (horovodrun's form; the ``=`` lets the string start with ``--``), placed before the
+  command;
 * ``--verbose`` prints the command; ``--dry-run`` prints it without running.
 
 A command that starts with a ``.py`` file (``python -m hvd_commopt.run -np 2 train.py``) is run
@@ -134,7 +137,7 @@ def build_command(args: argparse.Namespace, environ: dict[str, str] | None = Non
     for name in sorted(env):
         if name.startswith(_FORWARD_PREFIXES):
             cmd += ["-x", name]
-    cmd += list(args.mpi_args or [])
+    cmd += shlex.split(args.mpi_args or "")
     return cmd + command, env
 
 
@@ -148,7 +151,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--timeline", help="write a Chrome-trace timeline per rank to this path prefix")
     p.add_argument("--backend", choices=["mpi", "gloo", "nccl"], help="communication backend for the ranks")
     p.add_argument("--mpirun", help="path of the mpirun to use")
-    p.add_argument("--mpi-args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    p.add_argument("--mpi-args", metavar="ARGS",
+                   help="more mpirun arguments, as one string (horovodrun's form): --mpi-args='--map-by socket'")
     p.add_argument("--verbose", action="store_true", help="print the mpirun command; verbose ranks")
     p.add_argument("--dry-run", action="store_true", help="print the mpirun command and exit")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the training command")

@@ -64,3 +64,13 @@ def test_errors_name_the_fix(monkeypatch, capsys):
 def test_dry_run_prints_the_command(capsys):
     assert run.main(["--mpirun", "/x/mpirun", "-np", "2", "--dry-run", "python", "t.py"]) == 0
     assert capsys.readouterr().out.startswith("/x/mpirun -np 2")
+
+
+def test_mpi_args_is_one_string_and_leaves_the_command_alone():
+    # horovodrun's form: the command after it stays the command (it used to be swallowed)
+    cmd, _ = build(["-np", "2", "--mpi-args", "--mca btl_tcp_if_include lo --report-bindings", "python", "t.py"])
+    assert cmd[-2:] == ["python", "t.py"]
+    i = cmd.index("--mca", cmd.index("--bind-to"))
+    assert cmd[i:i + 3] == ["--mca", "btl_tcp_if_include", "lo"] and "--report-bindings" in cmd[:-2]
+    cmd, _ = build(["-np", "2", "--mpi-args=--map-by socket", "python", "t.py"])
+    assert cmd[-4:] == ["--map-by", "socket", "python", "t.py"]
