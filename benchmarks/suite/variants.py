@@ -67,6 +67,7 @@ class Runner:
     opt: torch.optim.Optimizer
     params: nn.Module
     ours: bool = False
+    native_kernels: bool = True  # False: the NumPy host kernels (docs/selection.md#native-sweep)
     analytic_bytes: int | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -227,6 +228,16 @@ def b_sparse(kind: str, layerwise: bool = False, planner: str | None = None,
     return build_
 
 
+def numpy_kernels(build: Callable[[nn.Module, Ctx], Runner], name: str) -> Callable[[nn.Module, Ctx], Runner]:
+    """``build``'s variant on the NumPy host kernels instead of the native ones (an A/B of
+    docs/selection.md#native-sweep in one job)."""
+    def build_(model: nn.Module, ctx: Ctx) -> Runner:
+        r = build(model, ctx)
+        r.name, r.native_kernels = name, False
+        return r
+    return build_
+
+
 def b_schedule(kind: str) -> Callable[[nn.Module, Ctx], Runner]:
     def build_(model: nn.Module, ctx: Ctx) -> Runner:
         factory = getattr(_hco().Schedule, kind)
@@ -269,6 +280,8 @@ VARIANTS: dict[str, tuple[Callable[[nn.Module, Ctx], Runner], str]] = {
     "omgs": (b_sparse("topk", planner="mgwfbp", name="omgs"),
              "OMGS-SGD: top-k, sparse buckets merged by the OMGS planner (fusion='mgwfbp' on a sparse reducer)"),
     "dgc": (b_sparse("dgc"), "Deep Gradient Compression"),
+    "topk_np": (numpy_kernels(b_sparse("topk"), "topk_np"), "topk with the NumPy host kernels instead of the native ones"),
+    "dgc_np": (numpy_kernels(b_sparse("dgc"), "dgc_np"), "dgc with the NumPy host kernels instead of the native ones"),
     "dgc_exact": (b_sparse("dgc", selection="exact", name="dgc_exact"), "DGC with the exact (fast) top-k selection"),
     "topk_thr": (b_sparse("topk", selection="threshold", name="topk_thr"),
                  "Top-k with Ok-Topk's threshold reuse (exact threshold every 16 steps)"),
@@ -288,7 +301,8 @@ VARIANTS: dict[str, tuple[Callable[[nn.Module, Ctx], Runner], str]] = {
 # died 4 times out of 6 with a Gloo message-size mismatch ("op.preamble.length <= op.nbytes");
 # the runs without it never did. Across hosts our variants run on Gloo by default now
 # (docs/backends.md#choice); `--backend both` times each of them on both backends.
-DEFAULT = [n for n in VARIANTS if n != "ssgd_gloo"]
+# topk_np / dgc_np are opt-in as well: an A/B of the native host kernels, not a method of their own.
+DEFAULT = [n for n in VARIANTS if n not in ("ssgd_gloo", "topk_np", "dgc_np")]
 QUICK = ["compute", "ddp", "ddp_powersgd1", "ssgd", "mgwfbp", "fp16", "topk", "gtopk", "dgc", "od", "local_sgd"]
 
 

@@ -30,7 +30,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from hvd_commopt import timeline
+from hvd_commopt import select_kernels, timeline
 
 from ..common import ROOT
 
@@ -65,6 +65,7 @@ def engine_traces() -> bool:
 
 def timed_step(r: V.Runner, x: torch.Tensor, y: torch.Tensor) -> None:
     """One training step, with timeline spans when a timeline is recording."""
+    select_kernels.use_native(r.native_kernels)  # the _np variants: the NumPy host kernels
     with timeline.span("step", "step"):
         r.opt.zero_grad()
         with timeline.span("forward", "forward"):
