@@ -72,78 +72,48 @@ HCO_PORTABLE(sweep_f64_portable, double, int64_t, 0x7FFFFFFFFFFFFFFFLL)
 /* AVX2: 32 floats (or 16 doubles) per block; the compare gives a bit mask, whose set bits are
    the hits in ascending order. ge is "> key - 1" and lt is "not > key - 1" (keys are >= 0, so
    key - 1 cannot overflow); le is "not > key". */
-__attribute__((target("avx2"))) static int64_t sweep_f32_avx2(const float *x, const float *g, float *y, int64_t i,
-                                                              int64_t n, int op, int32_t key, int64_t *idx,
-                                                              float *val, int64_t cap, int64_t *stop) {
-    int64_t c = 0;
-    const __m256i mask = _mm256_set1_epi32(0x7FFFFFFF);
-    const __m256i kv = _mm256_set1_epi32((op == 0 || op == 3) ? key - 1 : key);
-    const unsigned flip = (op >= 2) ? 0xFFFFFFFFu : 0u;
-    for (; i + 32 <= n && c + 32 <= cap; i += 32) {
-        unsigned m = 0;
-        for (int b = 0; b < 4; b++) {
-            __m256 s;
-            if (g) {
-                s = _mm256_add_ps(_mm256_loadu_ps(x + i + 8 * b), _mm256_loadu_ps(g + i + 8 * b));
-                _mm256_storeu_ps(y + i + 8 * b, s);
-            } else {
-                s = _mm256_loadu_ps(x + i + 8 * b);
-                if (y != x) _mm256_storeu_ps(y + i + 8 * b, s);
-            }
-            __m256i k = _mm256_and_si256(_mm256_castps_si256(s), mask);
-            m |= (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(k, kv))) << (8 * b);
-        }
-        m ^= flip;
-        while (m) {
-            int j = __builtin_ctz(m);
-            idx[c] = i + j;
-            val[c] = y[i + j];
-            c++;
-            m &= m - 1;
-        }
+#define HCO_AVX2(NAME, FT, KT, VT, SFX, ISFX, SET1, LANES, MASK, PORTABLE)                         \
+    __attribute__((target("avx2"))) static int64_t NAME(const FT *x, const FT *g, FT *y, int64_t i, int64_t n, \
+                                                        int op, KT key, int64_t *idx, FT *val, int64_t cap, \
+                                                        int64_t *stop) {                                \
+        int64_t c = 0;                                                                          \
+        const __m256i mask = SET1(MASK);                                                        \
+        const __m256i kv = SET1((op == 0 || op == 3) ? key - 1 : key);                          \
+        const unsigned flip = (op >= 2) ? (unsigned)((1ull << (4 * LANES)) - 1) : 0u;           \
+        for (; i + 4 * LANES <= n && c + 4 * LANES <= cap; i += 4 * LANES) {                    \
+            unsigned m = 0;                                                                     \
+            for (int b = 0; b < 4; b++) {                                                       \
+                VT s;                                                                           \
+                if (g) {                                                                        \
+                    s = _mm256_add_##SFX(_mm256_loadu_##SFX(x + i + LANES * b),                 \
+                                         _mm256_loadu_##SFX(g + i + LANES * b));                \
+                    _mm256_storeu_##SFX(y + i + LANES * b, s);                                  \
+                } else {                                                                        \
+                    s = _mm256_loadu_##SFX(x + i + LANES * b);                                  \
+                    if (y != x) _mm256_storeu_##SFX(y + i + LANES * b, s);                      \
+                }                                                                               \
+                __m256i k = _mm256_and_si256(_mm256_cast##SFX##_si256(s), mask);                \
+                m |= (unsigned)_mm256_movemask_##SFX(_mm256_castsi256_##SFX(_mm256_cmpgt_##ISFX(k, kv))) \
+                     << (LANES * b);                                                            \
+            }                                                                                   \
+            m ^= flip;                                                                          \
+            while (m) {                                                                         \
+                int j = __builtin_ctz(m);                                                       \
+                idx[c] = i + j;                                                                 \
+                val[c] = y[i + j];                                                              \
+                c++;                                                                            \
+                m &= m - 1;                                                                     \
+            }                                                                                   \
+        }                                                                                       \
+        int64_t tail_stop;                                                                      \
+        c += PORTABLE(x, g, y, i, n, op, key, idx + c, val + c, cap - c, &tail_stop);           \
+        *stop = tail_stop;                                                                      \
+        return c;                                                                               \
     }
-    int64_t tail_stop;
-    c += sweep_f32_portable(x, g, y, i, n, op, key, idx + c, val + c, cap - c, &tail_stop);
-    *stop = tail_stop;
-    return c;
-}
 
-__attribute__((target("avx2"))) static int64_t sweep_f64_avx2(const double *x, const double *g, double *y,
-                                                              int64_t i, int64_t n, int op, int64_t key,
-                                                              int64_t *idx, double *val, int64_t cap,
-                                                              int64_t *stop) {
-    int64_t c = 0;
-    const __m256i mask = _mm256_set1_epi64x(0x7FFFFFFFFFFFFFFFLL);
-    const __m256i kv = _mm256_set1_epi64x((op == 0 || op == 3) ? key - 1 : key);
-    const unsigned flip = (op >= 2) ? 0xFFFFu : 0u;
-    for (; i + 16 <= n && c + 16 <= cap; i += 16) {
-        unsigned m = 0;
-        for (int b = 0; b < 4; b++) {
-            __m256d s;
-            if (g) {
-                s = _mm256_add_pd(_mm256_loadu_pd(x + i + 4 * b), _mm256_loadu_pd(g + i + 4 * b));
-                _mm256_storeu_pd(y + i + 4 * b, s);
-            } else {
-                s = _mm256_loadu_pd(x + i + 4 * b);
-                if (y != x) _mm256_storeu_pd(y + i + 4 * b, s);
-            }
-            __m256i k = _mm256_and_si256(_mm256_castpd_si256(s), mask);
-            m |= (unsigned)_mm256_movemask_pd(_mm256_castsi256_pd(_mm256_cmpgt_epi64(k, kv))) << (4 * b);
-        }
-        m ^= flip;
-        while (m) {
-            int j = __builtin_ctz(m);
-            idx[c] = i + j;
-            val[c] = y[i + j];
-            c++;
-            m &= m - 1;
-        }
-    }
-    int64_t tail_stop;
-    c += sweep_f64_portable(x, g, y, i, n, op, key, idx + c, val + c, cap - c, &tail_stop);
-    *stop = tail_stop;
-    return c;
-}
+HCO_AVX2(sweep_f32_avx2, float, int32_t, __m256, ps, epi32, _mm256_set1_epi32, 8, 0x7FFFFFFF, sweep_f32_portable)
+HCO_AVX2(sweep_f64_avx2, double, int64_t, __m256d, pd, epi64, _mm256_set1_epi64x, 4, 0x7FFFFFFFFFFFFFFFLL,
+         sweep_f64_portable)
 #endif
 
 static int use_avx2 = 0;
