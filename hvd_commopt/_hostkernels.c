@@ -1,13 +1,15 @@
 /* Native host kernels of the selection's candidate sweep and of the momentum correction's
  * u = mu*u + g (docs/selection.md#native-sweep).
  *
- * sweep(x, g, y, op, key, idx, val, start) -> (count, stop)
+ * sweep(x, g, y, op, key, idx, val, start[, u, mu, uo]) -> (count, stop)
  *
  * One pass over x[start:]: y = x + g (g may be None: y is then x, or a copy of x), and every
  * position whose magnitude key (the bit pattern of |y| read as a signed integer, the order of
  * hvd_commopt/select_kernels.py) satisfies `key_of(y) op key` goes to idx (int64, ascending) and
  * val (y's value). op: 0 ge, 1 gt, 2 le, 3 lt. It stops early when idx/val could overflow and
- * says where: the caller continues from `stop` with fresh output buffers.
+ * says where: the caller continues from `stop` with fresh output buffers. The momentum form
+ * (u given) makes the addend in the same pass: a = u*mu + g (two roundings) goes to uo, and
+ * y = x + a: the momentum correction's u' = mu*u + g and v + u' in one sweep.
  *
  * Why native: NumPy needs five operations per chunk (add, and, compare, flatnonzero, take), about
  * 2.7x one memory pass at 6.6M elements; this is one pass, at the cost of the add alone.
@@ -35,13 +37,21 @@
    compacted. */
 #define HCO_PORTABLE(NAME, FT, KT, MASK)                                                         \
     static int64_t NAME(const FT *x, const FT *g, FT *y, int64_t i, int64_t n, int op, KT key, \
-                        int64_t *idx, FT *val, int64_t cap, int64_t *stop) {                   \
+                        int64_t *idx, FT *val, int64_t cap, int64_t *stop, const FT *u, FT mu,  \
+                        FT *uo) {                                                               \
         int64_t c = 0;                                                                          \
         const KT *yk = (const KT *)y;                                                           \
         while (i < n && c + 16 <= cap) {                                                        \
             int64_t e = i + 16 < n ? i + 16 : n;                                                \
             int any = 0;                                                                        \
-            if (g) {                                                                            \
+            if (u) {                                                                            \
+                for (int64_t j = i; j < e; j++) {                                               \
+                    FT a = u[j] * mu;                                                           \
+                    a = a + g[j];                                                               \
+                    uo[j] = a;                                                                  \
+                    y[j] = x[j] + a;                                                            \
+                }                                                                               \
+            } else if (g) {                                                                     \
                 for (int64_t j = i; j < e; j++) y[j] = x[j] + g[j];                             \
             } else if (y != x) {                                                                \
                 for (int64_t j = i; j < e; j++) y[j] = x[j];                                    \
@@ -75,8 +85,9 @@ HCO_PORTABLE(sweep_f64_portable, double, int64_t, 0x7FFFFFFFFFFFFFFFLL)
 #define HCO_AVX2(NAME, FT, KT, VT, SFX, ISFX, SET1, LANES, MASK, PORTABLE)                         \
     __attribute__((target("avx2"))) static int64_t NAME(const FT *x, const FT *g, FT *y, int64_t i, int64_t n, \
                                                         int op, KT key, int64_t *idx, FT *val, int64_t cap, \
-                                                        int64_t *stop) {                                \
+                                                        int64_t *stop, const FT *u, FT mu, FT *uo) {   \
         int64_t c = 0;                                                                          \
+        const VT muv = _mm256_set1_##SFX(mu);                                                   \
         const __m256i mask = SET1(MASK);                                                        \
         const __m256i kv = SET1((op == 0 || op == 3) ? key - 1 : key);                          \
         const unsigned flip = (op >= 2) ? (unsigned)((1ull << (4 * LANES)) - 1) : 0u;           \
@@ -84,7 +95,13 @@ HCO_PORTABLE(sweep_f64_portable, double, int64_t, 0x7FFFFFFFFFFFFFFFLL)
             unsigned m = 0;                                                                     \
             for (int b = 0; b < 4; b++) {                                                       \
                 VT s;                                                                           \
-                if (g) {                                                                        \
+                if (u) {                                                                        \
+                    VT a = _mm256_add_##SFX(_mm256_mul_##SFX(_mm256_loadu_##SFX(u + i + LANES * b), muv), \
+                                            _mm256_loadu_##SFX(g + i + LANES * b));             \
+                    _mm256_storeu_##SFX(uo + i + LANES * b, a);                                 \
+                    s = _mm256_add_##SFX(_mm256_loadu_##SFX(x + i + LANES * b), a);             \
+                    _mm256_storeu_##SFX(y + i + LANES * b, s);                                  \
+                } else if (g) {                                                                 \
                     s = _mm256_add_##SFX(_mm256_loadu_##SFX(x + i + LANES * b),                 \
                                          _mm256_loadu_##SFX(g + i + LANES * b));                \
                     _mm256_storeu_##SFX(y + i + LANES * b, s);                                  \
@@ -106,7 +123,7 @@ HCO_PORTABLE(sweep_f64_portable, double, int64_t, 0x7FFFFFFFFFFFFFFFLL)
             }                                                                                   \
         }                                                                                       \
         int64_t tail_stop;                                                                      \
-        c += PORTABLE(x, g, y, i, n, op, key, idx + c, val + c, cap - c, &tail_stop);           \
+        c += PORTABLE(x, g, y, i, n, op, key, idx + c, val + c, cap - c, &tail_stop, u, mu, uo); \
         *stop = tail_stop;                                                                      \
         return c;                                                                               \
     }
@@ -128,51 +145,69 @@ static int check(Py_buffer *b, const char *what, Py_ssize_t item, Py_ssize_t n) 
 }
 
 static PyObject *sweep(PyObject *self, PyObject *args) {
-    Py_buffer x, y, idx, val, g = {0};
-    PyObject *gobj;
+    Py_buffer x, y, idx, val, g = {0}, u = {0}, uo = {0};
+    PyObject *gobj, *uobj = Py_None, *uoobj = Py_None;
     int op;
     long long key;
     Py_ssize_t start;
-    if (!PyArg_ParseTuple(args, "y*Ow*iLw*w*n", &x, &gobj, &y, &op, &key, &idx, &val, &start)) return NULL;
+    double mu = 0.0;
+    if (!PyArg_ParseTuple(args, "y*Ow*iLw*w*n|OdO", &x, &gobj, &y, &op, &key, &idx, &val, &start, &uobj, &mu,
+                          &uoobj))
+        return NULL;
     PyObject *res = NULL;
-    int have_g = gobj != Py_None;
-    if (have_g && PyObject_GetBuffer(gobj, &g, PyBUF_C_CONTIGUOUS) < 0) goto done_nog;
+    int have_g = gobj != Py_None, have_u = 0, have_uo = 0;
+    if (have_g && PyObject_GetBuffer(gobj, &g, PyBUF_C_CONTIGUOUS) < 0) goto done;
+    have_g = 2 * have_g;  /* 2: acquired */
+    if (uobj != Py_None) {
+        if (!have_g || uoobj == Py_None) {
+            PyErr_SetString(PyExc_ValueError, "sweep: the momentum form needs g, u and uo");
+            goto done;
+        }
+        if (PyObject_GetBuffer(uobj, &u, PyBUF_C_CONTIGUOUS) < 0) goto done;
+        have_u = 1;
+        if (PyObject_GetBuffer(uoobj, &uo, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) goto done;
+        have_uo = 1;
+    }
     Py_ssize_t item = x.itemsize, n = item ? x.len / item : 0;
     if ((item != 4 && item != 8) || op < 0 || op > 3 || start < 0 || start > n) {
         PyErr_SetString(PyExc_ValueError, "sweep: x must hold float32 or float64, op in 0..3, 0 <= start <= len(x)");
         goto done;
     }
     if (check(&x, "x", item, -1) || check(&y, "y", item, n) || (have_g && check(&g, "g", item, n)) ||
+        (have_u && (check(&u, "u", item, n) || check(&uo, "uo", item, n))) ||
         check(&idx, "idx", 8, -1) || check(&val, "val", item, -1))
         goto done;
     int64_t cap = idx.len / 8 < val.len / item ? idx.len / 8 : val.len / item, count, stop;
     Py_BEGIN_ALLOW_THREADS
     if (item == 4) {
-        const float *gp = have_g ? (const float *)g.buf : NULL;
+        const float *gp = have_g ? (const float *)g.buf : NULL, *up = have_u ? (const float *)u.buf : NULL;
+        float *uop = have_u ? (float *)uo.buf : NULL;
 #ifdef HCO_X86
         if (use_avx2)
             count = sweep_f32_avx2((const float *)x.buf, gp, (float *)y.buf, start, n, op, (int32_t)key,
-                                   (int64_t *)idx.buf, (float *)val.buf, cap, &stop);
+                                   (int64_t *)idx.buf, (float *)val.buf, cap, &stop, up, (float)mu, uop);
         else
 #endif
             count = sweep_f32_portable((const float *)x.buf, gp, (float *)y.buf, start, n, op, (int32_t)key,
-                                       (int64_t *)idx.buf, (float *)val.buf, cap, &stop);
+                                       (int64_t *)idx.buf, (float *)val.buf, cap, &stop, up, (float)mu, uop);
     } else {
-        const double *gp = have_g ? (const double *)g.buf : NULL;
+        const double *gp = have_g ? (const double *)g.buf : NULL, *up = have_u ? (const double *)u.buf : NULL;
+        double *uop = have_u ? (double *)uo.buf : NULL;
 #ifdef HCO_X86
         if (use_avx2)
             count = sweep_f64_avx2((const double *)x.buf, gp, (double *)y.buf, start, n, op, (int64_t)key,
-                                   (int64_t *)idx.buf, (double *)val.buf, cap, &stop);
+                                   (int64_t *)idx.buf, (double *)val.buf, cap, &stop, up, mu, uop);
         else
 #endif
             count = sweep_f64_portable((const double *)x.buf, gp, (double *)y.buf, start, n, op, (int64_t)key,
-                                       (int64_t *)idx.buf, (double *)val.buf, cap, &stop);
+                                       (int64_t *)idx.buf, (double *)val.buf, cap, &stop, up, mu, uop);
     }
     Py_END_ALLOW_THREADS
     res = Py_BuildValue("(LL)", (long long)count, (long long)stop);
 done:
-    if (have_g) PyBuffer_Release(&g);
-done_nog:
+    if (have_g == 2) PyBuffer_Release(&g);
+    if (have_u) PyBuffer_Release(&u);
+    if (have_uo) PyBuffer_Release(&uo);
     PyBuffer_Release(&x);
     PyBuffer_Release(&y);
     PyBuffer_Release(&idx);

@@ -6,7 +6,8 @@ from typing import Sequence
 import numpy as np
 
 from .dtypes import float32_to_half, half_to_float32, numpy_dtype
-from .select_kernels import np_abs_where, np_add_abs_where, np_kth_largest_abs, np_scale_add
+from .select_kernels import (np_abs_where, np_add_abs_where, np_add_momentum_abs_where, np_kth_largest_abs,
+                             np_scale_add)
 
 __all__ = ["NumpyOps", "numpy_dtype"]
 
@@ -133,6 +134,9 @@ class NumpyOps:
     def abs_where(self, t, op, thr): return np_abs_where(t, op, thr)
 
     def add_abs_where(self, acc, g, op, thr, out=None): return np_add_abs_where(acc, g, op, thr, out)
+
+    def add_momentum_abs_where(self, acc, u, mu, g, u_out, op, thr, out=None):
+        return np_add_momentum_abs_where(acc, u, mu, g, u_out, op, thr, out)
 
     def kth_largest_abs(self, t, k): return np_kth_largest_abs(t, k)
 

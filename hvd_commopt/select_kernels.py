@@ -26,7 +26,7 @@ import numpy as np
 
 __all__ = ["OPS", "ALL", "NONE", "threshold_plan", "np_abs_where", "np_add_abs_where",
            "np_kth_largest_abs", "np_key_of", "np_sweep", "np_all_none", "np_abs_keys", "np_key_value", "NP_KEYS",
-           "native_sweep", "use_native", "np_scale_add"]
+           "native_sweep", "use_native", "np_scale_add", "np_add_momentum_abs_where"]
 
 try:  # built by setup.py when a C compiler is there (optional: the NumPy sweep stands in)
     from . import _hostkernels as _native
@@ -173,16 +173,17 @@ def np_sweep(x: np.ndarray, plan, g: np.ndarray | None = None, out: np.ndarray |
     return np.concatenate(ip), np.concatenate(vp)
 
 
-def _native_run(x: np.ndarray, plan, g: np.ndarray | None, y: np.ndarray):
+def _native_run(x: np.ndarray, plan, g: np.ndarray | None, y: np.ndarray, momentum: tuple = ()):
     """:func:`np_sweep` in the native kernel: output buffers sized for 1/32 of the elements; when
-    they fill up, the kernel says where it stopped and the sweep goes on into larger ones."""
+    they fill up, the kernel says where it stopped and the sweep goes on into larger ones.
+    ``momentum`` = (u, mu, u_out): the addend is ``u*mu + g``, made in the same pass into u_out."""
     op, key = plan
     code, n = _OP_CODE[op], x.size
     start, cap, ip, vp = 0, max(64, n >> 5), [], []
     while True:
         idx = np.empty(min(cap, n - start + 64), dtype=np.int64)
         val = np.empty(idx.size, dtype=x.dtype)
-        c, start = _native.sweep(x, g, y, code, key, idx, val, start)
+        c, start = _native.sweep(x, g, y, code, key, idx, val, start, *momentum)
         ip.append(idx[:c])
         vp.append(val[:c])
         if start >= n:
@@ -204,6 +205,23 @@ def np_scale_add(out: np.ndarray, t: np.ndarray, s: float, g: np.ndarray) -> np.
     with np.errstate(invalid="ignore", over="ignore"):  # Inf*0 and overflow are values here, as in torch
         np.multiply(t, t.dtype.type(s), out=out)
         return np.add(out, g, out=out)
+
+
+def np_add_momentum_abs_where(acc: np.ndarray, u: np.ndarray, mu: float, g: np.ndarray, u_out: np.ndarray,
+                              op: str, thr: float, out: np.ndarray | None = None):
+    """``u' = u*mu + g`` into ``u_out`` (which may be u) and ``add_abs_where(acc, u')`` in one
+    sweep where the native kernel runs (docs/selection.md#native-sweep); returns (the sum, u',
+    indices, values), bit-identical to :func:`np_scale_add` then :func:`np_add_abs_where`."""
+    acc = _np_float(acc)
+    y = acc if out is None else out.reshape(-1)
+    plan = threshold_plan(op, thr, np_key_of(acc.dtype), NP_KEYS[acc.dtype][2])
+    arrays = (acc, u, g, u_out, y)
+    if (_native_on and plan not in (ALL, NONE) and acc.dtype in _NATIVE_DTYPES
+            and all(a.dtype == acc.dtype and a.size == acc.size and a.flags.c_contiguous for a in arrays)):
+        return (y, u_out, *_native_run(acc, plan, g, y, (u, float(mu), u_out)))
+    u_new = np_scale_add(u_out, u, mu, g)
+    y, idx, vals = np_add_abs_where(acc, u_new, op, thr, out)
+    return y, u_new, idx, vals
 
 
 def np_abs_where(x, op: str, thr: float):

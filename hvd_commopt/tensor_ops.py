@@ -128,6 +128,14 @@ class TensorOps(Protocol):
         framework allows: (the sum, indices, values). Use the returned sum (functional frameworks
         return a new tensor)."""
         ...
+
+    def add_momentum_abs_where(self, acc: Tensor, u: Tensor, mu: float, g: Tensor, u_out: Tensor, op: str,
+                               thr: float, out: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
+        """``u' = scale_add_into(u_out, u, mu, g)`` and ``add_abs_where(acc, u', op, thr, out)`` in
+        one sweep: (acc', u', indices, values), bit-identical to the two calls. None where the
+        adapter has no such pass (the caller then makes the two calls; docs/selection.md#native-sweep)."""
+        ...
+
     def kth_largest_abs(self, t: Tensor, k: int) -> float:
         """The exact k-th largest ``|t|`` (1 <= k <= numel) as a Python float, nan for a NaN."""
         ...

@@ -334,6 +334,9 @@ class TFOps:
         idx, vals = self.abs_where(acc, op, thr)
         return acc, idx, vals
 
+    def add_momentum_abs_where(self, acc, u, mu, g, u_out, op, thr, out=None):
+        return None  # no fused pass: the core makes u' and calls add_abs_where (compress/addend.py)
+
     def kth_largest_abs(self, t, k):
         t = self._flat(t)
         n, k = int(t.shape[0]), int(k)

@@ -8,8 +8,8 @@ import math
 import numpy as np
 import torch
 
-from hvd_commopt.select_kernels import (ALL, NONE, np_all_none, np_kth_largest_abs, np_scale_add, np_sweep,
-                                        threshold_plan)
+from hvd_commopt.select_kernels import (ALL, NONE, np_add_momentum_abs_where, np_all_none, np_kth_largest_abs,
+                                        np_scale_add, np_sweep, threshold_plan)
 
 __all__ = ["TorchOps", "TORCH_DTYPES"]
 
@@ -272,6 +272,17 @@ class TorchOps:
                 torch.add(flat, g, out=dst)
         idx, vals = self.abs_where(dst, op, thr)
         return res, idx, vals
+
+    def add_momentum_abs_where(self, acc, u, mu, g, u_out, op, thr, out=None):
+        flat = acc.detach().view(-1)
+        dst = flat if out is None else out.detach().view(-1)
+        ts = (flat, u.detach().view(-1), g.detach().view(-1), u_out.detach().view(-1), dst)
+        if not (self.host_kernels and all(_host_ok(t) and t.dtype == flat.dtype for t in ts)
+                and flat.dtype != torch.float16):
+            return None  # the core makes u' and calls add_abs_where (compress/addend.py)
+        a, uu, gg, uo, d = (t.numpy() for t in ts)
+        _, _, idx, vals = np_add_momentum_abs_where(a, uu, mu, gg, uo, op, thr, None if out is None else d)
+        return (acc if out is None else out), u_out, torch.from_numpy(idx), torch.from_numpy(vals)
 
     def kth_largest_abs(self, t, k):
         t = t.detach().reshape(-1)

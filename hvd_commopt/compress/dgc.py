@@ -47,6 +47,8 @@ import numpy as np
 from ..buckets import Bucket
 from ..errors import ConfigError
 from ..tensor_ops import TensorOps
+from . import addend as addend_ops
+from .addend import MomentumAddend
 from .error_feedback import Generations, TensorStore
 from .nonfinite import check_policy
 from .selection import Selection, sum_into
@@ -208,10 +210,10 @@ class DGCCompressor(SparseCompressor):
             sidx = ops.from_numpy(sidx, like=acc)
             samples = ops.gather(acc, sidx)
             if addend is not None:  # the same sums as the sweep will make
-                samples = ops.add(samples, ops.gather(addend, sidx))
+                samples = ops.add(samples, addend_ops.gather(ops, addend, sidx))
         thr = ops.kth_largest_abs(samples, top_k_samples)  # the smallest |x| of the samples' top-k
         if addend is not None:
-            acc, idx, swept = ops.add_abs_where(acc, addend, "ge", thr, out)
+            acc, idx, swept = addend_ops.add_abs_where(ops, acc, addend, "ge", thr, out)
         else:
             idx, swept = ops.abs_where(acc, "ge", thr)
         if finite is not None:  # every NaN/Inf is in the sweep unless thr is NaN (then acc has one)
@@ -362,7 +364,8 @@ class DGCMemory:
 
     def compensate_select(self, ops: TensorOps, name: str, flat: Any, select: Any) -> tuple[Any, Any]:
         """:meth:`compensate` + select + :meth:`update` with ``v + u`` fused into the selection's
-        candidate pass and written straight into ``v``'s second buffer (docs/selection.md#fused-ef).
+        candidate pass and written straight into ``v``'s second buffer (docs/selection.md#fused-ef);
+        on host memory ``u = mu*u + g`` is made in that pass too (docs/selection.md#native-sweep).
 
         ``select(acc, addend, out=None)`` returns ``(values, indices, acc + addend)``, the sum made
         in its candidate pass, into ``out`` when given. Bit-identical to the three steps: the same
@@ -370,11 +373,18 @@ class DGCMemory:
         """
         self._check_bound()
         g = self._clip(ops, flat)
-        u = self._momentum(ops, name, g)
         v_old = self._buffer(self._v, ops, name, g)
         if self.nesterov:
+            u = self._momentum(ops, name, g)
             vals, idx, v = select(ops.add(self._snaps[1].writable(ops, name, v_old), u), g)
         else:
+            # u' = mu*u + g is made in the selection's pass where the host kernel can
+            # (compress/addend.py), into the buffer _momentum would use
+            u_old = self._buffer(self._u, ops, name, g)
+            ubuf = self._snaps[0].free(ops, name, u_old)
+            if ubuf is None:
+                ubuf = ops.empty(ops.numel(u_old), ops.dtype_name(u_old), like=u_old)
+            u = MomentumAddend(u_old, self.momentum, g, ubuf)
             buf = self._snaps[1].free(ops, name, v_old)
             if buf is v_old:
                 vals, idx, v = select(v_old, u)
@@ -382,6 +392,7 @@ class DGCMemory:
                 if buf is None:
                     buf = ops.empty(ops.numel(v_old), ops.dtype_name(v_old), like=v_old)
                 vals, idx, v = select(v_old, u, buf)
+            self._u.set(name, u.make(ops))
         self.update(ops, name, v, idx)
         return vals, idx
 

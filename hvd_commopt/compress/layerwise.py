@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import addend as addend_ops
 from .layerwise_host import HOST_DTYPES, HostLayerwise
 
 __all__ = ["LayerwiseK"]
@@ -70,6 +71,7 @@ class LayerwiseK:
         """``TopKCompressor.select_acc`` of a multi-member bucket: (values, ascending
         bucket-relative indices, acc = r + addend), one finiteness verdict for the bucket."""
         sel = self._comp.selection
+        addend = addend_ops.made(ops, addend)  # members slice it: no fused momentum pass here
         target = r if out is None else out
         if ops.device_name(r) == "cpu" and ops.dtype_name(r) in HOST_DTYPES:
             key = (bucket, ops.numel(r), ops.name, ops.dtype_name(r))

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
+from . import addend as addend_ops
 
 __all__ = ["SELECTIONS", "ExactTopK", "ReuseTopK", "SelectResult", "Selection", "check_selection", "select_with_memory",
            "fused_with", "folds_finite", "sum_into"]
@@ -137,7 +138,7 @@ class ExactTopK:
         m, sidx = self._plan(ops, t, n, k)
         s = ops.gather(t, sidx)
         if addend is not None:
-            s = ops.add(s, ops.gather(addend, sidx))  # the same sums as the full pass will make
+            s = ops.add(s, addend_ops.gather(ops, addend, sidx))  # the same sums as the full pass will make
         j_lo, j_hi = self._bracket_ranks(n, k, m)
         lo = ops.kth_largest_abs(s, j_lo) if j_lo <= m else 0.0
         hi = ops.kth_largest_abs(s, j_hi) if j_hi >= 1 else None
@@ -151,7 +152,7 @@ class ExactTopK:
                 cand, c = None, n
                 break
             if addend is not None:
-                t, cand, vc = ops.add_abs_where(t, addend, "ge", lo, out)
+                t, cand, vc = addend_ops.add_abs_where(ops, t, addend, "ge", lo, out)
                 addend = None
             else:
                 cand, vc = ops.abs_where(t, "ge", lo)
@@ -277,7 +278,7 @@ class ReuseTopK:
         action = "exact"
         if st.thr is not None and st.age < self.tau and 0 < k < n:
             if addend is not None:
-                t, idx, vals = ops.add_abs_where(t, addend, "ge", st.thr, out)
+                t, idx, vals = addend_ops.add_abs_where(ops, t, addend, "ge", st.thr, out)
                 addend = None
             else:
                 idx, vals = ops.abs_where(t, "ge", st.thr)
@@ -334,7 +335,7 @@ class ReuseTopK:
 def sum_into(ops, t: Tensor, addend: Tensor, out: Tensor | None) -> Tensor:
     """``t + addend`` into t, or into ``out`` with t intact (the paths without a candidate pass:
     small buffers, every element selected)."""
-    return ops.add(t if out is None else ops.copy_into(out, 0, t), addend)
+    return ops.add(t if out is None else ops.copy_into(out, 0, t), addend_ops.made(ops, addend))
 
 
 def fused_with(compressor: Any, memory: Any) -> bool:

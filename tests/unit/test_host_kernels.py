@@ -134,3 +134,48 @@ def test_use_native_reports_and_restores():
     assert sk.native_sweep()
     assert sk.use_native(False) is True and not sk.native_sweep()
     assert sk.use_native(True) is False and sk.native_sweep()
+
+
+def test_momentum_addend_is_made_inside_the_sweep(monkeypatch, restore_native):
+    """The momentum correction's u' = mu*u + g is made by the selection's sweep (no pass of its
+    own), and the sample, the sums, u' and the candidates equal the two-pass form bit for bit."""
+    from hvd_commopt.compress import addend as A
+    ops = NumpyOps()
+    rng = np.random.default_rng(4)
+    u, g, v = (_specials(rng.standard_normal(20_001).astype(np.float32)) for _ in range(3))
+    sidx = np.arange(3, u.size, 97)
+    want_u = np.add(np.multiply(u, np.float32(0.9)), g)
+    want_acc = v + want_u
+    thr = float(np.partition(np.abs(np.nan_to_num(want_acc)), u.size - 300)[u.size - 300])
+    want_idx, want_vals = sk.np_sweep(want_acc.copy(), sk.threshold_plan("ge", thr, sk.np_key_of(v.dtype),
+                                                                         sk.NP_KEYS[v.dtype][2]))
+    for in_place in (False, True):
+        uu = u.copy()
+        a = A.MomentumAddend(uu, 0.9, g, uu if in_place else np.empty_like(u))
+        assert np.array_equal(_bits(A.gather(ops, a, sidx)), _bits(want_u[sidx])) and a.made is None
+        monkeypatch.setattr(NumpyOps, "scale_add_into", lambda *args: pytest.fail("a pass of its own"))
+        acc, idx, vals = A.add_abs_where(ops, v.copy(), a, "ge", thr, np.empty_like(v))
+        monkeypatch.undo()
+        assert a.made is a.out and np.array_equal(_bits(a.make(ops)), _bits(want_u))
+        assert np.array_equal(_bits(acc), _bits(want_acc))
+        assert np.array_equal(idx, want_idx) and np.array_equal(_bits(vals), _bits(want_vals))
+
+
+def test_momentum_addend_without_a_fused_pass_is_made_first(restore_native):
+    """An adapter without the fused sweep (TF's returns None) gets u' made by scale_add_into first;
+    paths that slice or sum the addend get it made as well."""
+    from hvd_commopt.compress import addend as A
+
+    class NoFused(NumpyOps):
+        def add_momentum_abs_where(self, *args, **kw):
+            return None
+
+    ops = NoFused()
+    rng = np.random.default_rng(5)
+    u, g, v = (rng.standard_normal(5000).astype(np.float32) for _ in range(3))
+    a = A.MomentumAddend(u.copy(), 0.5, g, np.empty_like(u))
+    acc, idx, _ = A.add_abs_where(ops, v.copy(), a, "ge", 1.0)
+    want_u = np.add(np.multiply(u, np.float32(0.5)), g)
+    assert np.array_equal(a.made, want_u) and np.array_equal(acc, v + want_u)
+    b = A.MomentumAddend(u.copy(), 0.5, g, np.empty_like(u))
+    assert np.array_equal(A.made(ops, b), want_u) and A.made(ops, None) is None

@@ -1,0 +1,59 @@
+"""The momentum correction's addend, made inside the selection's pass (docs/selection.md#native-sweep).
+
+DGC's memory, and so Top-k's momentum correction, adds ``u' = mu*u + g`` to the velocity ``v``
+during the selection's candidate pass (docs/selection.md#fused-ef). Handing the selection ``u``,
+``mu`` and ``g`` (a :class:`MomentumAddend`) instead of a finished ``u'`` lets the host kernel make
+``u'`` in that same pass (``TensorOps.add_momentum_abs_where``): one read and one write of the
+bucket fewer than making ``u'`` first.
+
+Every place a selection reads its addend goes through the helpers here. A path without that
+fused pass (a bucket small enough to sort, the layer-wise selection, device tensors, TF) makes
+``u'`` first with ``TensorOps.scale_add_into``; the sample reads ``mu*u + g`` at the sampled
+positions with the same two roundings. So the sums, the selection and ``u'`` are bit-identical
+whichever path ran, and :meth:`MomentumAddend.make` after the selection returns ``u'`` either way.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["MomentumAddend", "made", "gather", "add_abs_where"]
+
+
+class MomentumAddend:
+    """``u*mu + g``, to be written into ``out`` (which may be ``u``) by whichever pass makes it."""
+
+    __slots__ = ("u", "mu", "g", "out", "made")
+
+    def __init__(self, u: Any, mu: float, g: Any, out: Any):
+        self.u, self.mu, self.g, self.out = u, float(mu), g, out
+        self.made: Any = None
+
+    def make(self, ops: Any) -> Any:
+        """``u'`` (made now unless a fused pass already made it)."""
+        if self.made is None:
+            self.made = ops.scale_add_into(self.out, self.u, self.mu, self.g)
+        return self.made
+
+
+def made(ops: Any, addend: Any) -> Any:
+    """``addend`` as a tensor (a :class:`MomentumAddend` is made first; None stays None)."""
+    return addend.make(ops) if isinstance(addend, MomentumAddend) else addend
+
+
+def gather(ops: Any, addend: Any, idx: Any) -> Any:
+    """``addend[idx]``; of a momentum addend not made yet, ``mu*u[idx] + g[idx]`` (the same two
+    roundings as the full pass), so sampling does not force a pass of its own."""
+    if isinstance(addend, MomentumAddend) and addend.made is None:
+        return ops.add(ops.scale(ops.gather(addend.u, idx), addend.mu), ops.gather(addend.g, idx))
+    return ops.gather(made(ops, addend), idx)
+
+
+def add_abs_where(ops: Any, acc: Any, addend: Any, op: str, thr: float, out: Any = None) -> tuple[Any, Any, Any]:
+    """``TensorOps.add_abs_where`` of ``acc`` and ``addend``; a momentum addend not made yet is
+    made in the same pass where the adapter can (``add_momentum_abs_where``), else first."""
+    if isinstance(addend, MomentumAddend) and addend.made is None:
+        fused = ops.add_momentum_abs_where(acc, addend.u, addend.mu, addend.g, addend.out, op, thr, out)
+        if fused is not None:
+            acc, addend.made, idx, vals = fused
+            return acc, idx, vals
+    return ops.add_abs_where(acc, made(ops, addend), op, thr, out)
