@@ -140,6 +140,7 @@ class TorchOps:
                          g.detach().view(-1).numpy())
             return dst
         return self.add(self.scale_into(dst, t, factor), g)
+
     def sub(self, a, b): return a.sub_(b)
 
     def trunc_divide(self, t, d):

@@ -159,6 +159,12 @@ def test_momentum_addend_is_made_inside_the_sweep(monkeypatch, restore_native):
         assert a.made is a.out and np.array_equal(_bits(a.make(ops)), _bits(want_u))
         assert np.array_equal(_bits(acc), _bits(want_acc))
         assert np.array_equal(idx, want_idx) and np.array_equal(_bits(vals), _bits(want_vals))
+    # every element a candidate: the output buffers fill and the sweep goes on where it stopped,
+    # each element's u' made exactly once
+    a = A.MomentumAddend(u.copy(), 0.9, g, np.empty_like(u))
+    acc, idx, vals = A.add_abs_where(ops, v.copy(), a, "ge", 0.0)
+    assert np.array_equal(idx, np.arange(u.size)) and np.array_equal(_bits(a.made), _bits(want_u))
+    assert np.array_equal(_bits(vals), _bits(want_acc)) and np.array_equal(_bits(acc), _bits(want_acc))
 
 
 def test_momentum_addend_without_a_fused_pass_is_made_first(restore_native):
