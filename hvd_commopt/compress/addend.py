@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["MomentumAddend", "made", "gather", "add_abs_where"]
+__all__ = ["MomentumAddend", "made", "gather", "add_abs_where", "slice_of", "made_by_slices"]
 
 
 class MomentumAddend:
@@ -34,6 +34,11 @@ class MomentumAddend:
             self.made = ops.scale_add_into(self.out, self.u, self.mu, self.g)
         return self.made
 
+    def slice(self, ops: Any, start: int, stop: int) -> "MomentumAddend":
+        """The addend of elements ``[start, stop)``, writing into a view of ``out``."""
+        return MomentumAddend(ops.slice(self.u, start, stop), self.mu, ops.slice(self.g, start, stop),
+                              ops.slice(self.out, start, stop))
+
 
 def made(ops: Any, addend: Any) -> Any:
     """``addend`` as a tensor (a :class:`MomentumAddend` is made first; None stays None)."""
@@ -46,6 +51,24 @@ def gather(ops: Any, addend: Any, idx: Any) -> Any:
     if isinstance(addend, MomentumAddend) and addend.made is None:
         return ops.add(ops.scale(ops.gather(addend.u, idx), addend.mu), ops.gather(addend.g, idx))
     return ops.gather(made(ops, addend), idx)
+
+
+def slice_of(ops: Any, addend: Any, start: int, stop: int) -> Any:
+    """``addend[start:stop]``: a momentum addend not made yet stays one (over views of its
+    buffers), so a layer-wise selection makes each member's ``u'`` in that member's sweep."""
+    if isinstance(addend, MomentumAddend) and addend.made is None:
+        return addend.slice(ops, start, stop)
+    return ops.slice(made(ops, addend), start, stop)
+
+
+def made_by_slices(ops: Any, addend: Any, parts: list) -> None:
+    """After a selection that read ``addend`` through the slices ``parts`` (covering it, with
+    :func:`slice_of`): each part made (a no-op where its sweep made it), so ``addend.out`` holds
+    ``u'`` whole. Needs slices that are views (``ops.slices_are_views``)."""
+    if isinstance(addend, MomentumAddend) and addend.made is None:
+        for p in parts:
+            made(ops, p)
+        addend.made = addend.out
 
 
 def add_abs_where(ops: Any, acc: Any, addend: Any, op: str, thr: float, out: Any = None) -> tuple[Any, Any, Any]:

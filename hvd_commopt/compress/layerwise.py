@@ -71,19 +71,21 @@ class LayerwiseK:
         """``TopKCompressor.select_acc`` of a multi-member bucket: (values, ascending
         bucket-relative indices, acc = r + addend), one finiteness verdict for the bucket."""
         sel = self._comp.selection
-        addend = addend_ops.made(ops, addend)  # members slice it: no fused momentum pass here
+        if not getattr(ops, "slices_are_views", False):
+            addend = addend_ops.made(ops, addend)  # a member's u' would not land in the bucket's buffer
         target = r if out is None else out
         if ops.device_name(r) == "cpu" and ops.dtype_name(r) in HOST_DTYPES:
             key = (bucket, ops.numel(r), ops.name, ops.dtype_name(r))
-            v, i, accs, ok, made = self._host.select(ops, plan, key, r, addend, out)
+            v, i, accs, ok, made = self._host.select(ops, plan, key, r, addend, out)  # makes addend
             sel.record_calls(bucket.name, step, made)
             if finite is not None:
                 finite.append(ok)
             return v, i, self._acc(ops, r, target, addend, accs)
-        vals, idxs, accs, verdicts = [], [], [], []
+        vals, idxs, accs, verdicts, parts = [], [], [], [], []
         for off, n, k in plan:
             part = ops.slice(target, off, off + n)
-            a = None if addend is None else ops.slice(addend, off, off + n)
+            a = None if addend is None else addend_ops.slice_of(ops, addend, off, off + n)
+            parts.append(a)
             src = part if out is None else ops.slice(r, off, off + n)
             v, i, acc = sel.select_acc(ops, src, k, bucket, step, a, None if out is None else part, verdicts)
             if finite is not None and verdicts[-1] is None:
@@ -95,6 +97,7 @@ class LayerwiseK:
             accs.append(acc)
         if finite is not None:
             finite.append(all(verdicts))
+        addend_ops.made_by_slices(ops, addend, parts)
         return ops.cat(vals), ops.cat(idxs), self._acc(ops, r, target, addend, accs)
 
     @staticmethod

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..select_kernels import np_abs_keys, np_key_value
+from . import addend as addend_ops
 
 __all__ = ["HostLayerwise", "HOST_DTYPES"]
 
@@ -101,12 +102,12 @@ class HostLayerwise:
         if plan.sidx is not None:
             s = ops.gather(r, plan.sidx)
             if addend is not None:
-                s = ops.add(s, ops.gather(addend, plan.sidx))  # the sums the sweep will make
+                s = ops.add(s, addend_ops.gather(ops, addend, plan.sidx))  # the sums the sweep will make
             sk = np_abs_keys(np.ascontiguousarray(ops.to_numpy(s), dtype=dtype))
             for js, rows, kth in plan.groups:
                 for j, kk in zip(js, np.partition(sk[rows], kth, axis=1)[:, kth]):
                     lo[int(j)] = np_key_value(kk, dtype)
-        vals, idxs, sums, finite, made = [], [], [], True, 0
+        vals, idxs, sums, finite, made, parts = [], [], [], True, 0, []
         for j, (off, n, k) in enumerate(members):
             st["calls"] += 1
             made += 1
@@ -114,8 +115,8 @@ class HostLayerwise:
             src = part if out is None else ops.slice(r, off, off + n)
             thr = lo.get(j, 0.0) if 0 < k < n else -1.0
             if addend is not None:
-                acc, cand, vc = ops.add_abs_where(src, ops.slice(addend, off, off + n), "ge", thr,
-                                                  None if out is None else part)
+                parts.append(addend_ops.slice_of(ops, addend, off, off + n))
+                acc, cand, vc = addend_ops.add_abs_where(ops, src, parts[-1], "ge", thr, None if out is None else part)
             else:
                 acc = src
                 cand, vc = ops.abs_where(src, "ge", thr)
@@ -137,6 +138,7 @@ class HostLayerwise:
             vals.append(vc_np[keep])
             cand_np = np.asarray(ops.to_numpy(cand), dtype=np.int64)
             idxs.append(cand_np[keep] + off)
+        addend_ops.made_by_slices(ops, addend, parts)
         v = ops.from_numpy(np.concatenate(vals), like=r)
         i = ops.from_numpy(np.concatenate(idxs), like=r)
         return v, i, sums, finite, made

@@ -220,3 +220,25 @@ def test_a_missed_bracket_is_finished_exactly():
     want_v, want_i = zip(*(ops.topk_abs(x[o:o + n], k) for o, n, k in comp._layers.of(b, b.numel)))
     np.testing.assert_array_equal(i, np.concatenate([want_i[0], want_i[1] + 40000]))
     np.testing.assert_array_equal(v, np.concatenate(want_v))
+
+
+@pytest.mark.parametrize("members", [(2000, 3000, 2500), (200, 300, 250)])  # the batched host path; small members
+def test_momentum_made_in_each_members_sweep_equals_made_first(members, monkeypatch):
+    """Momentum correction in a fused bucket: each member's u' = mu*u + g is made by its own
+    sweep (no separate pass over the bucket, docs/selection.md#native-sweep), and the selection,
+    the sums and u' equal making u' first, bit for bit."""
+    from hvd_commopt.compress.addend import MomentumAddend
+    b = Bucket.of(0, [TensorSpec(f"m{i}", (n,), "float32") for i, n in enumerate(members)])
+    rng = np.random.default_rng(11)
+    u, g, v = (rng.standard_normal(b.numel).astype(np.float32) for _ in range(3))
+    comp = TopKCompressor(0.02, layerwise=True)
+    want_u = ops.scale_add_into(np.empty_like(u), u, 0.9, g)
+    want = comp.select_acc(ops, v.copy(), b, 0, want_u, np.empty_like(v), [])
+    a = MomentumAddend(u.copy(), 0.9, g, np.empty_like(u))
+    if members[0] >= 2000:  # every member above the sorting size: each sweep makes its slice
+        monkeypatch.setattr(type(ops), "scale_add_into", lambda *args: pytest.fail("a pass of its own"))
+    got = comp.select_acc(ops, v.copy(), b, 0, a, np.empty_like(v), [])
+    monkeypatch.undo()
+    assert a.made is a.out and np.array_equal(a.made.view(np.uint32), want_u.view(np.uint32))
+    for x, y in zip(got, want):
+        assert np.array_equal(np.asarray(x).view(np.uint8), np.asarray(y).view(np.uint8))
