@@ -282,6 +282,8 @@ VARIANTS: dict[str, tuple[Callable[[nn.Module, Ctx], Runner], str]] = {
     "dgc": (b_sparse("dgc"), "Deep Gradient Compression"),
     "topk_np": (numpy_kernels(b_sparse("topk"), "topk_np"), "topk with the NumPy host kernels instead of the native ones"),
     "dgc_np": (numpy_kernels(b_sparse("dgc"), "dgc_np"), "dgc with the NumPy host kernels instead of the native ones"),
+    "lags_fused_np": (numpy_kernels(b_sparse("topk", layerwise=True, fused=True), "lags_fused_np"),
+                      "lags_fused with the NumPy host kernels instead of the native ones"),
     "dgc_exact": (b_sparse("dgc", selection="exact", name="dgc_exact"), "DGC with the exact (fast) top-k selection"),
     "topk_thr": (b_sparse("topk", selection="threshold", name="topk_thr"),
                  "Top-k with Ok-Topk's threshold reuse (exact threshold every 16 steps)"),
@@ -301,8 +303,9 @@ VARIANTS: dict[str, tuple[Callable[[nn.Module, Ctx], Runner], str]] = {
 # died 4 times out of 6 with a Gloo message-size mismatch ("op.preamble.length <= op.nbytes");
 # the runs without it never did. Across hosts our variants run on Gloo by default now
 # (docs/backends.md#choice); `--backend both` times each of them on both backends.
-# topk_np / dgc_np are opt-in as well: an A/B of the native host kernels, not a method of their own.
-DEFAULT = [n for n in VARIANTS if n not in ("ssgd_gloo", "topk_np", "dgc_np")]
+# the _np variants are opt-in as well: an A/B of the native host kernels, not methods of their own.
+NATIVE_AB = ("topk_np", "dgc_np", "lags_fused_np")
+DEFAULT = [n for n in VARIANTS if n != "ssgd_gloo" and n not in NATIVE_AB]
 QUICK = ["compute", "ddp", "ddp_powersgd1", "ssgd", "mgwfbp", "fp16", "topk", "gtopk", "dgc", "od", "local_sgd"]
 
 
