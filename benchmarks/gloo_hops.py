@@ -16,6 +16,13 @@ burst of ``--burst-ms`` (the end of backward) and, separately, back to back:
 
 Ranks meet at a barrier on the default group before each timed call, so a figure is the
 collective's time, not the peer's lateness. Prints medians per path (rank 0).
+
+``overlap`` (``--overlap-mb``, default 1: DDP's first bucket) times something else: a backward
+pass of a 40-layer MLP while an allreduce of that size runs beside it, started before the
+backward and waited for after it, by ``plain`` (an async ``dist.all_reduce`` from the main thread,
+as DDP's reducer starts a bucket) or ``comm`` (our progress thread), against ``none`` (no
+collective). The figure is the backward's duration: what a bucket sent during backward costs the
+backward on these shared vCPUs.
 """
 from __future__ import annotations
 
@@ -90,12 +97,36 @@ def _rank_main(args: argparse.Namespace) -> None:
                 dt = time.perf_counter() - t0
                 if rep >= 2:
                     times[mode][k].append(dt * 1e3)
+    mlp = nn.Sequential(*[nn.Sequential(nn.Linear(256, 256), nn.ReLU()) for _ in range(40)])
+    xin = torch.randn(64, 256)
+    t_over = torch.ones(int(args.overlap_mb * 1e6) // 4)
+    over: dict[str, list[float]] = {"none": [], "plain": [], "comm": []}
+    for rep in range(3 * args.reps + 2):
+        names = list(over)
+        for k in names[rep % 3:] + names[:rep % 3]:
+            sync()
+            work = handle = None
+            if k == "plain":
+                work = dist.all_reduce(t_over, group=plain, async_op=True)
+            elif k == "comm":
+                handle = comm.allreduce_tensor_async(None, t_over, "sum", "overlap")
+            t0 = time.perf_counter()
+            mlp(xin).square().mean().backward()
+            dt = time.perf_counter() - t0
+            if work is not None:
+                work.wait()
+            if handle is not None:
+                comm.wait(handle)
+            if rep >= 2:
+                over[k].append(dt * 1e3)
+    times["overlap"] = over
     out = {m: {k: statistics.median(v) for k, v in d.items()} for m, d in times.items()}
-    for m in out:
+    for m in ("burst", "b2b"):
         out[m]["ddp_minus_local"] = out[m]["ddp"] - out[m]["local_bwd"]
     allv = comm.allgather_object(out)
     if comm.rank == 0:
-        print("HOPS " + json.dumps({"mb": args.mb, "reps": args.reps, "burst_ms": args.burst_ms, "ranks": allv}))
+        print("HOPS " + json.dumps({"mb": args.mb, "reps": args.reps, "burst_ms": args.burst_ms,
+                                    "overlap_mb": args.overlap_mb, "ranks": allv}))
     hco.shutdown()
 
 
@@ -105,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mb", type=float, default=11.0)
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--burst-ms", type=float, default=17.0)
+    ap.add_argument("--overlap-mb", type=float, default=1.0, help="the allreduce beside a backward (overlap)")
     ap.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.rank:
@@ -117,13 +149,15 @@ def main(argv: list[str] | None = None) -> int:
         env = {"PYTHONPATH": str(ROOT), "MASTER_ADDR": cl.hosts[0], "MASTER_PORT": str(random.randint(20000, 40000)),
                "GLOO_SOCKET_IFNAME": "veth0" if cl.netns else "lo", "OMP_NUM_THREADS": "1"}
         cmd = [sys.executable, "-m", "benchmarks.gloo_hops", "--rank", "--mb", str(args.mb),
-               "--reps", str(args.reps), "--burst-ms", str(args.burst_ms)]
+               "--reps", str(args.reps), "--burst-ms", str(args.burst_ms), "--overlap-mb", str(args.overlap_mb)]
         res = cl.run_mpi(cmd, env=env, timeout=300)
         for line in res.stdout.splitlines():
             if line.startswith("HOPS "):
                 d = json.loads(line[5:])
                 print(f"network {res.network}, {d['mb']} MB float32, {d['reps']} reps, burst {d['burst_ms']} ms")
-                for mode in ("burst", "b2b"):
+                for mode in ("burst", "b2b", "overlap"):
+                    if mode == "overlap":
+                        print(f"  overlap: a 40x256 MLP's backward (ms) with a {d['overlap_mb']} MB allreduce beside it")
                     for k in d["ranks"][0][mode]:
                         vals = " ".join(f"{r[mode][k]:7.2f}" for r in d["ranks"])
                         print(f"  {mode:5s} {k:16s} ms per rank: {vals}")
