@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"network {res.network}, {d['mb']} MB float32, {d['reps']} reps, burst {d['burst_ms']} ms")
                 for mode in ("burst", "b2b", "overlap"):
                     if mode == "overlap":
-                        print(f"  overlap: a 40x256 MLP's backward (ms) with a {d['overlap_mb']} MB allreduce beside it")
+                        print(f"  overlap: a 40x256 MLP's backward (ms), a {d['overlap_mb']} MB allreduce beside it")
                     for k in d["ranks"][0][mode]:
                         vals = " ".join(f"{r[mode][k]:7.2f}" for r in d["ranks"])
                         print(f"  {mode:5s} {k:16s} ms per rank: {vals}")
