@@ -10,7 +10,8 @@ burst of ``--burst-ms`` (the end of backward) and, separately, back to back:
 * ``ourpg``: the same call on our backend's own group (``TorchDistBackend._pg``), main thread;
 * ``backend``: ``TorchDistBackend.allreduce_`` (async work + ``wait(timeout)``, control-plane
   marks), main thread;
-* ``comm``: ``Communicator.allreduce_tensor_async`` + ``wait`` (the progress thread's hand-off);
+* ``comm``: ``Communicator.allreduce_tensor_async`` + ``wait`` through the progress thread
+  (``direct_start`` off);
 * ``ddp``: DDP's backward over one parameter of the same size, minus the same backward without
   DDP (DDP's reducer launches the bucket from the autograd hook, its own Gloo group).
 
@@ -20,7 +21,8 @@ collective's time, not the peer's lateness. Prints medians per path (rank 0).
 ``overlap`` (``--overlap-mb``, default 1: DDP's first bucket) times something else: a backward
 pass of a 40-layer MLP while an allreduce of that size runs beside it, started before the
 backward and waited for after it, by ``plain`` (an async ``dist.all_reduce`` from the main thread,
-as DDP's reducer starts a bucket) or ``comm`` (our progress thread), against ``none`` (no
+as DDP's reducer starts a bucket), ``queued`` (our progress thread) or ``direct`` (our
+communicator's start on the calling thread, docs/backends.md#direct-start), against ``none`` (no
 collective). The figure is the backward's duration: what a bucket sent during backward costs the
 backward on these shared vCPUs.
 """
@@ -73,7 +75,9 @@ def _rank_main(args: argparse.Namespace) -> None:
         be.allreduce_(t, "sum", "hop", time.monotonic() + 60)
 
     def p_comm():
+        comm.direct_start = False
         comm.wait(comm.allreduce_tensor_async(None, t, "sum", "hop"))
+        comm.direct_start = True
 
     def p_ddp():
         ddp(x).sum().backward()
@@ -100,16 +104,18 @@ def _rank_main(args: argparse.Namespace) -> None:
     mlp = nn.Sequential(*[nn.Sequential(nn.Linear(256, 256), nn.ReLU()) for _ in range(40)])
     xin = torch.randn(64, 256)
     t_over = torch.ones(int(args.overlap_mb * 1e6) // 4)
-    over: dict[str, list[float]] = {"none": [], "plain": [], "comm": []}
+    over: dict[str, list[float]] = {"none": [], "plain": [], "queued": [], "direct": []}
     for rep in range(3 * args.reps + 2):
         names = list(over)
-        for k in names[rep % 3:] + names[:rep % 3]:
+        for k in names[rep % 4:] + names[:rep % 4]:
             sync()
             work = handle = None
             if k == "plain":
                 work = dist.all_reduce(t_over, group=plain, async_op=True)
-            elif k == "comm":
+            elif k in ("queued", "direct"):
+                comm.direct_start = k == "direct"
                 handle = comm.allreduce_tensor_async(None, t_over, "sum", "overlap")
+                comm.direct_start = True
             t0 = time.perf_counter()
             mlp(xin).square().mean().backward()
             dt = time.perf_counter() - t0

@@ -245,6 +245,22 @@ class TorchDistBackend(Backend):
                   lambda: dist.all_reduce(buf, op=_OPS[op], group=self._pg, async_op=True))
         return buf
 
+    def start_allreduce(self, buf, op, name, deadline):
+        """Start an allreduce on the calling thread (docs/backends.md#direct-start): (is_completed,
+        finish) where ``finish()`` waits as :meth:`allreduce_` does and returns ``buf``; None for a
+        CUDA tensor, which keeps the progress thread (NCCL's stream semantics are untested here)."""
+        if buf.device.type != "cpu":
+            return None
+        c = self._control
+        if c is not None:
+            c.enter("allreduce", name)
+        work = dist.all_reduce(buf, op=_OPS[op], group=self._pg, async_op=True)
+
+        def finish():
+            self._run("allreduce", name, deadline, lambda: work)
+            return buf
+        return work.is_completed, finish
+
     def allgather(self, buf, name, deadline):
         return self._allgather(buf, name, deadline)
 

@@ -9,6 +9,11 @@ on all ranks because everything is issued from one FIFO queue.
 
 Every public method has an ``_async`` form returning a :class:`Handle`; the blocking form waits
 with the communicator's timeout, so no call can block forever.
+
+A lone allreduce on a backend that can start one without waiting (torch.distributed on CPU
+tensors) is started on the calling thread instead when nothing is queued or running
+(:mod:`hvd_commopt.comm.direct`, docs/backends.md#direct-start): the order stays the same on every
+rank, and the progress thread does not wake during backward for it.
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ import numpy as np
 from .. import timeline as _timeline
 from ..errors import CollectiveTimeoutError, ConfigError, HvdCommoptError
 from .base import REDUCE_OPS, Backend
+from .direct import DirectHandle
 from .handle import Handle
 from ..errors import RankFailedError
 
@@ -159,6 +165,10 @@ class Communicator:
         timeout_s: how long a blocking call (or ``Handle.wait`` through :meth:`wait`) may take.
     """
 
+    #: start a lone collective on the calling thread where the backend can (False: always the
+    #: progress thread; benchmarks compare the two)
+    direct_start = True
+
     def __init__(self, backend: Backend, timeout_s: float):
         self.backend = backend
         self.timeout_s = float(timeout_s)
@@ -166,6 +176,8 @@ class Communicator:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._broken: BaseException | None = None
         self._closed = False
+        self._order = threading.Lock()  # submissions against direct starts (docs/backends.md#direct-start)
+        self._queued = 0  # items submitted to the progress thread and not yet done
         self._thread = threading.Thread(target=self._run, name=f"hvd_commopt-progress-{backend.rank}", daemon=True)
         self._thread.start()
         _timeline.start_from_env(backend.rank)  # HVD_COMMOPT_TIMELINE: one trace per rank
@@ -187,34 +199,62 @@ class Communicator:
         while True:
             # hold nothing of the last collective while idle: its result may share memory with a
             # fusion buffer, which is reused only once nothing refers to it (docs/wrapper.md#grad-views)
-            item = handle = args = result = None
+            item = handle = args = None
             item = self._queue.get()
             if item is _STOP:
                 return
             handle, fn, args, traffic = item
-            if self._broken is not None:
-                handle._set(error=HvdCommoptError(
-                    f"{handle.op} '{handle.name}' not started: an earlier collective failed "
-                    f"({self._broken}). The job cannot continue; restart it."))
-                continue
-            handle._start()
             try:
-                result = fn(*args, deadline=time.monotonic() + self.timeout_s)
-            except BaseException as e:  # noqa: BLE001 - forwarded to the waiting thread
-                if isinstance(e, CollectiveTimeoutError):
-                    self._broken = e  # an MPI collective cannot be cancelled: the stream is dead
-                handle._set(error=e)
-                continue
-            sent, received = traffic(result)
-            handle.bytes_sent, handle.bytes_received = int(sent), int(received)
-            handle._set(result=result)
-            self.traffic.add(sent, received, handle.comm_seconds)
-            _timeline.record_handle(handle)  # no-op unless a timeline is recording
+                if self._broken is not None:
+                    handle._set(error=HvdCommoptError(
+                        f"{handle.op} '{handle.name}' not started: an earlier collective failed "
+                        f"({self._broken}). The job cannot continue; restart it."))
+                    continue
+                handle._start()
+                self._complete(handle, lambda: fn(*args, deadline=time.monotonic() + self.timeout_s), traffic)
+            finally:
+                with self._order:
+                    self._queued -= 1
+
+    def _complete(self, handle: Handle, run: Callable[[], Any], traffic: Callable[[Any], tuple[float, float]]) -> None:
+        """Run (or finish) ``handle``'s collective and set its result or error, with the accounting."""
+        try:
+            result = run()
+        except BaseException as e:  # noqa: BLE001 - forwarded to the waiting thread
+            if isinstance(e, CollectiveTimeoutError):
+                self._broken = e  # an MPI collective cannot be cancelled: the stream is dead
+            handle._set(error=e)
+            return
+        sent, received = traffic(result)
+        handle.bytes_sent, handle.bytes_received = int(sent), int(received)
+        handle._set(result=result)
+        self.traffic.add(sent, received, handle.comm_seconds)
+        _timeline.record_handle(handle)  # no-op unless a timeline is recording
+
+    def _start_direct(self, op: str, name: str, start: Callable[[float], Any],
+                      traffic: Callable[[Any], tuple[float, float]]) -> Handle | None:
+        """A handle for a collective started now, on this thread, or None: the backend cannot
+        start it so, or the progress thread holds earlier collectives, which must go first
+        (docs/backends.md#direct-start). ``start(deadline)`` returns (is_completed, finish) or None."""
+        if not self.direct_start:
+            return None
+        with self._order:
+            if self._queued or self._closed or self._broken is not None:
+                return None
+            begun = start(time.monotonic() + self.timeout_s)
+        if begun is None:
+            return None
+        is_completed, finish = begun
+        h = DirectHandle(op, name, is_completed, lambda hh: self._complete(hh, finish, traffic))
+        h._start()
+        return h
 
     def _submit(self, op: str, name: str, fn: Callable, args: tuple, traffic: Callable[[Any], tuple[float, float]]) -> Handle:
         if self._closed:
             raise HvdCommoptError(f"{op} '{name}' called after shutdown(); call init() again")
         h = Handle(op, name)
+        with self._order:
+            self._queued += 1
         self._queue.put((h, fn, args, traffic))
         return h
 
@@ -245,7 +285,7 @@ class Communicator:
         waiting out the timeout would keep the whole job alive for it (300 s by default).
         Returns the time left of ``limit``; raises RankFailedError naming the peer."""
         end = time.monotonic() + limit
-        while not handle._done.wait(min(_PEER_CHECK_S, max(end - time.monotonic(), 0.0))):
+        while not self._wait_slice(handle, min(_PEER_CHECK_S, max(end - time.monotonic(), 0.0))):
             if time.monotonic() >= end:
                 return 0.0
             failed = self.backend.peer_failure()
@@ -256,6 +296,22 @@ class Communicator:
                 raise err
         return max(end - time.monotonic(), 0.0)
 
+    @staticmethod
+    def _wait_slice(handle: Handle, seconds: float) -> bool:
+        """Wait up to ``seconds`` for ``handle``; True when it is done. A direct one
+        (docs/backends.md#direct-start) is polled, with pauses growing from 50 to 200 µs: nothing
+        wakes a thread when its backend finishes, and a blocking wait could not watch the peers."""
+        if not isinstance(handle, DirectHandle):
+            return handle._done.wait(seconds)
+        end, pause = time.monotonic() + seconds, 5e-5
+        while not handle.poll():
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, 2e-4)
+        return True
+
     # -- collectives --------------------------------------------------------------------------
     def allreduce_async_(self, buf: Any, op: str = "sum", name: str = "allreduce") -> Handle:
         """In-place reduction of ``buf``; ``op`` in ('sum', 'min', 'max', 'prod')."""
@@ -263,8 +319,13 @@ class Communicator:
             raise ConfigError(f"reduce op {op!r} unknown; use one of {REDUCE_OPS} (average = sum then divide)")
         p = self.size
         n = _nbytes(buf)
-        return self._submit("allreduce", name, self.backend.allreduce_, (buf, op, name),
-                            lambda _r: (2 * (p - 1) / p * n, 2 * (p - 1) / p * n))
+        traffic = lambda _r: (2 * (p - 1) / p * n, 2 * (p - 1) / p * n)  # noqa: E731
+        start = getattr(self.backend, "start_allreduce", None)
+        if start is not None:
+            h = self._start_direct("allreduce", name, lambda deadline: start(buf, op, name, deadline), traffic)
+            if h is not None:
+                return h
+        return self._submit("allreduce", name, self.backend.allreduce_, (buf, op, name), traffic)
 
     def allreduce_(self, buf: Any, op: str = "sum", name: str = "allreduce") -> Any:
         return self.wait(self.allreduce_async_(buf, op, name))
