@@ -121,6 +121,14 @@ _OP_CODE = {"ge": 0, "gt": 1, "le": 2, "lt": 3}
 _native_on = _native is not None
 
 
+def _native_for(first: np.ndarray, *others: np.ndarray) -> bool:
+    """Whether the native kernels may take these arrays: on, float32/float64, one dtype and one
+    size, contiguous."""
+    return (_native_on and first.dtype in _NATIVE_DTYPES
+            and all(a.dtype == first.dtype and a.size == first.size and a.flags.c_contiguous
+                    for a in (first, *others)))
+
+
 def native_sweep() -> bool:
     """True when the candidate sweep runs in the native extension (built, and not turned off)."""
     return _native_on
@@ -137,10 +145,9 @@ def use_native(on: bool) -> bool:
 def np_sweep(x: np.ndarray, plan, g: np.ndarray | None = None, out: np.ndarray | None = None):
     """(indices, values) of |x| op key, chunk by chunk; with ``g``: x += g first, per chunk (into
     ``out`` instead of x when given: x stays intact, at no extra pass)."""
-    if _native_on and x.dtype in _NATIVE_DTYPES and x.flags.c_contiguous:
-        y = x if g is None or out is None else out
-        if (g is None or (g.dtype == x.dtype and g.flags.c_contiguous)) and y.flags.c_contiguous:
-            return _native_run(x, plan, g, y)
+    y = x if g is None or out is None else out
+    if _native_for(x, y, *(() if g is None else (g,))):
+        return _native_run(x, plan, g, y)
     op, key = plan
     kd, mask, _ = NP_KEYS[x.dtype]
     cmp = _NP_CMP[op]
@@ -148,7 +155,6 @@ def np_sweep(x: np.ndarray, plan, g: np.ndarray | None = None, out: np.ndarray |
     mask = kd.type(mask)
     buf, flags = _SCRATCH.get(kd)
     n = x.size
-    y = x if g is None or out is None else out
     xi = y.view(kd)
     ip, vp = [], []
     for c0 in range(0, n, CHUNK):
@@ -197,9 +203,7 @@ def _native_run(x: np.ndarray, plan, g: np.ndarray | None, y: np.ndarray, moment
 def np_scale_add(out: np.ndarray, t: np.ndarray, s: float, g: np.ndarray) -> np.ndarray:
     """``t * s + g`` into ``out`` (which may be t, not g), ``s`` rounded to t's dtype: two
     roundings, bit-identical to a multiply then an add (docs/selection.md#native-sweep)."""
-    if (_native_on and t.dtype in _NATIVE_DTYPES and g.dtype == t.dtype and out.dtype == t.dtype
-            and t.size == g.size == out.size and t.flags.c_contiguous and g.flags.c_contiguous
-            and out.flags.c_contiguous):
+    if _native_for(t, g, out):
         _native.scale_add(t, float(s), g, out)
         return out
     with np.errstate(invalid="ignore", over="ignore"):  # Inf*0 and overflow are values here, as in torch
@@ -215,9 +219,7 @@ def np_add_momentum_abs_where(acc: np.ndarray, u: np.ndarray, mu: float, g: np.n
     acc = _np_float(acc)
     y = acc if out is None else out.reshape(-1)
     plan = threshold_plan(op, thr, np_key_of(acc.dtype), NP_KEYS[acc.dtype][2])
-    arrays = (acc, u, g, u_out, y)
-    if (_native_on and plan not in (ALL, NONE) and acc.dtype in _NATIVE_DTYPES
-            and all(a.dtype == acc.dtype and a.size == acc.size and a.flags.c_contiguous for a in arrays)):
+    if plan not in (ALL, NONE) and _native_for(acc, u, g, u_out, y):
         return (y, u_out, *_native_run(acc, plan, g, y, (u, float(mu), u_out)))
     u_new = np_scale_add(u_out, u, mu, g)
     y, idx, vals = np_add_abs_where(acc, u_new, op, thr, out)

@@ -33,6 +33,11 @@ def _host_ok(t) -> bool:
     return t.device.type == "cpu" and t.dtype in _HOST_DTYPES and t.is_contiguous()
 
 
+def _host_same(*ts) -> bool:
+    """Every one of ``ts`` is :func:`_host_ok`, all of one dtype (a fused host kernel's inputs)."""
+    return all(_host_ok(t) and t.dtype == ts[0].dtype for t in ts)
+
+
 def _key_of(dtype):
     kd = _KEYS[dtype][0]
     return lambda thr: int(torch.tensor(thr, dtype=dtype).abs().view(kd))
@@ -134,8 +139,7 @@ class TorchOps:
     def add(self, a, b): return a.add_(b)
 
     def scale_add_into(self, dst, t, factor, g):
-        if (self.host_kernels and _host_ok(t) and _host_ok(g) and _host_ok(dst)
-                and t.dtype == g.dtype == dst.dtype != torch.float16):
+        if self.host_kernels and _host_same(t, g, dst) and t.dtype != torch.float16:
             np_scale_add(dst.detach().view(-1).numpy(), t.detach().view(-1).numpy(), factor,
                          g.detach().view(-1).numpy())
             return dst
@@ -256,8 +260,7 @@ class TorchOps:
         flat = acc.detach().view(-1)
         res = acc if out is None else out
         dst = flat if out is None else out.detach().view(-1)
-        if (self.host_kernels and _host_ok(flat) and _host_ok(g) and _host_ok(dst) and flat.dtype == g.dtype
-                and dst.dtype == flat.dtype):
+        if self.host_kernels and _host_same(flat, g, dst):
             plan = threshold_plan(op, thr, _key_of(flat.dtype), _KEYS[flat.dtype][1])
             x, y = flat.numpy(), dst.numpy()
             if plan in (ALL, NONE):
@@ -278,8 +281,7 @@ class TorchOps:
         flat = acc.detach().view(-1)
         dst = flat if out is None else out.detach().view(-1)
         ts = (flat, u.detach().view(-1), g.detach().view(-1), u_out.detach().view(-1), dst)
-        if not (self.host_kernels and all(_host_ok(t) and t.dtype == flat.dtype for t in ts)
-                and flat.dtype != torch.float16):
+        if not (self.host_kernels and _host_same(*ts) and flat.dtype != torch.float16):
             return None  # the core makes u' and calls add_abs_where (compress/addend.py)
         a, uu, gg, uo, d = (t.numpy() for t in ts)
         _, _, idx, vals = np_add_momentum_abs_where(a, uu, mu, gg, uo, op, thr, None if out is None else d)

@@ -6,9 +6,10 @@ during the selection's candidate pass (docs/selection.md#fused-ef). Handing the 
 ``u'`` in that same pass (``TensorOps.add_momentum_abs_where``): one read and one write of the
 bucket fewer than making ``u'`` first.
 
-Every place a selection reads its addend goes through the helpers here. A path without that
-fused pass (a bucket small enough to sort, the layer-wise selection, device tensors, TF) makes
-``u'`` first with ``TensorOps.scale_add_into``; the sample reads ``mu*u + g`` at the sampled
+Every place a selection reads its addend goes through the helpers here. The layer-wise selection
+slices the addend per member (:func:`slice_of`), each member's sweep making its part. A path
+without the fused pass (a bucket small enough to sort, device tensors, TF) makes ``u'`` first
+with ``TensorOps.scale_add_into``; the sample reads ``mu*u + g`` at the sampled
 positions with the same two roundings. So the sums, the selection and ``u'`` are bit-identical
 whichever path ran, and :meth:`MomentumAddend.make` after the selection returns ``u'`` either way.
 """
