@@ -22,6 +22,7 @@ import fcntl
 import os
 import socket
 import struct
+import threading
 import time
 
 import numpy as np
@@ -247,19 +248,26 @@ class TorchDistBackend(Backend):
 
     def start_allreduce(self, buf, op, name, deadline):
         """Start an allreduce on the calling thread (docs/backends.md#direct-start): (is_completed,
-        finish) where ``finish()`` waits as :meth:`allreduce_` does and returns ``buf``; None for a
-        CUDA tensor, which keeps the progress thread (NCCL's stream semantics are untested here)."""
+        finish, ready) where ``finish()`` waits as :meth:`allreduce_` does and returns ``buf``, and
+        ``ready`` is an event the work's future sets when it completes (None where the backend
+        gives no future); None for a CUDA tensor, which keeps the progress thread (NCCL's stream
+        semantics are untested here)."""
         if buf.device.type != "cpu":
             return None
         c = self._control
         if c is not None:
             c.enter("allreduce", name)
         work = dist.all_reduce(buf, op=_OPS[op], group=self._pg, async_op=True)
+        ready: threading.Event | None = threading.Event()
+        try:  # set on the backend's thread when the work ends, with or without an error
+            work.get_future().add_done_callback(lambda _f, ev=ready: ev.set())
+        except (RuntimeError, AttributeError):
+            ready = None
 
         def finish():
             self._run("allreduce", name, deadline, lambda: work)
             return buf
-        return work.is_completed, finish
+        return work.is_completed, finish, ready
 
     def allgather(self, buf, name, deadline):
         return self._allgather(buf, name, deadline)

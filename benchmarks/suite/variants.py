@@ -68,6 +68,7 @@ class Runner:
     params: nn.Module
     ours: bool = False
     native_kernels: bool = True  # False: the NumPy host kernels (docs/selection.md#native-sweep)
+    wait_event: bool = True  # False: a direct collective's waiter polls (docs/backends.md#direct-start)
     analytic_bytes: int | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -238,6 +239,16 @@ def numpy_kernels(build: Callable[[nn.Module, Ctx], Runner], name: str) -> Calla
     return build_
 
 
+def polled_wait(build: Callable[[nn.Module, Ctx], Runner], name: str) -> Callable[[nn.Module, Ctx], Runner]:
+    """``build``'s variant whose waits for collectives started on the calling thread poll instead
+    of sleeping until the backend's completion event (an A/B of docs/backends.md#direct-start)."""
+    def build_(model: nn.Module, ctx: Ctx) -> Runner:
+        r = build(model, ctx)
+        r.name, r.wait_event = name, False
+        return r
+    return build_
+
+
 def b_schedule(kind: str) -> Callable[[nn.Module, Ctx], Runner]:
     def build_(model: nn.Module, ctx: Ctx) -> Runner:
         factory = getattr(_hco().Schedule, kind)
@@ -284,6 +295,8 @@ VARIANTS: dict[str, tuple[Callable[[nn.Module, Ctx], Runner], str]] = {
     "dgc_np": (numpy_kernels(b_sparse("dgc"), "dgc_np"), "dgc with the NumPy host kernels instead of the native ones"),
     "lags_fused_np": (numpy_kernels(b_sparse("topk", layerwise=True, fused=True), "lags_fused_np"),
                       "lags_fused with the NumPy host kernels instead of the native ones"),
+    "ssgd_polled": (polled_wait(lambda m, c: _ours("ssgd", m, c), "ssgd_polled"),
+                    "ssgd whose waits for directly started collectives poll (the wait before the completion event)"),
     "dgc_exact": (b_sparse("dgc", selection="exact", name="dgc_exact"), "DGC with the exact (fast) top-k selection"),
     "topk_thr": (b_sparse("topk", selection="threshold", name="topk_thr"),
                  "Top-k with Ok-Topk's threshold reuse (exact threshold every 16 steps)"),
@@ -305,7 +318,7 @@ VARIANTS: dict[str, tuple[Callable[[nn.Module, Ctx], Runner], str]] = {
 # (docs/backends.md#choice); `--backend both` times each of them on both backends.
 # the _np variants are opt-in as well: an A/B of the native host kernels, not methods of their own.
 NATIVE_AB = ("topk_np", "dgc_np", "lags_fused_np")
-DEFAULT = [n for n in VARIANTS if n != "ssgd_gloo" and n not in NATIVE_AB]
+DEFAULT = [n for n in VARIANTS if n not in ("ssgd_gloo", "ssgd_polled") and n not in NATIVE_AB]
 QUICK = ["compute", "ddp", "ddp_powersgd1", "ssgd", "mgwfbp", "fp16", "topk", "gtopk", "dgc", "od", "local_sgd"]
 
 

@@ -66,6 +66,8 @@ def engine_traces() -> bool:
 def timed_step(r: V.Runner, x: torch.Tensor, y: torch.Tensor) -> None:
     """One training step, with timeline spans when a timeline is recording."""
     select_kernels.use_native(r.native_kernels)  # the _np variants: the NumPy host kernels
+    if r.ours:  # ssgd_polled: the waits poll (docs/backends.md#direct-start)
+        r.opt.comm_engine.comm.direct_wait_event = r.wait_event
     with timeline.span("step", "step"):
         r.opt.zero_grad()
         with timeline.span("forward", "forward"):

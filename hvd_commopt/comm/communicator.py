@@ -168,6 +168,9 @@ class Communicator:
     #: start a lone collective on the calling thread where the backend can (False: always the
     #: progress thread; benchmarks compare the two)
     direct_start = True
+    #: a direct collective's waiter sleeps until the backend's completion event where it gives one
+    #: (False: it polls; benchmarks compare the two)
+    direct_wait_event = True
 
     def __init__(self, backend: Backend, timeout_s: float):
         self.backend = backend
@@ -235,7 +238,8 @@ class Communicator:
                       traffic: Callable[[Any], tuple[float, float]]) -> Handle | None:
         """A handle for a collective started now, on this thread, or None: the backend cannot
         start it so, or the progress thread holds earlier collectives, which must go first
-        (docs/backends.md#direct-start). ``start(deadline)`` returns (is_completed, finish) or None."""
+        (docs/backends.md#direct-start). ``start(deadline)`` returns (is_completed, finish, ready)
+        or None; ``ready``: an event the backend sets when it finishes, or None (the waiter polls)."""
         if not self.direct_start:
             return None
         with self._order:
@@ -244,8 +248,9 @@ class Communicator:
             begun = start(time.monotonic() + self.timeout_s)
         if begun is None:
             return None
-        is_completed, finish = begun
-        h = DirectHandle(op, name, is_completed, lambda hh: self._complete(hh, finish, traffic))
+        is_completed, finish, ready = begun
+        h = DirectHandle(op, name, is_completed, lambda hh: self._complete(hh, finish, traffic),
+                         ready if self.direct_wait_event else None)
         h._start()
         return h
 
@@ -299,18 +304,11 @@ class Communicator:
     @staticmethod
     def _wait_slice(handle: Handle, seconds: float) -> bool:
         """Wait up to ``seconds`` for ``handle``; True when it is done. A direct one
-        (docs/backends.md#direct-start) is polled, with pauses growing from 50 to 200 µs: nothing
-        wakes a thread when its backend finishes, and a blocking wait could not watch the peers."""
+        (docs/backends.md#direct-start) waits on its backend's completion event where there is
+        one, else polls; the backend's own blocking wait could not watch the peers."""
         if not isinstance(handle, DirectHandle):
             return handle._done.wait(seconds)
-        end, pause = time.monotonic() + seconds, 5e-5
-        while not handle.poll():
-            left = end - time.monotonic()
-            if left <= 0:
-                return False
-            time.sleep(min(pause, left))
-            pause = min(pause * 2, 2e-4)
-        return True
+        return handle.wait_ready(seconds)
 
     # -- collectives --------------------------------------------------------------------------
     def allreduce_async_(self, buf: Any, op: str = "sum", name: str = "allreduce") -> Handle:

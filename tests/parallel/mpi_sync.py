@@ -164,3 +164,41 @@ def test_equal_size_allgather_matches_the_general_one(dtype):
     fast, slow = np.asarray(ops.to_numpy(fast)), np.asarray(ops.to_numpy(slow))
     assert fast.dtype == slow.dtype == x.dtype and fast.tobytes() == slow.tobytes()
     assert fast.tobytes() == np.concatenate([(np.arange(37) * (r + 3)).astype(dtype) for r in range(P)]).tobytes()
+
+
+@pytest.mark.parametrize("event", [True, False])
+def test_direct_allreduce_waiter_sleeps_until_the_backend_completes(event):
+    # docs/backends.md#direct-start: a lone allreduce starts on the calling thread; its waiter
+    # sleeps on the work's completion event (event=True) instead of polling it every 50-200 us
+    import time
+
+    from hvd_commopt import runtime
+    from hvd_commopt.comm.direct import DirectHandle
+    comm = runtime.communicator()
+    if getattr(comm.backend, "start_allreduce", None) is None:
+        pytest.skip("this backend starts no collective on the calling thread (MPI)")
+    comm.direct_wait_event = event
+    try:
+        comm.barrier()
+        if R == P - 1:
+            time.sleep(0.3)  # the others wait ~0.3 s for the last rank
+        t = torch.full((1000,), float(R + 1))
+        h = comm.allreduce_tensor_async(hco.TorchOps(), t, "sum", f"direct-{event}")
+        assert isinstance(h, DirectHandle)
+        assert (h.ready is not None) == event
+        calls = [0]
+        is_completed = h._is_completed
+
+        def counted():
+            calls[0] += 1
+            return is_completed()
+        h._is_completed = counted
+        out = comm.wait(h)
+        assert torch.equal(out, torch.full((1000,), float(P * (P + 1) // 2)))
+        waited = comm.allgather_object(calls[0])
+        if event:  # at most a look per 0.2 s peer check, and one after the event
+            assert max(waited[:-1]) <= 6, waited
+        else:
+            assert max(waited[:-1]) > 100, waited
+    finally:
+        comm.direct_wait_event = True
