@@ -47,6 +47,8 @@ def main() -> None:
     p.add_argument("--density", type=float, default=0.01)
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--profile", default=None, help="a variant to profile with cProfile on rank 0")
+    p.add_argument("--profile-sort", default="tottime", help="pstats sort key (tottime, cumulative, ...)")
+    p.add_argument("--profile-lines", type=int, default=18, help="rows of the profile to print")
     p.add_argument("--model", default="mlp25x512", choices=["mlp25x512", "suite_mlp"],
                    help="the 25x512 MLP, or the suite's deep_mlp (48x256, 3.05M parameters, inputs 64)")
     p.add_argument("--quick", action="store_true")
@@ -119,8 +121,8 @@ def main() -> None:
             steps[args.profile]()
         prof.disable()
         if rank == 0:
-            print(f"\nprofile of 10 '{args.profile}' steps (rank 0), by own time:")
-            pstats.Stats(prof).sort_stats("tottime").print_stats(18)
+            print(f"\nprofile of 10 '{args.profile}' steps (rank 0), by {args.profile_sort}:")
+            pstats.Stats(prof).sort_stats(args.profile_sort).print_stats(args.profile_lines)
     comm.barrier()
 
 
