@@ -7,6 +7,8 @@ repetition by repetition (the machine is shared and noisy), every one right afte
 burst of ``--burst-ms`` (the end of backward) and, separately, back to back:
 
 * ``plain``: ``dist.all_reduce`` on a fresh Gloo group, called from the main thread;
+* ``allgather``: ``dist.all_gather_single`` of the same tensor on that group (what an
+  allreduce costs as an allgather and a local sum);
 * ``ourpg``: the same call on our backend's own group (``TorchDistBackend._pg``), main thread;
 * ``backend``: ``TorchDistBackend.allreduce_`` (async work + ``wait(timeout)``, control-plane
   marks), main thread;
@@ -44,6 +46,7 @@ def _rank_main(args: argparse.Namespace) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import torch_plugin as hco
+    from torch_plugin.comm import _gather_single
     torch.set_num_threads(1)
     comm = hco.init()
     be = comm.backend
@@ -68,6 +71,11 @@ def _rank_main(args: argparse.Namespace) -> None:
     def p_plain():
         dist.all_reduce(t, group=plain)
 
+    gathered = torch.empty(comm.size * n)
+
+    def p_allgather():  # one exchange at 2 ranks where the allreduce makes two (then a local sum)
+        _gather_single(gathered, t, group=plain)
+
     def p_ourpg():
         dist.all_reduce(t, group=be._pg)
 
@@ -85,7 +93,7 @@ def _rank_main(args: argparse.Namespace) -> None:
     def p_local():
         lin(x).sum().backward()
 
-    paths = {"plain": p_plain, "ourpg": p_ourpg, "backend": p_backend, "comm": p_comm, "ddp": p_ddp,
+    paths = {"plain": p_plain, "allgather": p_allgather, "ourpg": p_ourpg, "backend": p_backend, "comm": p_comm, "ddp": p_ddp,
              "local_bwd": p_local}
     times: dict[str, dict[str, list[float]]] = {m: {k: [] for k in paths} for m in ("burst", "b2b")}
     for rep in range(args.reps + 2):

@@ -51,6 +51,14 @@ def _restore(t, dtype):
     return t if dtype is None or t is None else t.view(dtype)
 
 
+# At 2 ranks a small sum is exchanged by one allgather and added locally: a + b is the same bits
+# in either order, the bytes are the ring allreduce's, and Gloo's allreduce of 48 KB took 1.5-2.9 ms
+# on the emulated links where the allgather took 0.55-0.8 ms (docs/backends.md#pair-sum).
+PAIR_SUM_MAX_BYTES = 64 * 1024
+_PAIR_SUM_DTYPES = (torch.float32, torch.float64, torch.int32, torch.int64, torch.uint8, torch.int8)
+# newer torch deprecates all_gather_into_tensor in favour of all_gather_single (same call)
+_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
 _OPS = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX, "prod": dist.ReduceOp.PRODUCT}
 _MPI_LAUNCHERS = ("openmpi", "mpich")
 # How long a broken connection waits for the control plane's notice naming the peer: a "left"
@@ -241,9 +249,40 @@ class TorchDistBackend(Backend):
         if c is not None:
             c.leave()
 
+    #: the largest sum (bytes) a 2-rank Gloo group exchanges by allgather (0: never; the
+    #: benchmarks compare the two)
+    pair_sum_max_bytes = PAIR_SUM_MAX_BYTES
+
+    def _pair_sum(self, buf, op):
+        """For a small CPU sum on 2 ranks, (the allgather's output, its length) where the allgather
+        replaces the allreduce (docs/backends.md#pair-sum); else None. Every rank decides alike:
+        the size, dtype and op are the same everywhere."""
+        if (op != "sum" or self.name != "gloo" or buf.device.type != "cpu" or buf.dtype not in _PAIR_SUM_DTYPES
+                or buf.numel() * buf.element_size() > self.pair_sum_max_bytes or not buf.is_contiguous()
+                or self.size != 2):
+            return None
+        return torch.empty(2 * buf.numel(), dtype=buf.dtype), buf.numel()
+
+    def _start_reduce(self, buf, op):
+        """The async work reducing ``buf`` and the step that completes it into ``buf``."""
+        pair = self._pair_sum(buf, op)
+        if pair is None:
+            return dist.all_reduce(buf, op=_OPS[op], group=self._pg, async_op=True), None
+        both, n = pair
+        work = _gather_single(both, buf.reshape(-1), group=self._pg, async_op=True)
+        # rank 0's part first on both ranks: the same sum, bit for bit, as the allreduce's
+        return work, lambda: torch.add(both[:n], both[n:], out=buf.reshape(-1))
+
     def allreduce_(self, buf, op, name, deadline):
-        self._run("allreduce", name, deadline,
-                  lambda: dist.all_reduce(buf, op=_OPS[op], group=self._pg, async_op=True))
+        work, then = None, None
+
+        def start():
+            nonlocal work, then
+            work, then = self._start_reduce(buf, op)
+            return work
+        self._run("allreduce", name, deadline, start)
+        if then is not None:
+            then()
         return buf
 
     def start_allreduce(self, buf, op, name, deadline):
@@ -257,7 +296,7 @@ class TorchDistBackend(Backend):
         c = self._control
         if c is not None:
             c.enter("allreduce", name)
-        work = dist.all_reduce(buf, op=_OPS[op], group=self._pg, async_op=True)
+        work, then = self._start_reduce(buf, op)
         ready: threading.Event | None = threading.Event()
         try:  # set on the backend's thread when the work ends, with or without an error
             work.get_future().add_done_callback(lambda _f, ev=ready: ev.set())
@@ -266,6 +305,8 @@ class TorchDistBackend(Backend):
 
         def finish():
             self._run("allreduce", name, deadline, lambda: work)
+            if then is not None:
+                then()
             return buf
         return work.is_completed, finish, ready
 

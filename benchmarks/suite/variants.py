@@ -69,6 +69,7 @@ class Runner:
     ours: bool = False
     native_kernels: bool = True  # False: the NumPy host kernels (docs/selection.md#native-sweep)
     wait_event: bool = True  # False: a direct collective's waiter polls (docs/backends.md#direct-start)
+    pair_sum: bool = True  # False: small sums at 2 ranks by Gloo's allreduce (docs/backends.md#pair-sum)
     analytic_bytes: int | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -249,6 +250,16 @@ def polled_wait(build: Callable[[nn.Module, Ctx], Runner], name: str) -> Callabl
     return build_
 
 
+def allreduce_pairs(build: Callable[[nn.Module, Ctx], Runner], name: str) -> Callable[[nn.Module, Ctx], Runner]:
+    """``build``'s variant whose small sums at 2 ranks go through Gloo's allreduce, not an allgather
+    and a local sum (an A/B of docs/backends.md#pair-sum)."""
+    def build_(model: nn.Module, ctx: Ctx) -> Runner:
+        r = build(model, ctx)
+        r.name, r.pair_sum = name, False
+        return r
+    return build_
+
+
 def b_schedule(kind: str) -> Callable[[nn.Module, Ctx], Runner]:
     def build_(model: nn.Module, ctx: Ctx) -> Runner:
         factory = getattr(_hco().Schedule, kind)
@@ -295,6 +306,8 @@ VARIANTS: dict[str, tuple[Callable[[nn.Module, Ctx], Runner], str]] = {
     "dgc_np": (numpy_kernels(b_sparse("dgc"), "dgc_np"), "dgc with the NumPy host kernels instead of the native ones"),
     "lags_fused_np": (numpy_kernels(b_sparse("topk", layerwise=True, fused=True), "lags_fused_np"),
                       "lags_fused with the NumPy host kernels instead of the native ones"),
+    "topk_ar": (allreduce_pairs(b_sparse("topk"), "topk_ar"),
+                "topk whose dense 1-D bucket is summed by Gloo's allreduce, not an allgather (2 ranks)"),
     "ssgd_polled": (polled_wait(lambda m, c: _ours("ssgd", m, c), "ssgd_polled"),
                     "ssgd whose waits for directly started collectives poll (the wait before the completion event)"),
     "dgc_exact": (b_sparse("dgc", selection="exact", name="dgc_exact"), "DGC with the exact (fast) top-k selection"),
@@ -318,7 +331,8 @@ VARIANTS: dict[str, tuple[Callable[[nn.Module, Ctx], Runner], str]] = {
 # (docs/backends.md#choice); `--backend both` times each of them on both backends.
 # the _np variants are opt-in as well: an A/B of the native host kernels, not methods of their own.
 NATIVE_AB = ("topk_np", "dgc_np", "lags_fused_np")
-DEFAULT = [n for n in VARIANTS if n not in ("ssgd_gloo", "ssgd_polled") and n not in NATIVE_AB]
+BACKEND_AB = ("ssgd_polled", "topk_ar")  # opt-in A/Bs of a backend choice, like the _np ones
+DEFAULT = [n for n in VARIANTS if n != "ssgd_gloo" and n not in NATIVE_AB + BACKEND_AB]
 QUICK = ["compute", "ddp", "ddp_powersgd1", "ssgd", "mgwfbp", "fp16", "topk", "gtopk", "dgc", "od", "local_sgd"]
 
 

@@ -66,8 +66,12 @@ def engine_traces() -> bool:
 def timed_step(r: V.Runner, x: torch.Tensor, y: torch.Tensor) -> None:
     """One training step, with timeline spans when a timeline is recording."""
     select_kernels.use_native(r.native_kernels)  # the _np variants: the NumPy host kernels
-    if r.ours:  # ssgd_polled: the waits poll (docs/backends.md#direct-start)
-        r.opt.comm_engine.comm.direct_wait_event = r.wait_event
+    if r.ours:  # ssgd_polled / topk_ar: the waits poll / small sums by allreduce (docs/backends.md)
+        comm = r.opt.comm_engine.comm
+        comm.direct_wait_event = r.wait_event
+        if hasattr(comm.backend, "pair_sum_max_bytes"):
+            from torch_plugin.comm import PAIR_SUM_MAX_BYTES
+            comm.backend.pair_sum_max_bytes = PAIR_SUM_MAX_BYTES if r.pair_sum else 0
     with timeline.span("step", "step"):
         r.opt.zero_grad()
         with timeline.span("forward", "forward"):

@@ -202,3 +202,32 @@ def test_direct_allreduce_waiter_sleeps_until_the_backend_completes(event):
             assert max(waited[:-1]) > 100, waited
     finally:
         comm.direct_wait_event = True
+
+
+@pytest.mark.parametrize("direct", [True, False])
+@pytest.mark.parametrize("n", [1000, 20000])  # 4 KB: exchanged by allgather at 2 ranks; 80 KB: allreduce
+def test_small_sums_on_two_gloo_ranks_equal_the_allreduce_bit_for_bit(direct, n, monkeypatch):
+    # docs/backends.md#pair-sum: one allgather and a local a + b, the same bits as Gloo's allreduce
+    import torch.distributed as dist
+
+    from hvd_commopt import runtime
+    comm = runtime.communicator()
+    if getattr(comm.backend, "pair_sum_max_bytes", None) is None:
+        pytest.skip("not the torch.distributed backend")
+    from torch_plugin import comm as torch_comm
+    gathers = []
+    real = torch_comm._gather_single
+    monkeypatch.setattr(torch_comm, "_gather_single", lambda *a, **k: gathers.append(1) or real(*a, **k))
+    x = torch.from_numpy(np.random.default_rng(R).standard_normal(n).astype(np.float32) * 1e3)
+    comm.direct_start = direct
+    try:
+        got = comm.wait(comm.allreduce_tensor_async(hco.TorchOps(), x.clone(), "sum", f"pair-{direct}-{n}"))
+    finally:
+        comm.direct_start = True
+    assert len(gathers) == (1 if P == 2 and n * 4 <= comm.backend.pair_sum_max_bytes else 0)
+    ref = x.clone()
+    dist.all_reduce(ref, group=comm.backend._pg)
+    assert got.numpy().tobytes() == ref.numpy().tobytes()
+    if P == 2:
+        a, b = comm.allgather_object(x.numpy())
+        assert got.numpy().tobytes() == (a + b).tobytes()

@@ -26,7 +26,7 @@ def test_refused_variants_are_skips_with_reasons() -> None:
         V.build("ssgd_gloo", model, _ctx())
     with pytest.raises(KeyError, match="unknown variant"):
         V.build("nope", model, _ctx())
-    assert set(V.QUICK) <= set(V.VARIANTS) and set(V.DEFAULT) == set(V.VARIANTS) - {"ssgd_gloo", "ssgd_polled", *V.NATIVE_AB}
+    assert set(V.QUICK) <= set(V.VARIANTS) and set(V.DEFAULT) == set(V.VARIANTS) - {"ssgd_gloo", *V.NATIVE_AB, *V.BACKEND_AB}
 
 
 def test_analytic_ddp_and_powersgd_bytes() -> None:
