@@ -230,32 +230,16 @@ def b_sparse(kind: str, layerwise: bool = False, planner: str | None = None,
     return build_
 
 
-def numpy_kernels(build: Callable[[nn.Module, Ctx], Runner], name: str) -> Callable[[nn.Module, Ctx], Runner]:
-    """``build``'s variant on the NumPy host kernels instead of the native ones (an A/B of
-    docs/selection.md#native-sweep in one job)."""
+def ab_variant(build: Callable[[nn.Module, Ctx], Runner], name: str, **choice: Any) -> Callable[[nn.Module, Ctx], Runner]:
+    """``build``'s variant with one implementation choice of the :class:`Runner` switched (an A/B in
+    one job): ``native_kernels=False`` runs the NumPy host kernels (docs/selection.md#native-sweep),
+    ``wait_event=False`` polls directly started collectives (docs/backends.md#direct-start),
+    ``pair_sum=False`` sums small buffers at 2 ranks by Gloo's allreduce (docs/backends.md#pair-sum)."""
     def build_(model: nn.Module, ctx: Ctx) -> Runner:
         r = build(model, ctx)
-        r.name, r.native_kernels = name, False
-        return r
-    return build_
-
-
-def polled_wait(build: Callable[[nn.Module, Ctx], Runner], name: str) -> Callable[[nn.Module, Ctx], Runner]:
-    """``build``'s variant whose waits for collectives started on the calling thread poll instead
-    of sleeping until the backend's completion event (an A/B of docs/backends.md#direct-start)."""
-    def build_(model: nn.Module, ctx: Ctx) -> Runner:
-        r = build(model, ctx)
-        r.name, r.wait_event = name, False
-        return r
-    return build_
-
-
-def allreduce_pairs(build: Callable[[nn.Module, Ctx], Runner], name: str) -> Callable[[nn.Module, Ctx], Runner]:
-    """``build``'s variant whose small sums at 2 ranks go through Gloo's allreduce, not an allgather
-    and a local sum (an A/B of docs/backends.md#pair-sum)."""
-    def build_(model: nn.Module, ctx: Ctx) -> Runner:
-        r = build(model, ctx)
-        r.name, r.pair_sum = name, False
+        r.name = name
+        for field_name, value in choice.items():
+            setattr(r, field_name, value)
         return r
     return build_
 
@@ -302,13 +286,15 @@ VARIANTS: dict[str, tuple[Callable[[nn.Module, Ctx], Runner], str]] = {
     "omgs": (b_sparse("topk", planner="mgwfbp", name="omgs"),
              "OMGS-SGD: top-k, sparse buckets merged by the OMGS planner (fusion='mgwfbp' on a sparse reducer)"),
     "dgc": (b_sparse("dgc"), "Deep Gradient Compression"),
-    "topk_np": (numpy_kernels(b_sparse("topk"), "topk_np"), "topk with the NumPy host kernels instead of the native ones"),
-    "dgc_np": (numpy_kernels(b_sparse("dgc"), "dgc_np"), "dgc with the NumPy host kernels instead of the native ones"),
-    "lags_fused_np": (numpy_kernels(b_sparse("topk", layerwise=True, fused=True), "lags_fused_np"),
+    "topk_np": (ab_variant(b_sparse("topk"), "topk_np", native_kernels=False),
+                "topk with the NumPy host kernels instead of the native ones"),
+    "dgc_np": (ab_variant(b_sparse("dgc"), "dgc_np", native_kernels=False),
+               "dgc with the NumPy host kernels instead of the native ones"),
+    "lags_fused_np": (ab_variant(b_sparse("topk", layerwise=True, fused=True), "lags_fused_np", native_kernels=False),
                       "lags_fused with the NumPy host kernels instead of the native ones"),
-    "topk_ar": (allreduce_pairs(b_sparse("topk"), "topk_ar"),
+    "topk_ar": (ab_variant(b_sparse("topk"), "topk_ar", pair_sum=False),
                 "topk whose dense 1-D bucket is summed by Gloo's allreduce, not an allgather (2 ranks)"),
-    "ssgd_polled": (polled_wait(lambda m, c: _ours("ssgd", m, c), "ssgd_polled"),
+    "ssgd_polled": (ab_variant(lambda m, c: _ours("ssgd", m, c), "ssgd_polled", wait_event=False),
                     "ssgd whose waits for directly started collectives poll (the wait before the completion event)"),
     "dgc_exact": (b_sparse("dgc", selection="exact", name="dgc_exact"), "DGC with the exact (fast) top-k selection"),
     "topk_thr": (b_sparse("topk", selection="threshold", name="topk_thr"),
