@@ -51,6 +51,17 @@ def _restore(t, dtype):
     return t if dtype is None or t is None else t.view(dtype)
 
 
+def _ready_event(work) -> threading.Event | None:
+    """An event the work's future sets when the work ends, with or without an error (set on the
+    backend's thread; docs/backends.md#direct-start), or None where the work has no future."""
+    ready = threading.Event()
+    try:
+        work.get_future().add_done_callback(lambda _f: ready.set())
+    except (RuntimeError, AttributeError):
+        return None
+    return ready
+
+
 # At 2 ranks a small sum is exchanged by one allgather and added locally: a + b is the same bits
 # in either order, the bytes are the ring allreduce's, and Gloo's allreduce of 48 KB took 1.5-2.9 ms
 # on the emulated links where the allgather took 0.55-0.8 ms (docs/backends.md#pair-sum).
@@ -297,18 +308,33 @@ class TorchDistBackend(Backend):
         if c is not None:
             c.enter("allreduce", name)
         work, then = self._start_reduce(buf, op)
-        ready: threading.Event | None = threading.Event()
-        try:  # set on the backend's thread when the work ends, with or without an error
-            work.get_future().add_done_callback(lambda _f, ev=ready: ev.set())
-        except (RuntimeError, AttributeError):
-            ready = None
 
         def finish():
             self._run("allreduce", name, deadline, lambda: work)
             if then is not None:
                 then()
             return buf
-        return work.is_completed, finish, ready
+        return work.is_completed, finish, _ready_event(work)
+
+    def start_allgather_equal(self, buf, name, deadline):
+        """Start an allgather whose every rank sends as many elements as this one (an exact top-k's
+        selection, docs/topk.md#equal-sizes) on the calling thread, as :meth:`start_allreduce`
+        does; ``finish()`` gives what :meth:`allgather_equal` gives. None for a CUDA tensor."""
+        if buf.device.type != "cpu":
+            return None
+        wire, dtype = _movable(buf.reshape(-1))
+        wire = wire.contiguous()
+        out = torch.empty(self.size * wire.numel(), dtype=wire.dtype)
+        counts = [wire.numel()] * self.size
+        c = self._control
+        if c is not None:
+            c.enter("allgather", name)
+        work = _gather_single(out, wire, group=self._pg, async_op=True)
+
+        def finish():
+            self._run("allgather", name, deadline, lambda: work)
+            return _restore(out, dtype), counts
+        return work.is_completed, finish, _ready_event(work)
 
     def allgather(self, buf, name, deadline):
         return self._allgather(buf, name, deadline)

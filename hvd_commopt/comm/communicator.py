@@ -389,9 +389,14 @@ class Communicator:
         top-k's k): the backend then skips the size exchange (docs/topk.md#equal-sizes)."""
         p = self.size
         n = _nbytes(buf)
+        traffic = lambda r: ((p - 1) * n, _nbytes(r[0]) - n)  # noqa: E731
+        start = getattr(self.backend, "start_allgather_equal", None) if equal else None
+        if start is not None:  # one collective, so it can start here (docs/backends.md#direct-start)
+            h = self._start_direct("allgather", name, lambda deadline: start(buf, name, deadline), traffic)
+            if h is not None:
+                return h
         fn = self.backend.allgather_equal if equal else self.backend.allgather
-        return self._submit("allgather", name, fn, (buf, name),
-                            lambda r: ((p - 1) * n, _nbytes(r[0]) - n))
+        return self._submit("allgather", name, fn, (buf, name), traffic)
 
     def allgather(self, buf: Any, name: str = "allgather") -> tuple[Any, list[int]]:
         return self.wait(self.allgather_async(buf, name))

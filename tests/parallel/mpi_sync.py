@@ -158,7 +158,11 @@ def test_equal_size_allgather_matches_the_general_one(dtype):
     ops = NumpyOps() if comm.buffer_kind == "numpy" else hco.TorchOps()
     x = (np.arange(37) * (R + 3)).astype(dtype)
     t = x if comm.buffer_kind == "numpy" else torch.from_numpy(x)
-    fast, fast_counts = comm.wait(comm.allgather_tensor_async(ops, t, "eq", equal=True))
+    h = comm.allgather_tensor_async(ops, t, "eq", equal=True)
+    if getattr(comm.backend, "start_allgather_equal", None) is not None:  # docs/backends.md#direct-start
+        from hvd_commopt.comm.direct import DirectHandle
+        assert isinstance(h, DirectHandle) and h.ready is not None
+    fast, fast_counts = comm.wait(h)
     slow, slow_counts = comm.wait(comm.allgather_tensor_async(ops, t, "gen"))
     assert fast_counts == slow_counts == [37] * P
     fast, slow = np.asarray(ops.to_numpy(fast)), np.asarray(ops.to_numpy(slow))
