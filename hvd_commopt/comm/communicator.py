@@ -168,9 +168,10 @@ class Communicator:
     #: start a lone collective on the calling thread where the backend can (False: always the
     #: progress thread; benchmarks compare the two)
     direct_start = True
-    #: a direct collective's waiter sleeps until the backend's completion event where it gives one
-    #: (False: it polls; benchmarks compare the two)
-    direct_wait_event = True
+    #: True: a direct collective's waiter sleeps until the backend's completion event where it gives
+    #: one. Off by default: the callback that sets it runs on the backend's thread and needs the GIL,
+    #: and in the longest A/Bs polling was 0.02 of DDP's throughput ahead (docs/backends.md#direct-start)
+    direct_wait_event = False
 
     def __init__(self, backend: Backend, timeout_s: float):
         self.backend = backend
@@ -304,8 +305,8 @@ class Communicator:
     @staticmethod
     def _wait_slice(handle: Handle, seconds: float) -> bool:
         """Wait up to ``seconds`` for ``handle``; True when it is done. A direct one
-        (docs/backends.md#direct-start) waits on its backend's completion event where there is
-        one, else polls; the backend's own blocking wait could not watch the peers."""
+        (docs/backends.md#direct-start) polls it, or sleeps on its completion event
+        (``direct_wait_event``); the backend's own blocking wait could not watch the peers."""
         if not isinstance(handle, DirectHandle):
             return handle._done.wait(seconds)
         return handle.wait_ready(seconds)

@@ -12,8 +12,8 @@ A backend that can start a collective without waiting for it (``start_allreduce`
 queued or running on the progress thread, so every rank still issues its collectives in program
 order. The result is taken by whoever waits for the handle (the step), through the backend's own
 bounded wait with the deadline set at the start: a timeout or a failed peer is reported exactly as
-on the progress thread. Until then the waiter sleeps on the backend's completion event, looking
-at the peers every slice. :attr:`Handle.comm_seconds` then runs from the start to that wait.
+on the progress thread. Until then the waiter polls the work (or, with
+``Communicator.direct_wait_event``, sleeps on its completion event), looking at the peers every slice. :attr:`Handle.comm_seconds` then runs from the start to that wait.
 """
 from __future__ import annotations
 
@@ -58,10 +58,10 @@ class DirectHandle(Handle):
 
     def wait_ready(self, seconds: float) -> bool:
         """Wait up to ``seconds`` for the backend to finish; True when it has (the handle is then
-        completed). Sleeps on :attr:`ready` where the backend sets one: the waiter wakes when the
-        collective ends and not before, where polling woke it 70-100 times during a 15 ms
-        allreduce, each time taking a shared core from the transfer (docs/backends.md#direct-start).
-        Polls otherwise, with pauses growing from 50 to 200 us."""
+        completed). Sleeps on :attr:`ready` where one was given (the waiter wakes when the
+        collective ends, where polling wakes it 70-100 times during a 15 ms allreduce), else polls
+        with pauses growing from 50 to 200 us: the default, measured no slower
+        (docs/backends.md#direct-start)."""
         end = time.monotonic() + seconds
         if self.ready is not None:
             self.ready.wait(seconds)

@@ -161,7 +161,7 @@ def test_equal_size_allgather_matches_the_general_one(dtype):
     h = comm.allgather_tensor_async(ops, t, "eq", equal=True)
     if getattr(comm.backend, "start_allgather_equal", None) is not None:  # docs/backends.md#direct-start
         from hvd_commopt.comm.direct import DirectHandle
-        assert isinstance(h, DirectHandle) and h.ready is not None
+        assert isinstance(h, DirectHandle) and (h.ready is not None) == comm.direct_wait_event
     fast, fast_counts = comm.wait(h)
     slow, slow_counts = comm.wait(comm.allgather_tensor_async(ops, t, "gen"))
     assert fast_counts == slow_counts == [37] * P
@@ -181,7 +181,7 @@ def test_direct_allreduce_waiter_sleeps_until_the_backend_completes(event):
     comm = runtime.communicator()
     if getattr(comm.backend, "start_allreduce", None) is None:
         pytest.skip("this backend starts no collective on the calling thread (MPI)")
-    comm.direct_wait_event = event
+    default, comm.direct_wait_event = comm.direct_wait_event, event
     try:
         comm.barrier()
         if R == P - 1:
@@ -205,7 +205,7 @@ def test_direct_allreduce_waiter_sleeps_until_the_backend_completes(event):
         else:
             assert max(waited[:-1]) > 100, waited
     finally:
-        comm.direct_wait_event = True
+        comm.direct_wait_event = default
 
 
 @pytest.mark.parametrize("direct", [True, False])
