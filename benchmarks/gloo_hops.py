@@ -93,8 +93,8 @@ def _rank_main(args: argparse.Namespace) -> None:
     def p_local():
         lin(x).sum().backward()
 
-    paths = {"plain": p_plain, "allgather": p_allgather, "ourpg": p_ourpg, "backend": p_backend, "comm": p_comm, "ddp": p_ddp,
-             "local_bwd": p_local}
+    paths = {"plain": p_plain, "allgather": p_allgather, "ourpg": p_ourpg, "backend": p_backend, "comm": p_comm,
+             "ddp": p_ddp, "local_bwd": p_local}
     times: dict[str, dict[str, list[float]]] = {m: {k: [] for k in paths} for m in ("burst", "b2b")}
     for rep in range(args.reps + 2):
         names = list(paths)

@@ -253,88 +253,81 @@ class TorchDistBackend(Backend):
     def _run(self, op: str, name: str, deadline: float, start) -> None:
         """Start one collective (``start()`` returns its Work) and wait for it, marked on the
         control plane so that a peer's question "where are you?" gets this collective."""
-        c = self._control
-        if c is not None:
-            c.enter(op, name)
+        self._enter(op, name)
         self._wait(start(), op, name, deadline)
-        if c is not None:
-            c.leave()
+        if self._control is not None:
+            self._control.leave()
 
     #: the largest sum (bytes) a 2-rank Gloo group exchanges by allgather (0: never; the
     #: benchmarks compare the two)
     pair_sum_max_bytes = PAIR_SUM_MAX_BYTES
 
-    def _pair_sum(self, buf, op):
-        """For a small CPU sum on 2 ranks, (the allgather's output, its length) where the allgather
-        replaces the allreduce (docs/backends.md#pair-sum); else None. Every rank decides alike:
-        the size, dtype and op are the same everywhere."""
-        if (op != "sum" or self.name != "gloo" or buf.device.type != "cpu" or buf.dtype not in _PAIR_SUM_DTYPES
-                or buf.numel() * buf.element_size() > self.pair_sum_max_bytes or not buf.is_contiguous()
-                or self.size != 2):
-            return None
-        return torch.empty(2 * buf.numel(), dtype=buf.dtype), buf.numel()
+    def _pair_sum(self, buf, op) -> bool:
+        """Whether this reduction is a small CPU sum on 2 ranks, which an allgather and a local add
+        replace (docs/backends.md#pair-sum). Every rank decides alike: the size, dtype and op are
+        the same everywhere."""
+        return (op == "sum" and self.name == "gloo" and buf.device.type == "cpu" and buf.dtype in _PAIR_SUM_DTYPES
+                and buf.numel() * buf.element_size() <= self.pair_sum_max_bytes and buf.is_contiguous()
+                and self.size == 2)
 
     def _start_reduce(self, buf, op):
-        """The async work reducing ``buf`` and the step that completes it into ``buf``."""
-        pair = self._pair_sum(buf, op)
-        if pair is None:
-            return dist.all_reduce(buf, op=_OPS[op], group=self._pg, async_op=True), None
-        both, n = pair
-        work = _gather_single(both, buf.reshape(-1), group=self._pg, async_op=True)
+        """(the async work reducing ``buf``, ``done()``: completes it into ``buf`` and returns it)."""
+        if not self._pair_sum(buf, op):
+            return dist.all_reduce(buf, op=_OPS[op], group=self._pg, async_op=True), lambda: buf
+        n, flat = buf.numel(), buf.reshape(-1)
+        both = torch.empty(2 * n, dtype=buf.dtype)
+        work = _gather_single(both, flat, group=self._pg, async_op=True)
         # rank 0's part first on both ranks: the same sum, bit for bit, as the allreduce's
-        return work, lambda: torch.add(both[:n], both[n:], out=buf.reshape(-1))
+        return work, lambda: (torch.add(both[:n], both[n:], out=flat), buf)[1]
 
     def allreduce_(self, buf, op, name, deadline):
-        work, then = None, None
+        done = None
 
         def start():
-            nonlocal work, then
-            work, then = self._start_reduce(buf, op)
+            nonlocal done
+            work, done = self._start_reduce(buf, op)
             return work
         self._run("allreduce", name, deadline, start)
-        if then is not None:
-            then()
-        return buf
+        return done()
+
+    def _start_on_caller(self, op: str, name: str, deadline: float, work, done):
+        """(is_completed, finish, ready) of ``work``, a collective this thread has just started
+        (docs/backends.md#direct-start): ``finish()`` waits for it as :meth:`_run` does and returns
+        ``done()``; ``ready()`` gives an event the work's future sets when it ends (None where the
+        work has no future), asked for only by a waiter that sleeps on it."""
+        def finish():
+            self._run(op, name, deadline, lambda: work)
+            return done()
+        return work.is_completed, finish, lambda: _ready_event(work)
+
+    def _enter(self, op: str, name: str) -> None:
+        """Mark a collective started on the calling thread on the control plane from its start."""
+        if self._control is not None:
+            self._control.enter(op, name)
 
     def start_allreduce(self, buf, op, name, deadline):
-        """Start an allreduce on the calling thread (docs/backends.md#direct-start): (is_completed,
-        finish, ready) where ``finish()`` waits as :meth:`allreduce_` does and returns ``buf``, and
-        ``ready`` is an event the work's future sets when it completes (None where the backend
-        gives no future); None for a CUDA tensor, which keeps the progress thread (NCCL's stream
-        semantics are untested here)."""
+        """Start an allreduce on the calling thread (:meth:`_start_on_caller`); ``finish()`` waits
+        as :meth:`allreduce_` does and returns ``buf``. None for a CUDA tensor, which keeps the
+        progress thread (NCCL's stream semantics are untested here)."""
         if buf.device.type != "cpu":
             return None
-        c = self._control
-        if c is not None:
-            c.enter("allreduce", name)
-        work, then = self._start_reduce(buf, op)
-
-        def finish():
-            self._run("allreduce", name, deadline, lambda: work)
-            if then is not None:
-                then()
-            return buf
-        return work.is_completed, finish, _ready_event(work)
+        self._enter("allreduce", name)
+        work, done = self._start_reduce(buf, op)
+        return self._start_on_caller("allreduce", name, deadline, work, done)
 
     def start_allgather_equal(self, buf, name, deadline):
         """Start an allgather whose every rank sends as many elements as this one (an exact top-k's
-        selection, docs/topk.md#equal-sizes) on the calling thread, as :meth:`start_allreduce`
-        does; ``finish()`` gives what :meth:`allgather_equal` gives. None for a CUDA tensor."""
+        selection, docs/topk.md#equal-sizes) on the calling thread (:meth:`_start_on_caller`);
+        ``finish()`` gives what :meth:`allgather_equal` gives. None for a CUDA tensor."""
         if buf.device.type != "cpu":
             return None
         wire, dtype = _movable(buf.reshape(-1))
         wire = wire.contiguous()
         out = torch.empty(self.size * wire.numel(), dtype=wire.dtype)
         counts = [wire.numel()] * self.size
-        c = self._control
-        if c is not None:
-            c.enter("allgather", name)
+        self._enter("allgather", name)
         work = _gather_single(out, wire, group=self._pg, async_op=True)
-
-        def finish():
-            self._run("allgather", name, deadline, lambda: work)
-            return _restore(out, dtype), counts
-        return work.is_completed, finish, _ready_event(work)
+        return self._start_on_caller("allgather", name, deadline, work, lambda: (_restore(out, dtype), counts))
 
     def allgather(self, buf, name, deadline):
         return self._allgather(buf, name, deadline)

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from hvd_commopt import select_kernels, timeline
+from torch_plugin.comm import PAIR_SUM_MAX_BYTES
 
 from ..common import ROOT
 
@@ -70,7 +71,6 @@ def timed_step(r: V.Runner, x: torch.Tensor, y: torch.Tensor) -> None:
         comm = r.opt.comm_engine.comm
         comm.direct_wait_event = r.wait_event
         if hasattr(comm.backend, "pair_sum_max_bytes"):
-            from torch_plugin.comm import PAIR_SUM_MAX_BYTES
             comm.backend.pair_sum_max_bytes = PAIR_SUM_MAX_BYTES if r.pair_sum else 0
     with timeline.span("step", "step"):
         r.opt.zero_grad()

@@ -235,23 +235,25 @@ class Communicator:
         self.traffic.add(sent, received, handle.comm_seconds)
         _timeline.record_handle(handle)  # no-op unless a timeline is recording
 
-    def _start_direct(self, op: str, name: str, start: Callable[[float], Any],
+    def _start_direct(self, op: str, name: str, method: str, args: tuple,
                       traffic: Callable[[Any], tuple[float, float]]) -> Handle | None:
-        """A handle for a collective started now, on this thread, or None: the backend cannot
-        start it so, or the progress thread holds earlier collectives, which must go first
-        (docs/backends.md#direct-start). ``start(deadline)`` returns (is_completed, finish, ready)
-        or None; ``ready``: an event the backend sets when it finishes, or None (the waiter polls)."""
-        if not self.direct_start:
+        """A handle for a collective started now, on this thread, by the backend's ``method(*args,
+        deadline)``, or None: the backend has no such method or cannot start this one so, or the
+        progress thread holds earlier collectives, which must go first
+        (docs/backends.md#direct-start). The method returns (is_completed, finish, ready) or None;
+        ``ready()`` gives an event the backend sets when it finishes, or None (the waiter polls)."""
+        start = getattr(self.backend, method, None)
+        if start is None or not self.direct_start:
             return None
         with self._order:
             if self._queued or self._closed or self._broken is not None:
                 return None
-            begun = start(time.monotonic() + self.timeout_s)
+            begun = start(*args, time.monotonic() + self.timeout_s)
         if begun is None:
             return None
         is_completed, finish, ready = begun
         h = DirectHandle(op, name, is_completed, lambda hh: self._complete(hh, finish, traffic),
-                         ready if self.direct_wait_event else None)
+                         ready() if self.direct_wait_event else None)
         h._start()
         return h
 
@@ -319,11 +321,9 @@ class Communicator:
         p = self.size
         n = _nbytes(buf)
         traffic = lambda _r: (2 * (p - 1) / p * n, 2 * (p - 1) / p * n)  # noqa: E731
-        start = getattr(self.backend, "start_allreduce", None)
-        if start is not None:
-            h = self._start_direct("allreduce", name, lambda deadline: start(buf, op, name, deadline), traffic)
-            if h is not None:
-                return h
+        h = self._start_direct("allreduce", name, "start_allreduce", (buf, op, name), traffic)
+        if h is not None:
+            return h
         return self._submit("allreduce", name, self.backend.allreduce_, (buf, op, name), traffic)
 
     def allreduce_(self, buf: Any, op: str = "sum", name: str = "allreduce") -> Any:
@@ -391,9 +391,8 @@ class Communicator:
         p = self.size
         n = _nbytes(buf)
         traffic = lambda r: ((p - 1) * n, _nbytes(r[0]) - n)  # noqa: E731
-        start = getattr(self.backend, "start_allgather_equal", None) if equal else None
-        if start is not None:  # one collective, so it can start here (docs/backends.md#direct-start)
-            h = self._start_direct("allgather", name, lambda deadline: start(buf, name, deadline), traffic)
+        if equal:  # one collective, so it can start here (docs/backends.md#direct-start)
+            h = self._start_direct("allgather", name, "start_allgather_equal", (buf, name), traffic)
             if h is not None:
                 return h
         fn = self.backend.allgather_equal if equal else self.backend.allgather

@@ -8,12 +8,13 @@ thread, as DDP's reducer starts one, costs the backward no more than its transfe
 (benchmarks/README.md#parity-native).
 
 A backend that can start a collective without waiting for it (``start_allreduce`` and
-``start_allgather_equal``: torch.distributed on CPU tensors) has it started here, on the caller's thread, when nothing is
-queued or running on the progress thread, so every rank still issues its collectives in program
-order. The result is taken by whoever waits for the handle (the step), through the backend's own
-bounded wait with the deadline set at the start: a timeout or a failed peer is reported exactly as
-on the progress thread. Until then the waiter polls the work (or, with
-``Communicator.direct_wait_event``, sleeps on its completion event), looking at the peers every slice. :attr:`Handle.comm_seconds` then runs from the start to that wait.
+``start_allgather_equal``: torch.distributed on CPU tensors) has it started here, on the caller's
+thread, when nothing is queued or running on the progress thread, so every rank still issues its
+collectives in program order. The result is taken by whoever waits for the handle (the step),
+through the backend's own bounded wait with the deadline set at the start: a timeout or a failed
+peer is reported exactly as on the progress thread. Until then the waiter polls the work (or, with
+``Communicator.direct_wait_event``, sleeps on its completion event), looking at the peers every
+slice. :attr:`Handle.comm_seconds` then runs from the start to that wait.
 """
 from __future__ import annotations
 
