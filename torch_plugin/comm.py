@@ -51,15 +51,33 @@ def _restore(t, dtype):
     return t if dtype is None or t is None else t.view(dtype)
 
 
-def _ready_event(work) -> threading.Event | None:
-    """An event the work's future sets when the work ends, with or without an error (set on the
-    backend's thread; docs/backends.md#direct-start), or None where the work has no future."""
-    ready = threading.Event()
-    try:
-        work.get_future().add_done_callback(lambda _f: ready.set())
-    except (RuntimeError, AttributeError):
-        return None
-    return ready
+def _sleeper(work, mode: str):
+    """``sleep(seconds) -> bool`` for a direct collective's waiter (docs/backends.md#direct-start),
+    or None (the waiter polls):
+
+    * "block": ``Work.wait`` bounded by the slice, the GIL released. A wait that runs out raises
+      "Operation timed out!" and leaves the work running, so the next slice waits again; an error
+      of the work itself (a peer's connection closed, Gloo's own timeout) completes the work, and
+      the handle's bounded wait reports it.
+    * "event": an event the work's future sets when it ends, with or without an error (on the
+      backend's thread, which needs the GIL for it); None where the work has no future.
+    """
+    if mode == "block":
+        def block(seconds: float) -> bool:
+            try:
+                work.wait(timeout=datetime.timedelta(seconds=max(seconds, 0.001)))
+            except RuntimeError:
+                return bool(work.is_completed())
+            return True
+        return block
+    if mode == "event":
+        ready = threading.Event()
+        try:
+            work.get_future().add_done_callback(lambda _f: ready.set())
+        except (RuntimeError, AttributeError):
+            return None
+        return ready.wait
+    return None
 
 
 # At 2 ranks a small sum is exchanged by one allgather and added locally: a + b is the same bits
@@ -291,14 +309,14 @@ class TorchDistBackend(Backend):
         return done()
 
     def _start_on_caller(self, op: str, name: str, deadline: float, work, done):
-        """(is_completed, finish, ready) of ``work``, a collective this thread has just started
+        """(is_completed, finish, sleeper) of ``work``, a collective this thread has just started
         (docs/backends.md#direct-start): ``finish()`` waits for it as :meth:`_run` does and returns
-        ``done()``; ``ready()`` gives an event the work's future sets when it ends (None where the
-        work has no future), asked for only by a waiter that sleeps on it."""
+        ``done()``; ``sleeper(mode)`` is :func:`_sleeper` of the work, asked for only by a waiter
+        that does not poll."""
         def finish():
             self._run(op, name, deadline, lambda: work)
             return done()
-        return work.is_completed, finish, lambda: _ready_event(work)
+        return work.is_completed, finish, lambda mode: _sleeper(work, mode)
 
     def _enter(self, op: str, name: str) -> None:
         """Mark a collective started on the calling thread on the control plane from its start."""

@@ -68,7 +68,7 @@ class Runner:
     params: nn.Module
     ours: bool = False
     native_kernels: bool = True  # False: the NumPy host kernels (docs/selection.md#native-sweep)
-    wait_event: bool = False  # True: a direct collective's waiter sleeps on an event (docs/backends.md#direct-start)
+    wait: str = "poll"  # how a direct collective's waiter waits: poll, event, block (docs/backends.md#direct-start)
     pair_sum: bool = True  # False: small sums at 2 ranks by Gloo's allreduce (docs/backends.md#pair-sum)
     analytic_bytes: int | None = None
     notes: list[str] = field(default_factory=list)
@@ -233,7 +233,8 @@ def b_sparse(kind: str, layerwise: bool = False, planner: str | None = None,
 def ab_variant(build: Callable[[nn.Module, Ctx], Runner], name: str, **choice: Any) -> Callable[[nn.Module, Ctx], Runner]:
     """``build``'s variant with one implementation choice of the :class:`Runner` switched (an A/B in
     one job): ``native_kernels=False`` runs the NumPy host kernels (docs/selection.md#native-sweep),
-    ``wait_event=True`` waits for directly started collectives on an event (docs/backends.md#direct-start),
+    ``wait="event"`` / ``"block"`` waits for directly started collectives on an event / in the backend's
+    bounded wait instead of polling (docs/backends.md#direct-start),
     ``pair_sum=False`` sums small buffers at 2 ranks by Gloo's allreduce (docs/backends.md#pair-sum)."""
     def build_(model: nn.Module, ctx: Ctx) -> Runner:
         r = build(model, ctx)
@@ -294,8 +295,12 @@ VARIANTS: dict[str, tuple[Callable[[nn.Module, Ctx], Runner], str]] = {
                       "lags_fused with the NumPy host kernels instead of the native ones"),
     "topk_ar": (ab_variant(b_sparse("topk"), "topk_ar", pair_sum=False),
                 "topk whose dense 1-D bucket is summed by Gloo's allreduce, not an allgather (2 ranks)"),
-    "ssgd_event": (ab_variant(lambda m, c: _ours("ssgd", m, c), "ssgd_event", wait_event=True),
+    "ssgd_event": (ab_variant(lambda m, c: _ours("ssgd", m, c), "ssgd_event", wait="event"),
                    "ssgd whose waits for directly started collectives sleep on the work's completion event"),
+    "ssgd_block": (ab_variant(lambda m, c: _ours("ssgd", m, c), "ssgd_block", wait="block"),
+                   "ssgd whose waits for directly started collectives block in the backend's bounded wait"),
+    "topk_block": (ab_variant(b_sparse("topk"), "topk_block", wait="block"),
+                   "topk whose waits for directly started collectives block in the backend's bounded wait"),
     "dgc_exact": (b_sparse("dgc", selection="exact", name="dgc_exact"), "DGC with the exact (fast) top-k selection"),
     "topk_thr": (b_sparse("topk", selection="threshold", name="topk_thr"),
                  "Top-k with Ok-Topk's threshold reuse (exact threshold every 16 steps)"),
@@ -317,7 +322,7 @@ VARIANTS: dict[str, tuple[Callable[[nn.Module, Ctx], Runner], str]] = {
 # (docs/backends.md#choice); `--backend both` times each of them on both backends.
 # the _np variants are opt-in as well: an A/B of the native host kernels, not methods of their own.
 NATIVE_AB = ("topk_np", "dgc_np", "lags_fused_np")
-BACKEND_AB = ("ssgd_event", "topk_ar")  # opt-in A/Bs of a backend choice, like the _np ones
+BACKEND_AB = ("ssgd_event", "ssgd_block", "topk_block", "topk_ar")  # opt-in A/Bs of a backend choice, like the _np ones
 DEFAULT = [n for n in VARIANTS if n != "ssgd_gloo" and n not in NATIVE_AB + BACKEND_AB]
 QUICK = ["compute", "ddp", "ddp_powersgd1", "ssgd", "mgwfbp", "fp16", "topk", "gtopk", "dgc", "od", "local_sgd"]
 

@@ -168,10 +168,11 @@ class Communicator:
     #: start a lone collective on the calling thread where the backend can (False: always the
     #: progress thread; benchmarks compare the two)
     direct_start = True
-    #: True: a direct collective's waiter sleeps until the backend's completion event where it gives
-    #: one. Off by default: the callback that sets it runs on the backend's thread and needs the GIL,
-    #: and in the longest A/Bs polling was 0.02 of DDP's throughput ahead (docs/backends.md#direct-start)
-    direct_wait_event = False
+    #: how a direct collective's waiter waits (docs/backends.md#direct-start): "poll" the work with
+    #: pauses of 50-200 us; "event": sleep on an event the work's completion callback sets (the
+    #: callback runs on the backend's thread and needs the GIL); "block": the backend's own wait,
+    #: one peer-check slice at a time, with the GIL released. A backend that cannot sleep so polls.
+    direct_wait = "poll"
 
     def __init__(self, backend: Backend, timeout_s: float):
         self.backend = backend
@@ -240,8 +241,9 @@ class Communicator:
         """A handle for a collective started now, on this thread, by the backend's ``method(*args,
         deadline)``, or None: the backend has no such method or cannot start this one so, or the
         progress thread holds earlier collectives, which must go first
-        (docs/backends.md#direct-start). The method returns (is_completed, finish, ready) or None;
-        ``ready()`` gives an event the backend sets when it finishes, or None (the waiter polls)."""
+        (docs/backends.md#direct-start). The method returns (is_completed, finish, sleeper) or None;
+        ``sleeper(mode)`` gives ``sleep(seconds) -> bool`` for a :attr:`direct_wait` mode, or None
+        where the backend cannot sleep that way (the waiter polls)."""
         start = getattr(self.backend, method, None)
         if start is None or not self.direct_start:
             return None
@@ -251,9 +253,9 @@ class Communicator:
             begun = start(*args, time.monotonic() + self.timeout_s)
         if begun is None:
             return None
-        is_completed, finish, ready = begun
+        is_completed, finish, sleeper = begun
         h = DirectHandle(op, name, is_completed, lambda hh: self._complete(hh, finish, traffic),
-                         ready() if self.direct_wait_event else None)
+                         None if self.direct_wait == "poll" else sleeper(self.direct_wait))
         h._start()
         return h
 
@@ -307,8 +309,8 @@ class Communicator:
     @staticmethod
     def _wait_slice(handle: Handle, seconds: float) -> bool:
         """Wait up to ``seconds`` for ``handle``; True when it is done. A direct one
-        (docs/backends.md#direct-start) polls it, or sleeps on its completion event
-        (``direct_wait_event``); the backend's own blocking wait could not watch the peers."""
+        (docs/backends.md#direct-start) waits as :attr:`direct_wait` says: polled, on its completion
+        event, or in the backend's own wait bounded by the slice, so the peers are still watched."""
         if not isinstance(handle, DirectHandle):
             return handle._done.wait(seconds)
         return handle.wait_ready(seconds)

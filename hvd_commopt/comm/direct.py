@@ -12,9 +12,9 @@ A backend that can start a collective without waiting for it (``start_allreduce`
 thread, when nothing is queued or running on the progress thread, so every rank still issues its
 collectives in program order. The result is taken by whoever waits for the handle (the step),
 through the backend's own bounded wait with the deadline set at the start: a timeout or a failed
-peer is reported exactly as on the progress thread. Until then the waiter polls the work (or, with
-``Communicator.direct_wait_event``, sleeps on its completion event), looking at the peers every
-slice. :attr:`Handle.comm_seconds` then runs from the start to that wait.
+peer is reported exactly as on the progress thread. Until then the waiter polls the work, or
+sleeps in the backend's own wait or on the work's completion event (``Communicator.direct_wait``),
+looking at the peers every slice. :attr:`Handle.comm_seconds` then runs from the start to that wait.
 """
 from __future__ import annotations
 
@@ -33,19 +33,20 @@ class DirectHandle(Handle):
     ``is_completed()`` tells, without blocking, whether the backend has finished; ``complete(h)``
     waits for it (bounded by the deadline) and sets ``h``'s result or error. The first
     :meth:`poll` that sees it finished, or the first :meth:`wait`, completes it, once.
-    ``ready``, when the backend gives one, is an event its completion sets, so a waiter can sleep
-    until then instead of polling (:meth:`wait_ready`).
+    ``sleep(seconds)``, when given, waits up to ``seconds`` without polling (the backend's own
+    wait, or an event its completion sets) and returns whether the backend finished
+    (:meth:`wait_ready`).
     """
 
-    __slots__ = ("_is_completed", "_complete", "_mutex", "ready")
+    __slots__ = ("_is_completed", "_complete", "_mutex", "sleep")
 
     def __init__(self, op: str, name: str, is_completed: Callable[[], bool],
-                 complete: Callable[["DirectHandle"], None], ready: threading.Event | None = None):
+                 complete: Callable[["DirectHandle"], None], sleep: Callable[[float], bool] | None = None):
         super().__init__(op, name)
         self._is_completed = is_completed
         self._complete = complete
         self._mutex = threading.Lock()
-        self.ready = ready
+        self.sleep = sleep
 
     def _finish(self) -> None:
         with self._mutex:
@@ -59,15 +60,14 @@ class DirectHandle(Handle):
 
     def wait_ready(self, seconds: float) -> bool:
         """Wait up to ``seconds`` for the backend to finish; True when it has (the handle is then
-        completed). Sleeps on :attr:`ready` where one was given (the waiter wakes when the
+        completed). Sleeps in :attr:`sleep` where one was given (the waiter wakes once, when the
         collective ends, where polling wakes it 70-100 times during a 15 ms allreduce), else polls
-        with pauses growing from 50 to 200 us: the default, measured no slower
-        (docs/backends.md#direct-start)."""
+        with pauses growing from 50 to 200 us (docs/backends.md#direct-start)."""
         end = time.monotonic() + seconds
-        if self.ready is not None:
-            self.ready.wait(seconds)
+        if self.sleep is not None:
+            self.sleep(seconds)
         pause = 5e-5
-        while not self.poll():  # ready set by a callback that runs just before is_completed() turns
+        while not self.poll():  # an event is set by a callback that runs just before is_completed() turns
             left = end - time.monotonic()
             if left <= 0:
                 return False

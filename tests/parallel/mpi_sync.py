@@ -161,7 +161,7 @@ def test_equal_size_allgather_matches_the_general_one(dtype):
     h = comm.allgather_tensor_async(ops, t, "eq", equal=True)
     if getattr(comm.backend, "start_allgather_equal", None) is not None:  # docs/backends.md#direct-start
         from hvd_commopt.comm.direct import DirectHandle
-        assert isinstance(h, DirectHandle) and (h.ready is not None) == comm.direct_wait_event
+        assert isinstance(h, DirectHandle) and (h.sleep is not None) == (comm.direct_wait != "poll")
     fast, fast_counts = comm.wait(h)
     slow, slow_counts = comm.wait(comm.allgather_tensor_async(ops, t, "gen"))
     assert fast_counts == slow_counts == [37] * P
@@ -170,10 +170,11 @@ def test_equal_size_allgather_matches_the_general_one(dtype):
     assert fast.tobytes() == np.concatenate([(np.arange(37) * (r + 3)).astype(dtype) for r in range(P)]).tobytes()
 
 
-@pytest.mark.parametrize("event", [True, False])
-def test_direct_allreduce_waiter_sleeps_until_the_backend_completes(event):
+@pytest.mark.parametrize("mode", ["block", "event", "poll"])
+def test_direct_allreduce_waiter_sleeps_until_the_backend_completes(mode):
     # docs/backends.md#direct-start: a lone allreduce starts on the calling thread; its waiter
-    # sleeps on the work's completion event (event=True) instead of polling it every 50-200 us
+    # sleeps in the backend's bounded wait ("block") or on the work's completion event ("event")
+    # instead of polling it every 50-200 us ("poll")
     import time
 
     from hvd_commopt import runtime
@@ -181,15 +182,15 @@ def test_direct_allreduce_waiter_sleeps_until_the_backend_completes(event):
     comm = runtime.communicator()
     if getattr(comm.backend, "start_allreduce", None) is None:
         pytest.skip("this backend starts no collective on the calling thread (MPI)")
-    default, comm.direct_wait_event = comm.direct_wait_event, event
+    default, comm.direct_wait = comm.direct_wait, mode
     try:
         comm.barrier()
         if R == P - 1:
             time.sleep(0.3)  # the others wait ~0.3 s for the last rank
         t = torch.full((1000,), float(R + 1))
-        h = comm.allreduce_tensor_async(hco.TorchOps(), t, "sum", f"direct-{event}")
+        h = comm.allreduce_tensor_async(hco.TorchOps(), t, "sum", f"direct-{mode}")
         assert isinstance(h, DirectHandle)
-        assert (h.ready is not None) == event
+        assert (h.sleep is not None) == (mode != "poll")
         calls = [0]
         is_completed = h._is_completed
 
@@ -200,12 +201,12 @@ def test_direct_allreduce_waiter_sleeps_until_the_backend_completes(event):
         out = comm.wait(h)
         assert torch.equal(out, torch.full((1000,), float(P * (P + 1) // 2)))
         waited = comm.allgather_object(calls[0])
-        if event:  # at most a look per 0.2 s peer check, and one after the event
+        if mode != "poll":  # at most a look per 0.2 s peer check, and one after the wake-up
             assert max(waited[:-1]) <= 6, waited
         else:
             assert max(waited[:-1]) > 100, waited
     finally:
-        comm.direct_wait_event = default
+        comm.direct_wait = default
 
 
 @pytest.mark.parametrize("direct", [True, False])
