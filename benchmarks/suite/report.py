@@ -11,7 +11,7 @@ from typing import Any
 
 from . import variants as V
 
-__all__ = ["net_markdown", "summary_markdown", "load_runs", "fmt_bytes", "best_ours"]
+__all__ = ["net_markdown", "summary_markdown", "load_runs", "fmt_bytes", "best_ours", "paired_ratio"]
 
 BASELINES = V.BASELINES
 
@@ -36,6 +36,21 @@ def best_ours(res: dict[str, Any], exclude: tuple[str, ...] = ()) -> str | None:
     return max(ours, key=lambda k: ours[k]["samples_per_s"]) if ours else None
 
 
+def paired_ratio(res: dict[str, Any], name: str, base: str = "ddp") -> float | None:
+    """The median over blocks of ``base``'s block time over ``name``'s in the same block (rank 0):
+    the variants take turns block by block, so a load that slows one block slows both sides of
+    its ratio, where the ratio of the two medians takes them from different blocks."""
+    a = res.get(name, {}).get("block_step_s_rank0")
+    b = res.get(base, {}).get("block_step_s_rank0")
+    if not a or not b or len(a) != len(b):
+        return None
+    ratios = sorted(y / x for x, y in zip(a, b) if x > 0)
+    if not ratios:
+        return None
+    mid = len(ratios) // 2
+    return ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
+
+
 def _throughput_table(job: dict[str, Any]) -> list[str]:
     res = job["results"]
     ddp = res.get("ddp", {}).get("step_s")
@@ -44,8 +59,8 @@ def _throughput_table(job: dict[str, Any]) -> list[str]:
              f"median of {job['blocks']} blocks x {job['steps_per_block']} steps, slowest rank)", ""]
     if ddp and comp:
         lines += [f"DDP communication-to-computation ratio (DDP step / compute-only step): **{ddp / comp:.2f}**", ""]
-    lines += ["| variant | samples/s | step (ms) | speed-up vs DDP | of compute bound | accounted B/step/rank | "
-              "link B/step/rank | link/acct |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += ["| variant | samples/s | step (ms) | speed-up vs DDP | paired vs DDP | of compute bound | "
+              "accounted B/step/rank | link B/step/rank | link/acct |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, r in sorted(res.items(), key=lambda kv: -kv[1]["samples_per_s"]):
         acct = _mean(r.get("bytes_sent_per_step_accounted"))
         kind = ""
@@ -54,10 +69,11 @@ def _throughput_table(job: dict[str, Any]) -> list[str]:
         link = _mean(r.get("link_tx_bytes_per_step"))
         ratio = f"{link / acct:.2f}" if acct and link is not None else "–"
         vs_ddp = f"{ddp / r['step_s']:.2f}x" if ddp else "–"
+        pr = paired_ratio(res, name)
+        paired = f"{pr:.2f}x" if pr is not None else "–"
         of_bound = f"{comp / r['step_s'] * 100:.0f}%" if comp else "–"
-        lines.append(f"| {name} | {r['samples_per_s']:.1f} | {r['step_s'] * 1e3:.1f} | {vs_ddp} | {of_bound} | "
-                     f"{fmt_bytes(acct)}{kind} | "
-                     f"{fmt_bytes(link)} | {ratio} |")
+        lines.append(f"| {name} | {r['samples_per_s']:.1f} | {r['step_s'] * 1e3:.1f} | {vs_ddp} | {paired} | "
+                     f"{of_bound} | {fmt_bytes(acct)}{kind} | {fmt_bytes(link)} | {ratio} |")
     return lines
 
 

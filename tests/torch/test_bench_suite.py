@@ -60,7 +60,7 @@ def _run() -> dict:
 def test_markdown_report() -> None:
     md = report.net_markdown(_run())
     assert "DDP communication-to-computation ratio (DDP step / compute-only step): **3.00**" in md
-    assert "| topk | 106.7 | 150.0 | 2.00x | 67% | 40 B | 42 B | 1.05 |" in md
+    assert "| topk | 106.7 | 150.0 | 2.00x | – | 67% | 40 B | 42 B | 1.05 |" in md  # no block times: no pairs
     assert "4 kB (analytic)" in md and "MPICH 5.0.2" in md
     assert "| topk | not reached |" in md and "`mgwfbp`: skipped: no fusion= yet" in md
     summary = report.summary_markdown([_run()])
@@ -68,6 +68,23 @@ def test_markdown_report() -> None:
     assert "| topk | 2.00x | ssgd | 1.07x | 1.07x |" in summary  # topk missed the TTA target
     assert report.best_ours(_run()["jobs"][0]["results"]) == "topk"
     assert report.fmt_bytes(3.87e9) == "3.87 GB"
+
+
+def test_paired_ratio_is_the_median_of_same_block_ratios() -> None:
+    # each block's ratio is DDP's block time over the variant's in that block; a slow block (the
+    # machine's load) slows both sides of its own ratio
+    res = {"ddp": {"block_step_s_rank0": [0.30, 0.60, 0.32, 0.31]},
+           "ssgd": {"block_step_s_rank0": [0.30, 0.50, 0.40, 0.31]},
+           "topk": {"block_step_s_rank0": [0.10, 0.20, 0.10]}}
+    assert report.paired_ratio(res, "ssgd") == (1.0 + 1.0) / 2  # ratios 1.0, 1.2, 0.8, 1.0
+    assert report.paired_ratio(res, "topk") is None  # blocks that do not pair up
+    assert report.paired_ratio(res, "gtopk") is None
+    res["ssgd"]["block_step_s_rank0"] = [0.15, 0.2, 0.4]
+    res["ddp"]["block_step_s_rank0"] = [0.30, 0.6, 0.4]
+    assert report.paired_ratio(res, "ssgd") == 2.0  # odd count: the middle one of 2.0, 3.0, 1.0
+    md = report.net_markdown({**_run(), "jobs": [{**_run()["jobs"][0], "results": {
+        k: {**v, "block_step_s_rank0": [v["step_s"], 2 * v["step_s"]]} for k, v in _run()["jobs"][0]["results"].items()}}]})
+    assert "| topk | 106.7 | 150.0 | 2.00x | 2.00x | 67% |" in md
 
 
 def test_backend_switch_names_our_variants_on_mpi() -> None:
