@@ -54,6 +54,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--blocks", type=int, default=None, help="interleaved blocks per variant (default 3; quick 2)")
     ap.add_argument("--steps", type=int, default=None, help="timed steps per block = averaging period (default 4; quick 2)")
     ap.add_argument("--warmup", type=int, default=None, help="untimed steps per variant first (default 3; quick 2)")
+    ap.add_argument("--block-warmup", type=int, default=None,
+                    help="untimed steps at the start of each block, per variant (default 1, quick 0: each block "
+                         "starts from idle, benchmarks/README.md#block-warmup)")
     ap.add_argument("--traced-steps", type=int, default=1,
                     help="consecutive steps per variant in its timeline (after the timed blocks)")
     ap.add_argument("--density", type=float, default=0.001, help="sparse density for the throughput jobs")
@@ -85,6 +88,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a.blocks = a.blocks or (2 if q else 3)
     a.steps = a.steps or (2 if q else 4)
     a.warmup = a.warmup if a.warmup is not None else (2 if q else 3)
+    a.block_warmup = a.block_warmup if a.block_warmup is not None else (0 if q else 1)
     a.tta_epochs = a.tta_epochs or (2 if q else 12)
     a.timeout = a.timeout or (300.0 if q else 2400.0)
     return a
@@ -222,7 +226,8 @@ def run_net(net: str, args: argparse.Namespace, prog: _Progress) -> dict[str, An
         for model in ([] if args.tta_only else args.models.split(",")):
             tl_dir = out / "timelines" / tag / model
             argv = ["benchmarks.suite.worker", "--model", model, "--variants", args.variants, "--blocks",
-                    str(args.blocks), "--steps", str(args.steps), "--warmup", str(args.warmup), "--density",
+                    str(args.blocks), "--steps", str(args.steps), "--warmup", str(args.warmup),
+                    "--block-warmup", str(args.block_warmup), "--density",
                     str(args.density), "--timeline-dir", str(tl_dir),
                     "--traced-steps", str(args.traced_steps)] + (["--quick"] if args.quick else [])
             job = _run_job_retry(cl, args, argv, work, f"{tag}_{model}", nvar * (args.blocks + 1), prog, f"{net} {model}")

@@ -60,6 +60,12 @@ class RankEnv:
             self._gloo = self.comm if self.backend == "gloo" else Communicator(TorchDistBackend("gloo"), timeout_s=600)
         return self._gloo
 
+    def fresh_comm(self) -> Any:
+        """A new Communicator of ours on a Gloo group of its own (every rank calls it in the same order)."""
+        from hvd_commopt.comm import Communicator
+        from torch_plugin.comm import TorchDistBackend
+        return Communicator(TorchDistBackend("gloo"), timeout_s=600)
+
     def backend_comm(self, name: str) -> Any:
         """Our Communicator on backend ``name`` ("mpi" or "gloo"): the runtime's when it is that
         backend, else one made on first use (every rank calls it in the same order)."""

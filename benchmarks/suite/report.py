@@ -55,8 +55,10 @@ def _throughput_table(job: dict[str, Any]) -> list[str]:
     res = job["results"]
     ddp = res.get("ddp", {}).get("step_s")
     comp = res.get("compute", {}).get("step_s")
+    warm = job.get("block_warmup_steps")
+    after = f", each after {warm} untimed" if warm else ""
     lines = [f"**{job['model']}** ({job['params'] / 1e6:.2f}M parameters, batch {job['batch_per_rank']}/rank, "
-             f"median of {job['blocks']} blocks x {job['steps_per_block']} steps, slowest rank)", ""]
+             f"median of {job['blocks']} blocks x {job['steps_per_block']} steps{after}, slowest rank)", ""]
     if ddp and comp:
         lines += [f"DDP communication-to-computation ratio (DDP step / compute-only step): **{ddp / comp:.2f}**", ""]
     lines += ["| variant | samples/s | step (ms) | speed-up vs DDP | paired vs DDP | of compute bound | "

@@ -53,7 +53,8 @@ def run(args: argparse.Namespace) -> dict:
                 density=args.density, period=args.period, warmup_steps=args.schedule_warmup,
                 steps_per_epoch=steps, powersgd_start=args.schedule_warmup, batch_size=args.batch_size,
                 ddp_group=env.ddp_group, new_ddp_group=env.new_gloo_group,
-                gloo_comm=env.gloo_comm, backend_comm=env.backend_comm)
+                gloo_comm=env.gloo_comm, backend_comm=env.backend_comm,
+                fresh_comm=env.fresh_comm if env.backend == "gloo" else None)
     runners: dict[str, V.Runner] = {}
     status: dict[str, str] = {}
     for name in args.variants.split(","):

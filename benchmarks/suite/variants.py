@@ -51,6 +51,9 @@ class Ctx:
     gloo_comm: Callable[[], Any] | None = None
     backend_comm: Callable[[str], Any] | None = None  # "mpi"/"gloo" -> our Communicator on it
     communicator: Any = None  # set for "<variant>@<backend>": our variants run on it
+    # a new Communicator of ours on a Gloo group of its own, as each DDP gets one (None: our default
+    # backend is not Gloo); every one of our variants that is not pinned to a backend gets one
+    fresh_comm: Callable[[], Any] | None = None
 
 
 @dataclass
@@ -116,6 +119,12 @@ def _ours(name: str, model: nn.Module, ctx: Ctx, momentum: float | None = None, 
     hco = _hco()
     if ctx.communicator is not None:
         kw.setdefault("communicator", ctx.communicator)
+    elif ctx.fresh_comm is not None and "communicator" not in kw:
+        # Each variant's collectives on TCP connections of their own, as a job running only this
+        # variant has, and as each DDP instance has its own group: on one shared group, S-SGD ran
+        # at 0.84x DDP at 10 Gbit/s after the sparse variants' small messages, 0.95x on its own
+        # (benchmarks/README.md#own-groups)
+        kw["communicator"] = ctx.fresh_comm()
     try:
         opt = hco.DistributedOptimizer(_sgd(model, ctx, momentum), named_parameters=model.named_parameters(), **kw)
     except (ConfigError, TypeError) as e:

@@ -109,15 +109,25 @@ def run(args: argparse.Namespace) -> dict:
     y = torch.randint(0, 10, (x.shape[0],))
     ctx = V.Ctx(mode="throughput", rank=env.rank, size=env.size, density=args.density, period=args.steps,
                 ddp_group=env.ddp_group, new_ddp_group=env.new_gloo_group, gloo_comm=env.gloo_comm,
+                fresh_comm=env.fresh_comm if env.backend == "gloo" else None,
                 backend_comm=env.backend_comm)
     tx_start = env.tx_bytes()
     runners, status = _build_all(args.variants.split(","), base, ctx, env)
     env.progress(phase="built", model=args.model, total=len(runners) * (args.blocks + 1))
 
-    def run_steps(r: V.Runner, n: int) -> tuple[list[float], int, int, int]:
-        """Time ``n`` steps; bytes: the communicator's counter (every collective the variant ran,
-        model averages included), and the link's tx counter."""
+    def run_steps(r: V.Runner, n: int, untimed: int = 0) -> tuple[list[float], int, int, int]:
+        """Time ``n`` steps after ``untimed`` ones (drained, not counted); bytes: the communicator's
+        counter (every collective the variant ran, model averages included), and the link's tx counter.
+
+        Why untimed steps at each block's start: the variants take turns, so each block starts
+        from idle. DDP + PowerSGD's first step after an idle second took 1.7-2.1x its other steps
+        in jobs of 13 variants (benchmarks/README.md#block-warmup), every other variant's 0.8-1.2x."""
         env.barrier()
+        if untimed:
+            for _ in range(untimed):
+                timed_step(r, x, y)
+            r.drain()
+            env.barrier()
         traffic = r.opt.comm_engine.comm.traffic if r.ours else None
         sent0 = traffic.snapshot()["bytes_sent"] if traffic else 0
         tx0 = env.tx_bytes()
@@ -150,7 +160,7 @@ def run(args: argparse.Namespace) -> dict:
     for b in range(args.blocks):
         for name, r in list(runners.items()):
             try:
-                times, acct, link, total_ns = run_steps(r, args.steps)
+                times, acct, link, total_ns = run_steps(r, args.steps, args.block_warmup)
             except Exception as e:  # noqa: BLE001
                 failed[name] = f"error: {type(e).__name__}: {e}"
                 print(f"rank {env.rank}: variant {name} failed in block {b}:\n{traceback.format_exc()}", file=sys.stderr)
@@ -204,6 +214,7 @@ def run(args: argparse.Namespace) -> dict:
     nparams = sum(p.numel() for p in base.parameters())
     return {"mode": "throughput", "model": args.model, "params": nparams, "batch_per_rank": batch,
             "ranks": env.size, "blocks": args.blocks, "steps_per_block": args.steps, "warmup_steps": args.warmup,
+            "block_warmup_steps": args.block_warmup,
             "density": args.density, "period": args.steps, "backend": env.backend, "mpi_library": env.mpi_library,
             "link_iface": env.iface, "link_shared_by_ranks": lo_shared, "job_link_tx_bytes_per_rank": job_tx,
             "torch": torch.__version__, "status": status, "results": out}
@@ -216,6 +227,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--blocks", type=int, default=3)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--block-warmup", type=int, default=1)
     ap.add_argument("--density", type=float, default=0.001)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", required=True)

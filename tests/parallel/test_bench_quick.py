@@ -38,7 +38,8 @@ def quick_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HVD_COMMOPT_TIMEOUT": "120"}
     env.pop("HVD_COMMOPT_BACKEND", None)
     cmd = [sys.executable, "-m", "benchmarks.run", "--net", "loopback", "--ranks", "2", "--quick", "--mpi", "openmpi",
-           "--variants", VARIANTS, "--models", "deep_mlp", "--tta-epochs", "1", "--timeout", "240", "--out", str(out)]
+           "--variants", VARIANTS, "--models", "deep_mlp", "--tta-epochs", "1", "--timeout", "240", "--out", str(out),
+           "--block-warmup", "1"]
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=420)
     return r, out
 
@@ -49,6 +50,7 @@ def test_quick_run_writes_every_artefact(quick_run) -> None:
     run = json.loads((out / "bench_loopback.json").read_text())
     assert run["cluster"]["network"] == "loopback" and run["cluster"]["fallback_reason"]
     tp = next(j for j in run["jobs"] if j["mode"] == "throughput")
+    assert tp["block_warmup_steps"] == 1  # each block starts with an untimed step
     # our variants run on the default backend a user gets: on loopback (every rank on one host)
     # CPU tensors take MPI's shared memory (docs/backends.md#one-host)
     assert tp["mpi_library"].startswith("Open MPI") and tp["backend"] == "mpi"

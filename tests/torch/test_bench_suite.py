@@ -106,6 +106,23 @@ def test_backend_switch_names_our_variants_on_mpi() -> None:
     run_ranks(1, body)
 
 
+def test_each_of_our_variants_gets_a_communicator_of_its_own_where_the_job_offers_one() -> None:
+    # on Gloo, as each DDP instance has its own group, each of our variants gets its own
+    # Communicator (benchmarks/README.md#block-warmup); "<variant>@<backend>" keeps the one it names
+    from hvd_commopt import run_ranks
+
+    def body(comm):
+        made = []
+        ctx = V.Ctx(mode="throughput", rank=0, size=1, fresh_comm=lambda: made.append(comm) or comm,
+                    backend_comm=lambda name: comm)
+        for name in ("ssgd", "topk", "ssgd_block"):
+            assert V.build(name, torch.nn.Linear(4, 3), ctx).opt.comm_engine.comm is comm
+        assert len(made) == 3
+        V.build("ssgd@mpi", torch.nn.Linear(4, 3), ctx)
+        assert len(made) == 3
+    run_ranks(1, body)
+
+
 def test_ddp_baseline_has_ddps_default_buckets_and_ddp_nofirst_has_none() -> None:
     # `ddp` is DDP(model) as a user gets it: a 1 MiB first bucket, then 25 MiB. An explicit
     # bucket_cap_mb=25 makes no first bucket (torch makes it only when bucket_cap_mb is None), which
