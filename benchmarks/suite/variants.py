@@ -123,7 +123,7 @@ def _ours(name: str, model: nn.Module, ctx: Ctx, momentum: float | None = None, 
         # Each variant's collectives on TCP connections of their own, as a job running only this
         # variant has, and as each DDP instance has its own group: on one shared group, S-SGD ran
         # at 0.84x DDP at 10 Gbit/s after the sparse variants' small messages, 0.95x on its own
-        # (benchmarks/README.md#own-groups)
+        # (benchmarks/README.md#block-warmup)
         kw["communicator"] = ctx.fresh_comm()
     try:
         opt = hco.DistributedOptimizer(_sgd(model, ctx, momentum), named_parameters=model.named_parameters(), **kw)

@@ -67,7 +67,7 @@ def engine_traces() -> bool:
 def timed_step(r: V.Runner, x: torch.Tensor, y: torch.Tensor) -> None:
     """One training step, with timeline spans when a timeline is recording."""
     select_kernels.use_native(r.native_kernels)  # the _np variants: the NumPy host kernels
-    if r.ours:  # ssgd_poll / topk_ar: how direct waits wait / small sums by allreduce (docs/backends.md)
+    if r.ours:  # ssgd_event, *_block / topk_ar: how direct waits wait / small sums by allreduce (docs/backends.md)
         comm = r.opt.comm_engine.comm
         comm.direct_wait = r.wait
         if hasattr(comm.backend, "pair_sum_max_bytes"):
