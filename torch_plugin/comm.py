@@ -272,7 +272,11 @@ class TorchDistBackend(Backend):
         """Start one collective (``start()`` returns its Work) and wait for it, marked on the
         control plane so that a peer's question "where are you?" gets this collective."""
         self._enter(op, name)
-        self._wait(start(), op, name, deadline)
+        self._finish(start(), op, name, deadline)
+
+    def _finish(self, work, op: str, name: str, deadline: float) -> None:
+        """Wait for ``work``, a collective already marked on the control plane, then unmark it."""
+        self._wait(work, op, name, deadline)
         if self._control is not None:
             self._control.leave()
 
@@ -314,7 +318,7 @@ class TorchDistBackend(Backend):
         ``done()``; ``sleeper(mode)`` is :func:`_sleeper` of the work, asked for only by a waiter
         that does not poll."""
         def finish():
-            self._run(op, name, deadline, lambda: work)
+            self._finish(work, op, name, deadline)
             return done()
         return work.is_completed, finish, lambda mode: _sleeper(work, mode)
 
@@ -339,30 +343,16 @@ class TorchDistBackend(Backend):
         ``finish()`` gives what :meth:`allgather_equal` gives. None for a CUDA tensor."""
         if buf.device.type != "cpu":
             return None
-        wire, dtype = _movable(buf.reshape(-1))
-        wire = wire.contiguous()
-        out = torch.empty(self.size * wire.numel(), dtype=wire.dtype)
-        counts = [wire.numel()] * self.size
+        gather, done = self._gather_equal(buf)
         self._enter("allgather", name)
-        work = _gather_single(out, wire, group=self._pg, async_op=True)
-        return self._start_on_caller("allgather", name, deadline, work, lambda: (_restore(out, dtype), counts))
+        return self._start_on_caller("allgather", name, deadline, gather(), done)
 
     def allgather(self, buf, name, deadline):
-        return self._allgather(buf, name, deadline)
-
-    def allgather_equal(self, buf, name, deadline):
-        # one Gloo/NCCL collective: the caller promised every rank's size (docs/topk.md#equal-sizes)
-        return self._allgather(buf, name, deadline, equal=True)
-
-    def _allgather(self, buf, name, deadline, equal: bool = False):
         buf, dtype = _movable(buf.reshape(-1))
-        if equal:
-            counts = [buf.numel()] * self.size
-        else:
-            n = torch.tensor([buf.numel()], dtype=torch.int64, device=buf.device)
-            counts = [torch.zeros_like(n) for _ in range(self.size)]
-            self._run("allgather", name, deadline, lambda: dist.all_gather(counts, n, group=self._pg, async_op=True))
-            counts = [int(c) for c in torch.cat(counts).tolist()]  # one device sync, not one per rank
+        n = torch.tensor([buf.numel()], dtype=torch.int64, device=buf.device)
+        counts = [torch.zeros_like(n) for _ in range(self.size)]
+        self._run("allgather", name, deadline, lambda: dist.all_gather(counts, n, group=self._pg, async_op=True))
+        counts = [int(c) for c in torch.cat(counts).tolist()]  # one device sync, not one per rank
         m = max(counts)
         if buf.numel() == m:
             padded = buf.contiguous()
@@ -374,6 +364,22 @@ class TorchDistBackend(Backend):
         if all(c == m for c in counts):
             return _restore(torch.cat(parts), dtype), counts
         return _restore(torch.cat([p[:c] for p, c in zip(parts, counts)]), dtype), counts
+
+    def allgather_equal(self, buf, name, deadline):
+        # one Gloo/NCCL collective: the caller promised every rank's size (docs/topk.md#equal-sizes)
+        gather, done = self._gather_equal(buf)
+        self._run("allgather", name, deadline, gather)
+        return done()
+
+    def _gather_equal(self, buf):
+        """(``gather()``: starts the allgather of ``buf`` whose every rank sends as many elements,
+        into one buffer, and returns its Work; ``done()``: (the gathered buffer, counts))."""
+        wire, dtype = _movable(buf.reshape(-1))
+        wire = wire.contiguous()
+        out = torch.empty(self.size * wire.numel(), dtype=wire.dtype, device=wire.device)
+        counts = [wire.numel()] * self.size
+        return (lambda: _gather_single(out, wire, group=self._pg, async_op=True),
+                lambda: (_restore(out, dtype), counts))
 
     def allgather_host(self, data: np.ndarray, name, deadline):
         # our group has Gloo for CPU tensors in both modes: host bytes stay on the host

@@ -55,9 +55,7 @@ class RankEnv:
     def gloo_comm(self) -> Any:
         """Our Communicator over torch.distributed's default (Gloo) group, created on first use."""
         if not hasattr(self, "_gloo"):
-            from hvd_commopt.comm import Communicator
-            from torch_plugin.comm import TorchDistBackend
-            self._gloo = self.comm if self.backend == "gloo" else Communicator(TorchDistBackend("gloo"), timeout_s=600)
+            self._gloo = self.comm if self.backend == "gloo" else self.fresh_comm()
         return self._gloo
 
     def fresh_comm(self) -> Any:

@@ -6,6 +6,7 @@ in benchmarks/results/ (``python -m benchmarks.run --report-only``) without reru
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -44,11 +45,8 @@ def paired_ratio(res: dict[str, Any], name: str, base: str = "ddp") -> float | N
     b = res.get(base, {}).get("block_step_s_rank0")
     if not a or not b or len(a) != len(b):
         return None
-    ratios = sorted(y / x for x, y in zip(a, b) if x > 0)
-    if not ratios:
-        return None
-    mid = len(ratios) // 2
-    return ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
+    ratios = [y / x for x, y in zip(a, b) if x > 0]
+    return statistics.median(ratios) if ratios else None
 
 
 def _throughput_table(job: dict[str, Any]) -> list[str]:
