@@ -22,6 +22,14 @@
  * scale_add(t, s, g, out): out = t*s + g with s rounded to t's dtype, two roundings as torch's
  * mul then add_ make them (never an FMA: -ffp-contract=off), in one pass where the framework
  * needs two. out may be t or g.
+ *
+ * Streaming stores (docs/selection.md#streaming-stores): a buffer of at least `stream_min` bytes
+ * (set_stream_min; 1 MiB by default) is written with non-temporal stores, which skip the read
+ * of each cache line a plain store makes first. The sweep's outputs (y, uo) and the step's
+ * large zero fills and copies (stream_store) are not read again within the step, and a buffer
+ * of megabytes would leave the cache before the next one anyway: the line read is pure cost,
+ * one memory pass of the buffer's size. The values written are the same; only the route differs.
+ * stream_store(dst, src): dst = src, byte for byte (src None: dst = 0 bytes, i.e. +0.0).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -32,6 +40,8 @@
 #define HCO_X86 1
 #include <immintrin.h>
 #endif
+
+static Py_ssize_t stream_min = 1 << 20; /* bytes: smaller buffers are written with plain stores */
 
 /* Portable path: blocks of 16, whose compare loop vectorises; only a block with a hit is
    compacted. */
@@ -87,41 +97,58 @@ HCO_PORTABLE(sweep_f64_portable, double, int64_t, 0x7FFFFFFFFFFFFFFFLL)
                                                         int op, KT key, int64_t *idx, FT *val, int64_t cap, \
                                                         int64_t *stop, const FT *u, FT mu, FT *uo) {   \
         int64_t c = 0;                                                                          \
+        /* streaming stores into a large buffer, 32-byte aligned where the loop starts (a block is \
+           128 bytes, so it stays aligned); the hits' values are then read from registers */     \
+        const int big = (n - i) * (int64_t)sizeof(FT) >= stream_min;                            \
+        const int nty = big && y != x && (uintptr_t)(y + i) % 32 == 0;                          \
+        const int ntu = big && u && (uintptr_t)(uo + i) % 32 == 0;                              \
         const VT muv = _mm256_set1_##SFX(mu);                                                   \
         const __m256i mask = SET1(MASK);                                                        \
         const __m256i kv = SET1((op == 0 || op == 3) ? key - 1 : key);                          \
         const unsigned flip = (op >= 2) ? (unsigned)((1ull << (4 * LANES)) - 1) : 0u;           \
         for (; i + 4 * LANES <= n && c + 4 * LANES <= cap; i += 4 * LANES) {                    \
             unsigned m = 0;                                                                     \
+            VT sv[4];                                                                           \
             for (int b = 0; b < 4; b++) {                                                       \
                 VT s;                                                                           \
+                FT *yb = y + i + LANES * b;                                                     \
                 if (u) {                                                                        \
                     VT a = _mm256_add_##SFX(_mm256_mul_##SFX(_mm256_loadu_##SFX(u + i + LANES * b), muv), \
                                             _mm256_loadu_##SFX(g + i + LANES * b));             \
-                    _mm256_storeu_##SFX(uo + i + LANES * b, a);                                 \
+                    if (ntu)                                                                    \
+                        _mm256_stream_##SFX(uo + i + LANES * b, a);                             \
+                    else                                                                        \
+                        _mm256_storeu_##SFX(uo + i + LANES * b, a);                             \
                     s = _mm256_add_##SFX(_mm256_loadu_##SFX(x + i + LANES * b), a);             \
-                    _mm256_storeu_##SFX(y + i + LANES * b, s);                                  \
                 } else if (g) {                                                                 \
                     s = _mm256_add_##SFX(_mm256_loadu_##SFX(x + i + LANES * b),                 \
                                          _mm256_loadu_##SFX(g + i + LANES * b));                \
-                    _mm256_storeu_##SFX(y + i + LANES * b, s);                                  \
                 } else {                                                                        \
                     s = _mm256_loadu_##SFX(x + i + LANES * b);                                  \
-                    if (y != x) _mm256_storeu_##SFX(y + i + LANES * b, s);                      \
                 }                                                                               \
+                if (nty)                                                                        \
+                    _mm256_stream_##SFX(yb, s);                                                 \
+                else if (u || g || y != x)                                                      \
+                    _mm256_storeu_##SFX(yb, s);                                                 \
+                sv[b] = s;                                                                      \
                 __m256i k = _mm256_and_si256(_mm256_cast##SFX##_si256(s), mask);                \
                 m |= (unsigned)_mm256_movemask_##SFX(_mm256_castsi256_##SFX(_mm256_cmpgt_##ISFX(k, kv))) \
                      << (LANES * b);                                                            \
             }                                                                                   \
             m ^= flip;                                                                          \
-            while (m) {                                                                         \
-                int j = __builtin_ctz(m);                                                       \
-                idx[c] = i + j;                                                                 \
-                val[c] = y[i + j];                                                              \
-                c++;                                                                            \
-                m &= m - 1;                                                                     \
+            if (m) {                                                                            \
+                FT hv[4 * LANES] __attribute__((aligned(32)));                                  \
+                for (int b = 0; b < 4; b++) _mm256_store_##SFX(hv + LANES * b, sv[b]);          \
+                while (m) {                                                                     \
+                    int j = __builtin_ctz(m);                                                   \
+                    idx[c] = i + j;                                                             \
+                    val[c] = hv[j];                                                             \
+                    c++;                                                                        \
+                    m &= m - 1;                                                                 \
+                }                                                                               \
             }                                                                                   \
         }                                                                                       \
+        if (nty || ntu) _mm_sfence(); /* order the streamed lines before anything that follows */ \
         int64_t tail_stop;                                                                      \
         c += PORTABLE(x, g, y, i, n, op, key, idx + c, val + c, cap - c, &tail_stop, u, mu, uo); \
         *stop = tail_stop;                                                                      \
@@ -251,6 +278,66 @@ done:
     return res;
 }
 
+
+/* dst = src byte for byte (src NULL: zeros), streaming when dst has at least stream_min bytes. */
+#ifdef HCO_X86
+__attribute__((target("avx2"))) static void stream_avx2(char *d, const char *s, int64_t n) {
+    int64_t i = 0;
+    while (i < n && (uintptr_t)(d + i) % 32) {
+        d[i] = s ? s[i] : 0;
+        i++;
+    }
+    const __m256i z = _mm256_setzero_si256();
+    for (; i + 32 <= n; i += 32)
+        _mm256_stream_si256((__m256i *)(d + i), s ? _mm256_loadu_si256((const __m256i *)(s + i)) : z);
+    _mm_sfence();
+    for (; i < n; i++) d[i] = s ? s[i] : 0;
+}
+#endif
+
+static PyObject *stream_store(PyObject *self, PyObject *args) {
+    Py_buffer d, s = {0};
+    PyObject *sobj;
+    if (!PyArg_ParseTuple(args, "w*O", &d, &sobj)) return NULL;
+    int have_s = sobj != Py_None;
+    if (have_s && PyObject_GetBuffer(sobj, &s, PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&d);
+        return NULL;
+    }
+    PyObject *res = NULL;
+    if (!PyBuffer_IsContiguous(&d, 'C') || (have_s && s.len != d.len)) {
+        PyErr_SetString(PyExc_ValueError, "stream_store: dst must be contiguous and src (when given) of the same size");
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+#ifdef HCO_X86
+    if (use_avx2 && d.len >= stream_min)
+        stream_avx2((char *)d.buf, have_s ? (const char *)s.buf : NULL, d.len);
+    else
+#endif
+    if (have_s)
+        memmove(d.buf, s.buf, d.len);
+    else
+        memset(d.buf, 0, d.len);
+    Py_END_ALLOW_THREADS
+    res = Py_None;
+    Py_INCREF(res);
+done:
+    if (have_s) PyBuffer_Release(&s);
+    PyBuffer_Release(&d);
+    return res;
+}
+
+static PyObject *set_stream_min(PyObject *self, PyObject *arg) {
+    /* Buffers of at least this many bytes are written with streaming stores (-1: never); returns
+       the previous setting (benchmarks compare the two in one process). */
+    Py_ssize_t v = PyNumber_AsSsize_t(arg, PyExc_OverflowError);
+    if (v == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t prev = stream_min;
+    stream_min = v < 0 ? PY_SSIZE_T_MAX : v;
+    return PyLong_FromSsize_t(prev == PY_SSIZE_T_MAX ? -1 : prev);
+}
+
 static PyObject *set_simd(PyObject *self, PyObject *arg) {
     /* For tests: 0 forces the portable path, 1 the AVX2 one where the CPU has it. Returns the
        path now in use ("avx2" or "portable"). */
@@ -267,6 +354,8 @@ static PyObject *set_simd(PyObject *self, PyObject *arg) {
 static PyMethodDef methods[] = {
     {"sweep", sweep, METH_VARARGS, "sweep(x, g, y, op, key, idx, val, start) -> (count, stop)"},
     {"scale_add", scale_add, METH_VARARGS, "scale_add(t, s, g, out): out = t*s + g"},
+    {"stream_store", stream_store, METH_VARARGS, "stream_store(dst, src_or_None): dst = src (or zeros)"},
+    {"set_stream_min", set_stream_min, METH_O, "set_stream_min(bytes) -> previous (-1: never stream)"},
     {"set_simd", set_simd, METH_O, "set_simd(on) -> 'avx2' | 'portable' (for tests)"},
     {NULL, NULL, 0, NULL}};
 

@@ -7,7 +7,7 @@ import numpy as np
 
 from .dtypes import float32_to_half, half_to_float32, numpy_dtype
 from .select_kernels import (np_abs_where, np_add_abs_where, np_add_momentum_abs_where, np_kth_largest_abs,
-                             np_scale_add)
+                             np_scale_add, np_stream_store)
 
 __all__ = ["NumpyOps", "numpy_dtype"]
 
@@ -32,7 +32,9 @@ class NumpyOps:
 
     def copy_into(self, dst, offset, src):
         src = np.asarray(src).reshape(-1)
-        dst[offset:offset + src.size] = src
+        part = dst[offset:offset + src.size]
+        if src.dtype != dst.dtype or not np_stream_store(part, src):  # docs/selection.md#streaming-stores
+            part[...] = src
         return dst
 
     def clone(self, t): return np.array(t, copy=True)
@@ -41,7 +43,8 @@ class NumpyOps:
         return False  # NumPy does not track views (a view holds a reference like any other)
 
     def zero_(self, t):
-        t.fill(0)
+        if not np_stream_store(t):  # docs/selection.md#streaming-stores
+            t.fill(0)
         return t
 
     def cast(self, t, dtype):

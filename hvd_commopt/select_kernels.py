@@ -26,7 +26,7 @@ import numpy as np
 
 __all__ = ["OPS", "ALL", "NONE", "threshold_plan", "np_abs_where", "np_add_abs_where",
            "np_kth_largest_abs", "np_key_of", "np_sweep", "np_all_none", "np_abs_keys", "np_key_value", "NP_KEYS",
-           "native_sweep", "use_native", "np_scale_add", "np_add_momentum_abs_where"]
+           "native_sweep", "use_native", "np_scale_add", "np_add_momentum_abs_where", "np_stream_store"]
 
 try:  # built by setup.py when a C compiler is there (optional: the NumPy sweep stands in)
     from . import _hostkernels as _native
@@ -198,6 +198,18 @@ def _native_run(x: np.ndarray, plan, g: np.ndarray | None, y: np.ndarray, moment
     if len(ip) == 1:
         return ip[0], vp[0]
     return np.concatenate(ip), np.concatenate(vp)
+
+
+def np_stream_store(dst: np.ndarray, src: np.ndarray | None = None) -> bool:
+    """``dst = src`` byte for byte (``src`` None: zero bytes, +0.0 in every float dtype) in the
+    native kernel, which writes a buffer of a megabyte or more with streaming stores
+    (docs/selection.md#streaming-stores); False, nothing done, where the native kernels are off or
+    the arrays are not contiguous and of one size: the caller does it its own way."""
+    if not _native_on or not dst.flags.c_contiguous or (src is not None and (
+            not src.flags.c_contiguous or src.nbytes != dst.nbytes)):
+        return False
+    _native.stream_store(dst.reshape(-1).view(np.uint8), None if src is None else src.reshape(-1).view(np.uint8))
+    return True
 
 
 def np_scale_add(out: np.ndarray, t: np.ndarray, s: float, g: np.ndarray) -> np.ndarray:

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from hvd_commopt.select_kernels import (ALL, NONE, np_add_momentum_abs_where, np_all_none, np_kth_largest_abs,
-                                        np_scale_add, np_sweep, threshold_plan)
+                                        np_scale_add, np_stream_store, np_sweep, threshold_plan)
 
 __all__ = ["TorchOps", "TORCH_DTYPES"]
 
@@ -25,6 +25,9 @@ _USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)  # private; without i
 _KEYS = {torch.float32: (torch.int32, 0x7F800000), torch.float64: (torch.int64, 0x7FF0000000000000),
          torch.float16: (torch.int16, 0x7C00), torch.bfloat16: (torch.int16, 0x7F80)}
 _HOST_DTYPES = (torch.float32, torch.float64, torch.float16)
+# Below this many bytes a copy or fill stays ATen's (a Python call costs more than it saves);
+# above it the host kernel streams the stores (docs/selection.md#streaming-stores).
+_STREAM_MIN_BYTES = 1 << 20
 _CMP = {"ge": torch.ge, "gt": torch.gt, "le": torch.le, "lt": torch.lt}
 
 
@@ -98,7 +101,12 @@ class TorchOps:
             with torch.no_grad():
                 dst[offset:offset + src.numel()].copy_(src.reshape(-1))
             return dst
-        dst.narrow(0, offset, src.numel()).copy_(src.reshape(-1))
+        part = dst.narrow(0, offset, src.numel())
+        if (src.dtype == dst.dtype and _host_ok(dst) and src.is_contiguous() and src.device.type == "cpu"
+                and part.numel() * part.element_size() >= _STREAM_MIN_BYTES
+                and np_stream_store(part.numpy(), src.reshape(-1).numpy())):
+            return dst
+        part.copy_(src.reshape(-1))
         return dst
 
     def clone(self, t): return t.detach().clone()
@@ -111,6 +119,10 @@ class TorchOps:
         return _USE_COUNT(t.untyped_storage()._cdata) <= 2
 
     def zero_(self, t):
+        if (not t.requires_grad and t.device.type == "cpu" and t.is_contiguous()
+                and t.numel() * t.element_size() >= _STREAM_MIN_BYTES
+                and np_stream_store(t.view(-1).view(torch.uint8).numpy())):
+            return t
         with torch.no_grad():
             return t.zero_()
 

@@ -185,3 +185,68 @@ def test_momentum_addend_without_a_fused_pass_is_made_first(restore_native):
     assert np.array_equal(a.made, want_u) and np.array_equal(acc, v + want_u)
     b = A.MomentumAddend(u.copy(), 0.5, g, np.empty_like(u))
     assert np.array_equal(A.made(ops, b), want_u) and A.made(ops, None) is None
+
+
+def _aligned(n: int, dtype, shift: int = 0) -> np.ndarray:
+    """A zeroed n-element array whose data starts ``shift`` elements past a 64-byte boundary."""
+    item = np.dtype(dtype).itemsize
+    raw = np.zeros((n + shift) * item + 64, np.uint8)
+    start = (-raw.ctypes.data) % 64
+    return raw[start:start + (n + shift) * item].view(dtype)[shift:]
+
+
+@pytest.fixture
+def streaming():
+    """Every buffer written with streaming stores, then the default back."""
+    prev = native.set_stream_min(0)
+    yield
+    native.set_stream_min(prev)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shift", [0, 1])  # aligned: streamed; one element off: plain stores
+def test_streamed_sweep_writes_and_selects_the_same_bits(dtype, shift, streaming, restore_native):
+    """docs/selection.md#streaming-stores: the sum, u' and the candidates of every form of the
+    sweep are the NumPy kernel's, bit for bit, whether the outputs were streamed or not."""
+    n = 70_001
+    rng = np.random.default_rng(7)
+    x, g, u = (_specials(rng.standard_normal(n).astype(dtype)) for _ in range(3))
+    plan = sk.threshold_plan("ge", 1.5, sk.np_key_of(np.dtype(dtype)), sk.NP_KEYS[np.dtype(dtype)][2])
+    sk.use_native(False)
+    want_u = np.add(np.multiply(u, dtype(0.9)), g)
+    want = {"copy": (x, None), "add": (x + g, None), "momentum": (x + want_u, want_u)}
+    sk.use_native(True)
+    for form, (want_y, want_uo) in want.items():
+        want_idx, want_vals = sk.np_sweep(want_y.copy(), plan)
+        y, uo = _aligned(n, dtype, shift), _aligned(n, dtype, shift)
+        momentum = (u, 0.9, uo) if form == "momentum" else ()
+        idx, vals = sk._native_run(x, plan, None if form == "copy" else g, y, momentum)
+        assert np.array_equal(idx, want_idx) and np.array_equal(_bits(vals), _bits(want_vals)), form
+        assert np.array_equal(_bits(y), _bits(want_y)), form
+        assert want_uo is None or np.array_equal(_bits(uo), _bits(want_uo)), form
+
+
+@pytest.mark.parametrize("stream_min", [0, 1 << 40])
+@pytest.mark.parametrize("n,shift", [(0, 0), (5, 3), (1000, 0), (100_003, 7)])
+def test_stream_store_copies_and_zeroes(stream_min, n, shift):
+    prev = native.set_stream_min(stream_min)
+    try:
+        src = np.frombuffer(np.random.default_rng(n).bytes(n), np.uint8)
+        dst = _aligned(n + 8, np.uint8, shift)[:n]
+        dst[:] = 0xAB
+        native.stream_store(dst, src)
+        assert np.array_equal(dst, src)
+        native.stream_store(dst, None)
+        assert not dst.any()
+        with pytest.raises(ValueError, match="same size"):
+            native.stream_store(dst, np.zeros(n + 1, np.uint8))
+    finally:
+        native.set_stream_min(prev)
+
+
+def test_set_stream_min_reports_the_previous_setting():
+    prev = native.set_stream_min(-1)
+    try:
+        assert native.set_stream_min(4096) == -1 and native.set_stream_min(prev) == 4096
+    finally:
+        native.set_stream_min(prev)
