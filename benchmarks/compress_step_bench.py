@@ -9,8 +9,10 @@ the lower bound), ``dense`` (our SSGD), ``topk`` / ``topk_thr`` (Top-k 1 %, exac
 reuse; momentum correction on, the default with momentum SGD), ``topk_nomc`` (Top-k 1 % with
 ``momentum_correction=False``: plain error feedback), ``dgc`` / ``dgc_exact`` (DGC 1 %, sampled /
 exact selection); ``topk_np`` / ``dgc_np``: ``topk`` / ``dgc`` with the NumPy kernels instead of the
-native ones (docs/selection.md#native-sweep). Prints the median step and its ratio to the
-compute-only step (target: Top-k 1 % and DGC 1 % <= 1.3x).
+native ones (docs/selection.md#native-sweep); ``dense_plain`` / ``topk_plain`` / ``dgc_plain``
+(opt-in): ``dense`` / ``topk`` / ``dgc`` with the native kernels' streaming stores off
+(docs/selection.md#streaming-stores). Prints the median step and its ratio to the compute-only
+step (target: Top-k 1 % and DGC 1 % <= 1.3x).
 """
 from __future__ import annotations
 
@@ -23,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import machine_info, relaunch_under_mpirun, table, time_blocks, train_step, write_json  # noqa: E402
 
-VARIANTS = ("compute", "dense", "topk", "topk_nomc", "topk_thr", "dgc", "dgc_exact", "topk_np", "dgc_np")
+DEFAULT = ("compute", "dense", "topk", "topk_nomc", "topk_thr", "dgc", "dgc_exact", "topk_np", "dgc_np")
+VARIANTS = DEFAULT + ("dense_plain", "topk_plain", "dgc_plain")
 
 
 def _numpy_sweep(step):
@@ -39,18 +42,32 @@ def _numpy_sweep(step):
     return run
 
 
+def _plain_stores(step):
+    """``step`` with the native kernels' streaming stores off (docs/selection.md#streaming-stores)."""
+    from hvd_commopt import _hostkernels
+
+    def run():
+        prev = _hostkernels.set_stream_min(-1)
+        try:
+            return step()
+        finally:
+            _hostkernels.set_stream_min(prev)
+    return run
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--blocks", type=int, default=3)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--density", type=float, default=0.01)
-    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--variants", default=",".join(DEFAULT), help=f"of {','.join(VARIANTS)}")
     p.add_argument("--profile", default=None, help="a variant to profile with cProfile on rank 0")
     p.add_argument("--profile-sort", default="tottime", help="pstats sort key (tottime, cumulative, ...)")
     p.add_argument("--profile-lines", type=int, default=18, help="rows of the profile to print")
-    p.add_argument("--model", default="mlp25x512", choices=["mlp25x512", "suite_mlp"],
-                   help="the 25x512 MLP, or the suite's deep_mlp (48x256, 3.05M parameters, inputs 64)")
+    p.add_argument("--model", default="mlp25x512", choices=["mlp25x512", "suite_mlp", "resnet18"],
+                   help="the 25x512 MLP, the suite's deep_mlp (48x256, 3.05M parameters, inputs 64) or its "
+                        "ResNet-18 (11.2M parameters, batch 8 of 3x32x32)")
     p.add_argument("--quick", action="store_true")
     args = p.parse_args()
     names = args.variants.split(",")
@@ -66,7 +83,7 @@ def main() -> None:
     import torch
 
     import torch_plugin as hco
-    from benchmarks.models import deep_mlp
+    from benchmarks.models import deep_mlp, resnet18
     from hvd_commopt import runtime
 
     hco.init()
@@ -75,15 +92,18 @@ def main() -> None:
     torch.manual_seed(0)
     if args.model == "suite_mlp":
         base, x = deep_mlp(), torch.randn(32, 64)
+    elif args.model == "resnet18":
+        base, x = resnet18(), torch.randn(8, 3, 32, 32)
     else:
         base, x = deep_mlp(depth=26, width=512, inputs=512), torch.randn(32, 512)
-    y = torch.randint(0, 10, (32,))
+    y = torch.randint(0, 10, (x.shape[0],))
     d = args.density
     comps = {"dense": None, "topk": hco.Compression.topk(d),
              "topk_nomc": hco.Compression.topk(d, momentum_correction=False),
              "topk_thr": hco.Compression.topk(d, selection="threshold"),
              "dgc": hco.Compression.dgc(d), "dgc_exact": hco.Compression.dgc(d, selection="exact"),
-             "topk_np": hco.Compression.topk(d), "dgc_np": hco.Compression.dgc(d)}
+             "topk_np": hco.Compression.topk(d), "dgc_np": hco.Compression.dgc(d),
+             "dense_plain": None, "topk_plain": hco.Compression.topk(d), "dgc_plain": hco.Compression.dgc(d)}
     models = {}
     for name in args.variants.split(","):
         m = copy.deepcopy(base)
@@ -96,12 +116,13 @@ def main() -> None:
 
     steps = {k: train_step(*v, x, y) for k, v in models.items()}
     steps.update({k: _numpy_sweep(steps[k]) for k in steps if k.endswith("_np")})
+    steps.update({k: _plain_stores(steps[k]) for k in steps if k.endswith("_plain")})
     comm = runtime.communicator()
     samples = time_blocks(steps, args.blocks, args.steps, barrier=comm.barrier)
     med = {k: max(comm.allgather_object(sorted(v)[len(v) // 2])) for k, v in samples.items()}
     nparams = sum(q.numel() for q in base.parameters())
     if rank == 0:
-        print(f"\n{args.model}: {nparams / 1e6:.2f}M params, batch 32, {hco.size()} ranks, one thread each, "
+        print(f"\n{args.model}: {nparams / 1e6:.2f}M params, batch {x.shape[0]}, {hco.size()} ranks, one thread each, "
               f"density {d}, median of {args.blocks} blocks x {args.steps} steps")
         print(table(["variant", "median step (ms)", "vs compute-only"],
                     [[k, med[k] * 1e3, med[k] / med["compute"]] for k in med]), flush=True)
