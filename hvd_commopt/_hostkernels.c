@@ -30,7 +30,15 @@
  * of megabytes would leave the cache before the next one anyway: the line read is pure cost,
  * one memory pass of the buffer's size. The values written are the same; only the route differs.
  * stream_store(dst, src): dst = src, byte for byte (src None: dst = 0 bytes, i.e. +0.0).
+ *
+ * sparse_axpy(idx, vals, alpha, starts, params, tmp): the SGD update p += alpha * g of a gradient
+ * that is +0 except at idx, where it holds vals (docs/wrapper.md#sparse-update). The positions
+ * index a bucket whose members, the parameters, start at starts[j]; each new value is one fused
+ * multiply-add fma(v, alpha, p) (one rounding, as ATen's add(alpha=) computes it: checked at run
+ * time by the caller), all read first into tmp and then written, so a position listed twice gets
+ * the same value twice, never the update applied twice.
  */
+#include <math.h>
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
@@ -328,6 +336,102 @@ done:
     return res;
 }
 
+
+/* The member of a bucket holding position i: starts[] ascending, m members, starts[m] = total.
+   `hint` (the last member found) makes ascending runs of positions O(1) per entry. */
+static inline int64_t member_of(const int64_t *starts, int64_t m, int64_t i, int64_t hint) {
+    if (i >= starts[hint] && i < starts[hint + 1]) return hint;
+    int64_t lo = 0, hi = m;  /* the last j with starts[j] <= i */
+    while (hi - lo > 1) {
+        int64_t mid = (lo + hi) / 2;
+        if (starts[mid] <= i) lo = mid; else hi = mid;
+    }
+    return lo;
+}
+
+static PyObject *sparse_axpy(PyObject *self, PyObject *args) {
+    Py_buffer idx, vals, starts, tmp;
+    double alpha;
+    PyObject *plist;
+    if (!PyArg_ParseTuple(args, "y*y*dy*Ow*", &idx, &vals, &alpha, &starts, &plist, &tmp)) return NULL;
+    PyObject *res = NULL, *seq = NULL;
+    Py_buffer *pb = NULL;
+    char **pp = NULL;
+    Py_ssize_t got = 0, item = vals.itemsize, n = idx.len / 8, m = starts.len / 8 - 1;
+    if (idx.itemsize != 8 || (item != 4 && item != 8) || vals.len / item != n || starts.itemsize != 8 || m < 1 ||
+        tmp.itemsize != item || tmp.len / item < n) {
+        PyErr_SetString(PyExc_ValueError, "sparse_axpy: int64 idx, float32/float64 vals of idx's length, int64 starts "
+                                          "(members + 1) and a tmp buffer of vals' dtype at least as long expected");
+        goto done;
+    }
+    seq = PySequence_Fast(plist, "sparse_axpy: params must be a sequence of buffers");
+    if (!seq) goto done;
+    if (PySequence_Fast_GET_SIZE(seq) != m) {
+        PyErr_SetString(PyExc_ValueError, "sparse_axpy: one param buffer per member of starts expected");
+        goto done;
+    }
+    const int64_t *st = (const int64_t *)starts.buf, *ix = (const int64_t *)idx.buf;
+    pb = PyMem_Calloc(m, sizeof(Py_buffer));
+    pp = PyMem_Calloc(m, sizeof(char *));
+    if (!pb || !pp) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (; got < m; got++) {
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, got), &pb[got], PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+            goto done;
+        if (pb[got].itemsize != item || pb[got].len / item != st[got + 1] - st[got]) {
+            got++;
+            PyErr_SetString(PyExc_ValueError, "sparse_axpy: a param buffer's dtype or size disagrees with vals/starts");
+            goto done;
+        }
+        pp[got] = (char *)pb[got].buf;
+    }
+    for (Py_ssize_t j = 0; j < n; j++)
+        if (ix[j] < st[0] || ix[j] >= st[m]) {
+            PyErr_SetString(PyExc_IndexError, "sparse_axpy: a position lies outside the bucket");
+            goto done;
+        }
+    Py_BEGIN_ALLOW_THREADS
+    int64_t h = 0;
+    if (item == 4) {
+        const float *v = (const float *)vals.buf;
+        float *t = (float *)tmp.buf, a = (float)alpha;
+        for (Py_ssize_t j = 0; j < n; j++) {
+            h = member_of(st, m, ix[j], h);
+            t[j] = fmaf(v[j], a, ((float *)pp[h])[ix[j] - st[h]]);
+        }
+        for (Py_ssize_t j = 0; j < n; j++) {
+            h = member_of(st, m, ix[j], h);
+            ((float *)pp[h])[ix[j] - st[h]] = t[j];
+        }
+    } else {
+        const double *v = (const double *)vals.buf;
+        double *t = (double *)tmp.buf;
+        for (Py_ssize_t j = 0; j < n; j++) {
+            h = member_of(st, m, ix[j], h);
+            t[j] = fma(v[j], alpha, ((double *)pp[h])[ix[j] - st[h]]);
+        }
+        for (Py_ssize_t j = 0; j < n; j++) {
+            h = member_of(st, m, ix[j], h);
+            ((double *)pp[h])[ix[j] - st[h]] = t[j];
+        }
+    }
+    Py_END_ALLOW_THREADS
+    res = Py_None;
+    Py_INCREF(res);
+done:
+    for (Py_ssize_t j = 0; j < got; j++) PyBuffer_Release(&pb[j]);
+    PyMem_Free(pb);
+    PyMem_Free(pp);
+    Py_XDECREF(seq);
+    PyBuffer_Release(&idx);
+    PyBuffer_Release(&vals);
+    PyBuffer_Release(&starts);
+    PyBuffer_Release(&tmp);
+    return res;
+}
+
 static PyObject *set_stream_min(PyObject *self, PyObject *arg) {
     /* Buffers of at least this many bytes are written with streaming stores (-1: never); returns
        the previous setting (benchmarks compare the two in one process). */
@@ -355,6 +459,7 @@ static PyMethodDef methods[] = {
     {"sweep", sweep, METH_VARARGS, "sweep(x, g, y, op, key, idx, val, start) -> (count, stop)"},
     {"scale_add", scale_add, METH_VARARGS, "scale_add(t, s, g, out): out = t*s + g"},
     {"stream_store", stream_store, METH_VARARGS, "stream_store(dst, src_or_None): dst = src (or zeros)"},
+    {"sparse_axpy", sparse_axpy, METH_VARARGS, "sparse_axpy(idx, vals, alpha, starts, params, tmp): p[idx] += alpha*vals"},
     {"set_stream_min", set_stream_min, METH_O, "set_stream_min(bytes) -> previous (-1: never stream)"},
     {"set_simd", set_simd, METH_O, "set_simd(on) -> 'avx2' | 'portable' (for tests)"},
     {NULL, NULL, 0, NULL}};

@@ -136,6 +136,18 @@ def verbose() -> bool:
     return (_get("HVD_COMMOPT_VERBOSE") or "0") not in ("0", "false", "False", "")
 
 
+def sparse_update() -> bool:
+    """HVD_COMMOPT_SPARSE_UPDATE (default on): plain SGD after a sparse exchange updates the weights
+    at the exchanged positions only, bit for bit the dense step (docs/wrapper.md#sparse-update)."""
+    v = (_get("HVD_COMMOPT_SPARSE_UPDATE") or "1").strip().lower()
+    if v in ("1", "true", "on", "yes"):
+        return True
+    if v in ("0", "false", "off", "no"):
+        return False
+    raise ConfigError(f"environment variable HVD_COMMOPT_SPARSE_UPDATE={v!r}: use 1 (the sparse update, the default) "
+                      f"or 0 (always run the wrapped optimizer's own step)")
+
+
 def backend_name(explicit: str | None = None) -> str | None:
     """The backend asked for by argument or HVD_COMMOPT_BACKEND; None means 'choose from the launcher'."""
     return explicit or _get("HVD_COMMOPT_BACKEND")

@@ -26,7 +26,8 @@ import numpy as np
 
 __all__ = ["OPS", "ALL", "NONE", "threshold_plan", "np_abs_where", "np_add_abs_where",
            "np_kth_largest_abs", "np_key_of", "np_sweep", "np_all_none", "np_abs_keys", "np_key_value", "NP_KEYS",
-           "native_sweep", "use_native", "np_scale_add", "np_add_momentum_abs_where", "np_stream_store"]
+           "native_sweep", "use_native", "np_scale_add", "np_add_momentum_abs_where", "np_stream_store",
+           "np_sparse_axpy"]
 
 try:  # built by setup.py when a C compiler is there (optional: the NumPy sweep stands in)
     from . import _hostkernels as _native
@@ -209,6 +210,28 @@ def np_stream_store(dst: np.ndarray, src: np.ndarray | None = None) -> bool:
             not src.flags.c_contiguous or src.nbytes != dst.nbytes)):
         return False
     _native.stream_store(dst.reshape(-1).view(np.uint8), None if src is None else src.reshape(-1).view(np.uint8))
+    return True
+
+
+class _AxpyScratch(threading.local):
+    def __init__(self):
+        self.bufs: dict = {}
+
+
+_AXPY = _AxpyScratch()
+
+
+def np_sparse_axpy(idx: np.ndarray, vals: np.ndarray, alpha: float, starts: np.ndarray, params: list) -> bool:
+    """``p[i] = fma(v, alpha, p[i])`` at every (i, v) of (idx, vals), i a position in a bucket whose
+    members ``params`` (flat arrays) start at ``starts`` (plus the total at the end); a repeated i
+    gets the same value again, never a second update (docs/wrapper.md#sparse-update). Native only:
+    False, nothing done, where the extension is missing or off."""
+    if not _native_on or vals.dtype not in _NATIVE_DTYPES:
+        return False
+    tmp = _AXPY.bufs.get(vals.dtype)
+    if tmp is None or tmp.size < vals.size:
+        tmp = _AXPY.bufs[vals.dtype] = np.empty(max(vals.size, 1 << 16), dtype=vals.dtype)
+    _native.sparse_axpy(idx, vals, float(alpha), starts, params, tmp)
     return True
 
 

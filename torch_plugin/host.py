@@ -15,7 +15,10 @@ from typing import Any
 
 import torch
 
+from hvd_commopt import env as _env
 from hvd_commopt import timeline as _timeline
+
+from .sparse_update import SparseSGD
 
 __all__ = ["TorchScheduleHost"]
 
@@ -40,6 +43,8 @@ class TorchScheduleHost:
         self._group_of = {id(p): g for g in optimizer.param_groups for p in g["params"]}
         self._contiguous = {n: p.is_contiguous() for n, p in self.params.items()}
         self._replaced: list[torch.Tensor] = []  # the gradients the last set_grads replaced
+        # plain SGD after a sparse exchange: the update at the exchanged positions only
+        self._sparse = SparseSGD(optimizer, self.params) if _env.sparse_update() else None
 
     def weights(self) -> dict[str, torch.Tensor]:
         return {n: p.data for n, p in self.params.items()}
@@ -138,6 +143,11 @@ class TorchScheduleHost:
                         saved_hyper.append({k: group[k] for k in h if k in group})
                         group.update(h)
             with _timeline.span("update", "update"):  # no-op unless a timeline is recording
+                sparse = getattr(grads, "sparse", None)
+                if sparse and weights is None and closure is None and self._sparse is not None:
+                    lr = self._sparse.lr(hyper)
+                    if lr is not None and self._sparse.step(sparse, lr):
+                        return None
                 return opt._hco_base.step(opt, closure)
         finally:
             with torch.no_grad():

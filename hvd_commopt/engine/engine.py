@@ -40,7 +40,7 @@ from ..reduce.base import Average, ReduceContext, Reducer, RoundInfo, check_op
 from ..tensor_ops import TensorOps
 from .args import check_backward_passes, check_predivide
 from .relayout import relayout_state
-from .rounds import Round, RoundPlan
+from .rounds import ReducedGrads, Round, RoundPlan
 from .settings import DERIVED, engine_settings, plan_setting
 from .specs import verify_same_settings, verify_same_tensors
 from .stats import StepStats
@@ -398,7 +398,7 @@ class CommEngine:
         nothing refers to it (docs/wrapper.md#grad-views), so a host may keep them as its gradients.
         """
         t0 = time.perf_counter()
-        out: dict[str, Any] = {}
+        out = ReducedGrads()
         stats = StepStats(step=rnd.step)
         finite: list[Bucket] = []
         for b in self._buckets:
@@ -407,6 +407,8 @@ class CommEngine:
             if rnd.reducer.settle(b, rnd.info, flat, self.ctx, pending):  # NaN/Inf: memory rolled back
                 finite.append(b)
             out.update(b.views(self.ops, flat))
+            if pending.support is not None:
+                out.sparse[b.index] = (b, *pending.support)
             comm_s = sum(h.comm_seconds for h in pending.handles)
             stats.per_bucket[b.name] = {"bytes_sent": pending.bytes_sent,
                                         "bytes_received": pending.bytes_received,
@@ -417,6 +419,7 @@ class CommEngine:
         if len(finite) < len(self._buckets):  # the step is skipped whole: no bucket's memory keeps it (docs/wrapper.md#nonfinite-step)
             for b in finite:
                 rnd.reducer.rollback(b, rnd.info, self.ctx)
+            out.sparse.clear()
         stats.wait_seconds = time.perf_counter() - t0
         _timeline.complete(f"wait round {rnd.step}", "wait", t0, t0 + stats.wait_seconds)
         self.last_stats = stats

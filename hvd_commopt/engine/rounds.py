@@ -12,7 +12,7 @@ from typing import Any
 
 from ..reduce.base import Pending, Reducer, RoundInfo
 
-__all__ = ["Round", "RoundPlan"]
+__all__ = ["Round", "RoundPlan", "ReducedGrads"]
 
 
 @dataclass(frozen=True)
@@ -55,3 +55,16 @@ class Round:
     @property
     def has_arrivals(self) -> bool:
         return any(self.arrived)
+
+
+class ReducedGrads(dict):
+    """A round's reduced gradients, ``{name: view of the round's buffer}``, plus ``sparse``:
+    ``{bucket index: (bucket, indices, values)}`` for the buckets whose reduced gradient is +0
+    everywhere but at ``indices`` (repeats allowed), where it holds ``values``. A host may apply
+    such a bucket to its weights at those positions only (docs/wrapper.md#sparse-update). Empty
+    when any bucket of the round was not finite (the step is skipped, and the host's optimizer
+    sees the non-finite gradients as before)."""
+
+    def __init__(self, *args: Any, **kw: Any):
+        super().__init__(*args, **kw)
+        self.sparse: dict[int, tuple[Any, Any, Any]] = {}

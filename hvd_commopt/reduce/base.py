@@ -102,6 +102,9 @@ class Pending:
     state: Any
     handles: tuple = ()
     finite: bool | None = None  # set by a finish that decided the result's finiteness cheaply (None: settle checks)
+    # (indices, values) set by a finish whose result is +0 everywhere else: the values the result
+    # holds at those positions, repeated where an index is (docs/wrapper.md#sparse-update)
+    support: Any = None
 
     @property
     def bytes_sent(self) -> int:

@@ -63,8 +63,8 @@ def prescaled(flat: Any, ctx: ReduceContext) -> Any:
     return ctx.ops.scale(flat, ctx.prescale) if ctx.prescale != 1.0 else flat
 
 
-def scatter_result(ops: Any, buf: Any, n: int, idx: Any, vals: Any, postscale: float) -> tuple[Any, bool]:
-    """``(out, finite)``: ``out = scatter_add(zeros(n), idx, vals) · postscale``, built in ``buf``
+def scatter_result(ops: Any, buf: Any, n: int, idx: Any, vals: Any, postscale: float) -> tuple[Any, bool, Any]:
+    """``(out, finite, sums)``: ``out = scatter_add(zeros(n), idx, vals) · postscale``, built in ``buf``
     (the round's bucket buffer, free once the selection is made) when its dtype fits: a fresh
     n-element tensor per step costs page faults worth several passes (docs/selection.md#step-cost);
     ``finite``: whether ``out`` holds no NaN/Inf.
@@ -72,18 +72,20 @@ def scatter_result(ops: Any, buf: Any, n: int, idx: Any, vals: Any, postscale: f
     Only the exchanged positions can differ from +0, so the postscale and the finiteness check
     touch those (k·P elements, gathered once) instead of all n (docs/selection.md#step-cost): the
     same products, bit for bit, as scaling ``out`` whole. A negative or non-finite postscale
-    (``0 · s`` is then -0 or NaN) scales and checks the whole buffer."""
+    (``0 · s`` is then -0 or NaN) scales and checks the whole buffer. ``sums``: ``out`` at ``idx``
+    (one value per entry of idx), the result's support for a sparse optimizer update
+    (docs/wrapper.md#sparse-update); None on the whole-buffer path."""
     dt = ops.dtype_name(vals)
     out = ops.zero_(buf) if buf is not None and ops.dtype_name(buf) == dt else ops.zeros(n, dt, like=vals)
     out = ops.scatter_add(out, idx, vals)
     if not (math.isfinite(postscale) and math.copysign(1.0, postscale) > 0):
         out = ops.scale(out, postscale)
-        return out, ops.all_finite(out)
+        return out, ops.all_finite(out), None
     sums = ops.gather(out, idx)
     if postscale != 1.0:
         sums = ops.scale(sums, postscale)
         out = ops.index_copy(out, idx, sums)  # a repeated index writes the same product again
-    return out, ops.all_finite(sums)
+    return out, ops.all_finite(sums), sums
 
 
 @dataclass
@@ -197,7 +199,9 @@ class SparseReducer(Reducer):
         if isinstance(st, WholeBucket):
             return dense_finish(self.memory, pending, ctx)
         idx, vals = (st.idx, st.vals) if st.local else self.exchanged(pending, ctx)
-        out, pending.finite = scatter_result(ctx.ops, st.out, st.n, idx, vals, ctx.postscale)
+        out, pending.finite, sums = scatter_result(ctx.ops, st.out, st.n, idx, vals, ctx.postscale)
+        if sums is not None:
+            pending.support = (idx, sums)
         return out
 
     def exchanged(self, pending: Pending, ctx: ReduceContext) -> tuple[Any, Any]:

@@ -1,0 +1,132 @@
+"""Plain SGD applied at the reduced gradient's support only (docs/wrapper.md#sparse-update).
+
+After a sparse exchange (Top-k, DGC, gTop-k, Ok-Topk, ...) a bucket's reduced gradient is +0
+everywhere but at the k·P exchanged positions. ``torch.optim.SGD`` without momentum and weight
+decay computes ``p + (-lr)·g`` for every element, reading and writing the whole model each step;
+at a +0 gradient that is ``p + (-0) = p``, so only the support changes. :class:`SparseSGD` applies
+exactly those changes, with the native ``sparse_axpy``, and the dense rule to every other
+parameter (the 1-D tensors sent whole, parameters outside the engine).
+
+Choices:
+
+* **Only where it is the same step, bit for bit.** The wrapped optimizer must be exactly
+  ``torch.optim.SGD`` (a subclass may change ``step``), every group after the schedule's
+  hyper-parameter override (momentum correction runs SGD without momentum) must have momentum 0,
+  weight decay 0, ``maximize``, ``differentiable`` and ``fused`` off and one float learning rate
+  shared by all groups, no step hooks may be registered (they would not run), and no closure is
+  given. Anything else takes the wrapped ``step()``, unchanged.
+* **The same roundings.** ATen's ``add_(g, alpha=a)`` computes ``fma(g, a, p)`` on this build
+  (its vector kernel fuses the multiply-add); ``sparse_axpy`` does the same. This is checked once
+  per dtype at run time, on sizes that exercise ATen's vector body and its tail; if the check
+  fails, the dense step is used.
+* **The gradients stay visible.** ``p.grad`` still holds the reduced gradient (the engine's
+  views), as after the dense step; only the weight update is sparse.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from hvd_commopt.select_kernels import np_sparse_axpy
+
+__all__ = ["SparseSGD"]
+
+_DTYPES = (torch.float32, torch.float64)
+
+
+def _same_as_aten(dtype: torch.dtype) -> bool:
+    """Whether ``sparse_axpy`` gives ATen's ``add_(alpha=)`` bits (vector body and tail sizes)."""
+    gen = torch.Generator().manual_seed(1234)
+    for n in (1, 7, 33, 4099):
+        p = torch.randn(n, generator=gen, dtype=dtype) * 3
+        g = torch.randn(n, generator=gen, dtype=dtype) * 1e-2
+        want = p.clone().add_(g, alpha=-0.0123)
+        got = p.clone()
+        idx = np.arange(n, dtype=np.int64)
+        if not np_sparse_axpy(idx, g.numpy(), -0.0123, np.array([0, n], np.int64), [got.numpy()]):
+            return False
+        bits = torch.int32 if dtype == torch.float32 else torch.int64
+        if not torch.equal(want.view(bits), got.view(bits)):
+            return False
+    return True
+
+
+class SparseSGD:
+    """The sparse step for one wrapped optimizer (see the module docstring)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, params: dict[str, torch.Tensor]):
+        self.opt = optimizer
+        self.params = params
+        self._verified: dict[torch.dtype, bool] = {}
+        self._starts: dict[tuple, np.ndarray] = {}
+
+    def lr(self, hyper: Any) -> float | None:
+        """The learning rate when the sparse step applies to the optimizer as configured, else None."""
+        opt = self.opt
+        if getattr(opt, "_hco_base", None) is not torch.optim.SGD:
+            return None
+        from torch.optim import optimizer as _optim
+        if (opt._optimizer_step_pre_hooks or opt._optimizer_step_post_hooks
+                or getattr(_optim, "_global_optimizer_pre_hooks", None)
+                or getattr(_optim, "_global_optimizer_post_hooks", None)):
+            return None
+        lr = None
+        for i, group in enumerate(opt.param_groups):
+            over = hyper[i] if hyper is not None else {}
+            keys = ("lr", "momentum", "weight_decay", "maximize", "differentiable", "fused")
+            h = {k: over.get(k, group.get(k)) for k in keys}
+            if h["momentum"] or h["weight_decay"] or h["maximize"] or h["differentiable"] or h["fused"]:
+                return None
+            g_lr = h["lr"]
+            if isinstance(g_lr, bool) or not isinstance(g_lr, (int, float)) or (lr is not None and g_lr != lr):
+                return None
+            lr = float(g_lr)
+        return lr
+
+    def _verified_for(self, dtype: torch.dtype) -> bool:
+        ok = self._verified.get(dtype)
+        if ok is None:
+            ok = self._verified[dtype] = dtype in _DTYPES and _same_as_aten(dtype)
+        return ok
+
+    def _members(self, bucket: Any, idx: Any, vals: Any) -> list[np.ndarray] | None:
+        """The bucket's parameters as flat NumPy views, when the native update can write them."""
+        if not (isinstance(idx, torch.Tensor) and isinstance(vals, torch.Tensor) and idx.device.type == "cpu"
+                and vals.device.type == "cpu" and idx.dtype == torch.int64 and self._verified_for(vals.dtype)):
+            return None
+        out = []
+        for name in bucket.names:
+            p = self.params.get(name)
+            if p is None or p.dtype != vals.dtype or p.device.type != "cpu" or not p.is_contiguous():
+                return None
+            out.append(p.detach().view(-1).numpy())
+        return out
+
+    def step(self, sparse: dict, lr: float) -> bool:
+        """Apply one SGD step with the gradients already in ``p.grad``: the sparse buckets at their
+        support, every other parameter with a gradient densely. False (nothing changed) when a
+        bucket cannot take the native update: the caller then runs the wrapped step."""
+        plans = []
+        for bucket, idx, vals in sparse.values():
+            members = self._members(bucket, idx, vals)
+            if members is None:
+                return False
+            key = (bucket.name, bucket.offsets, bucket.numel)
+            starts = self._starts.get(key)
+            if starts is None:
+                if len(self._starts) > 256:
+                    self._starts.clear()
+                starts = self._starts[key] = np.array((*bucket.offsets, bucket.numel), dtype=np.int64)
+            plans.append((idx.contiguous(), vals.contiguous(), starts, members, bucket.names))
+        done: set[int] = set()
+        with torch.no_grad():
+            for idx, vals, starts, members, names in plans:
+                np_sparse_axpy(idx.numpy(), vals.numpy(), -lr, starts, members)
+                done.update(id(self.params[n]) for n in names)
+            for group in self.opt.param_groups:  # SGD's rule for everything else: p += -lr * grad
+                for p in group["params"]:
+                    if p.grad is not None and id(p) not in done:
+                        p.add_(p.grad, alpha=-lr)
+        return True
