@@ -13,7 +13,8 @@ native ones (docs/selection.md#native-sweep); ``dense_plain`` / ``topk_plain`` /
 (opt-in): ``dense`` / ``topk`` / ``dgc`` with the native kernels' streaming stores off
 (docs/selection.md#streaming-stores); ``topk_denseupd`` / ``dgc_denseupd`` (opt-in): ``topk`` /
 ``dgc`` with the wrapped optimizer's own dense step instead of the sparse update
-(``HVD_COMMOPT_SPARSE_UPDATE=0``, docs/wrapper.md#sparse-update). Prints the median step and its
+(``HVD_COMMOPT_SPARSE_UPDATE=0``, docs/wrapper.md#sparse-update); ``lags`` (opt-in): ``topk`` with
+one bucket per layer (``fusion_threshold=0``, LAGS-SGD's exchange per layer). Prints the median step and its
 ratio to the compute-only step (target: Top-k 1 % and DGC 1 % <= 1.3x).
 """
 from __future__ import annotations
@@ -29,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import machine_info, relaunch_under_mpirun, table, time_blocks, train_step, write_json  # noqa: E402
 
 DEFAULT = ("compute", "dense", "topk", "topk_nomc", "topk_thr", "dgc", "dgc_exact", "topk_np", "dgc_np")
-VARIANTS = DEFAULT + ("dense_plain", "topk_plain", "dgc_plain", "topk_denseupd", "dgc_denseupd")
+VARIANTS = DEFAULT + ("dense_plain", "topk_plain", "dgc_plain", "topk_denseupd", "dgc_denseupd", "lags")
 
 
 def _numpy_sweep(step):
@@ -107,7 +108,8 @@ def main() -> None:
              "dgc": hco.Compression.dgc(d), "dgc_exact": hco.Compression.dgc(d, selection="exact"),
              "topk_np": hco.Compression.topk(d), "dgc_np": hco.Compression.dgc(d),
              "dense_plain": None, "topk_plain": hco.Compression.topk(d), "dgc_plain": hco.Compression.dgc(d),
-             "topk_denseupd": hco.Compression.topk(d), "dgc_denseupd": hco.Compression.dgc(d)}
+             "topk_denseupd": hco.Compression.topk(d), "dgc_denseupd": hco.Compression.dgc(d),
+             "lags": hco.Compression.topk(d)}
     models = {}
     for name in args.variants.split(","):
         m = copy.deepcopy(base)
@@ -115,6 +117,8 @@ def main() -> None:
         opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=mom)
         if name != "compute":
             kw = {} if comps[name] is None else {"compression": comps[name]}
+            if name == "lags":
+                kw["fusion_threshold"] = 0  # one bucket per layer
             if name.endswith("_denseupd"):  # read when the optimizer is wrapped
                 os.environ["HVD_COMMOPT_SPARSE_UPDATE"] = "0"
             opt = hco.DistributedOptimizer(opt, named_parameters=m.named_parameters(), **kw)

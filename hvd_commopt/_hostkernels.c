@@ -37,6 +37,12 @@
  * multiply-add fma(v, alpha, p) (one rounding, as ATen's add(alpha=) computes it: checked at run
  * time by the caller), all read first into tmp and then written, so a position listed twice gets
  * the same value twice, never the update applied twice.
+ *
+ * take(x, idx, out) / scatter_add(dst, idx, vals) / zero_at(x, idx): out[j] = x[idx[j]];
+ * dst[idx[j]] += vals[j] in the order of j (the additions ATen's index_add_ makes, in its order);
+ * x[idx[j]] = 0 bytes (+0.0). The positions are scattered over buffers of megabytes, so each
+ * access misses the cache: the loops prefetch HCO_AHEAD entries ahead, which overlaps the misses
+ * (docs/selection.md#random-access).
  */
 #include <math.h>
 #define PY_SSIZE_T_CLEAN
@@ -337,6 +343,8 @@ done:
 }
 
 
+#define HCO_AHEAD 16 /* entries between a prefetch and its use */
+
 /* The member of a bucket holding position i: starts[] ascending, m members, starts[m] = total.
    `hint` (the last member found) makes ascending runs of positions O(1) per entry. */
 static inline int64_t member_of(const int64_t *starts, int64_t m, int64_t i, int64_t hint) {
@@ -398,6 +406,10 @@ static PyObject *sparse_axpy(PyObject *self, PyObject *args) {
         const float *v = (const float *)vals.buf;
         float *t = (float *)tmp.buf, a = (float)alpha;
         for (Py_ssize_t j = 0; j < n; j++) {
+            if (j + HCO_AHEAD < n) {  /* the positions are scattered: start the miss early */
+                int64_t q = member_of(st, m, ix[j + HCO_AHEAD], h);
+                __builtin_prefetch(((float *)pp[q]) + (ix[j + HCO_AHEAD] - st[q]), 1);
+            }
             h = member_of(st, m, ix[j], h);
             t[j] = fmaf(v[j], a, ((float *)pp[h])[ix[j] - st[h]]);
         }
@@ -409,6 +421,10 @@ static PyObject *sparse_axpy(PyObject *self, PyObject *args) {
         const double *v = (const double *)vals.buf;
         double *t = (double *)tmp.buf;
         for (Py_ssize_t j = 0; j < n; j++) {
+            if (j + HCO_AHEAD < n) {
+                int64_t q = member_of(st, m, ix[j + HCO_AHEAD], h);
+                __builtin_prefetch(((double *)pp[q]) + (ix[j + HCO_AHEAD] - st[q]), 1);
+            }
             h = member_of(st, m, ix[j], h);
             t[j] = fma(v[j], alpha, ((double *)pp[h])[ix[j] - st[h]]);
         }
@@ -429,6 +445,116 @@ done:
     PyBuffer_Release(&vals);
     PyBuffer_Release(&starts);
     PyBuffer_Release(&tmp);
+    return res;
+}
+
+
+/* Positions all inside [0, n), or an IndexError. */
+static int in_range(const int64_t *ix, Py_ssize_t k, Py_ssize_t n, const char *who) {
+    for (Py_ssize_t j = 0; j < k; j++)
+        if (ix[j] < 0 || ix[j] >= n) {
+            PyErr_Format(PyExc_IndexError, "%s: index %lld is outside [0, %zd)", who, (long long)ix[j], n);
+            return -1;
+        }
+    return 0;
+}
+
+#define HCO_TAKE(T)                                                                              \
+    for (Py_ssize_t j = 0; j < k; j++) {                                                         \
+        if (j + HCO_AHEAD < k) __builtin_prefetch((const T *)xb + ix[j + HCO_AHEAD], 0);          \
+        ((T *)ob)[j] = ((const T *)xb)[ix[j]];                                                   \
+    }
+
+static PyObject *take(PyObject *self, PyObject *args) {
+    Py_buffer x, idx, out;
+    if (!PyArg_ParseTuple(args, "y*y*w*", &x, &idx, &out)) return NULL;
+    PyObject *res = NULL;
+    Py_ssize_t item = x.itemsize, k = idx.len / 8, n = item ? x.len / item : 0;
+    if (idx.itemsize != 8 || out.itemsize != item || out.len / item < k ||
+        (item != 1 && item != 2 && item != 4 && item != 8)) {
+        PyErr_SetString(PyExc_ValueError, "take: int64 idx and an out buffer of x's item size, as long as idx");
+        goto done;
+    }
+    const int64_t *ix = (const int64_t *)idx.buf;
+    if (in_range(ix, k, n, "take")) goto done;
+    const char *xb = (const char *)x.buf;
+    char *ob = (char *)out.buf;
+    Py_BEGIN_ALLOW_THREADS
+    if (item == 4) { HCO_TAKE(int32_t) }
+    else if (item == 8) { HCO_TAKE(int64_t) }
+    else if (item == 2) { HCO_TAKE(int16_t) }
+    else { HCO_TAKE(int8_t) }
+    Py_END_ALLOW_THREADS
+    res = Py_None;
+    Py_INCREF(res);
+done:
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&idx);
+    PyBuffer_Release(&out);
+    return res;
+}
+
+#define HCO_SCATTER(T)                                                                           \
+    for (Py_ssize_t j = 0; j < k; j++) {                                                         \
+        if (j + HCO_AHEAD < k) __builtin_prefetch((T *)db + ix[j + HCO_AHEAD], 1);                \
+        ((T *)db)[ix[j]] += ((const T *)vb)[j];                                                  \
+    }
+
+static PyObject *scatter_add(PyObject *self, PyObject *args) {
+    Py_buffer d, idx, v;
+    if (!PyArg_ParseTuple(args, "w*y*y*", &d, &idx, &v)) return NULL;
+    PyObject *res = NULL;
+    Py_ssize_t item = d.itemsize, k = idx.len / 8, n = item ? d.len / item : 0;
+    if (idx.itemsize != 8 || v.itemsize != item || v.len / item != k || (item != 4 && item != 8)) {
+        PyErr_SetString(PyExc_ValueError, "scatter_add: float32/float64 dst, int64 idx and vals of dst's dtype, as long as idx");
+        goto done;
+    }
+    const int64_t *ix = (const int64_t *)idx.buf;
+    if (in_range(ix, k, n, "scatter_add")) goto done;
+    char *db = (char *)d.buf;
+    const char *vb = (const char *)v.buf;
+    Py_BEGIN_ALLOW_THREADS
+    if (item == 4) { HCO_SCATTER(float) }
+    else { HCO_SCATTER(double) }
+    Py_END_ALLOW_THREADS
+    res = Py_None;
+    Py_INCREF(res);
+done:
+    PyBuffer_Release(&d);
+    PyBuffer_Release(&idx);
+    PyBuffer_Release(&v);
+    return res;
+}
+
+#define HCO_ZERO_AT(T)                                                                           \
+    for (Py_ssize_t j = 0; j < k; j++) {                                                         \
+        if (j + HCO_AHEAD < k) __builtin_prefetch((T *)xb + ix[j + HCO_AHEAD], 1);                \
+        ((T *)xb)[ix[j]] = 0;                                                                    \
+    }
+
+static PyObject *zero_at(PyObject *self, PyObject *args) {
+    Py_buffer x, idx;
+    if (!PyArg_ParseTuple(args, "w*y*", &x, &idx)) return NULL;
+    PyObject *res = NULL;
+    Py_ssize_t item = x.itemsize, k = idx.len / 8, n = item ? x.len / item : 0;
+    if (idx.itemsize != 8 || (item != 1 && item != 2 && item != 4 && item != 8)) {
+        PyErr_SetString(PyExc_ValueError, "zero_at: int64 idx expected");
+        goto done;
+    }
+    const int64_t *ix = (const int64_t *)idx.buf;
+    if (in_range(ix, k, n, "zero_at")) goto done;
+    char *xb = (char *)x.buf;
+    Py_BEGIN_ALLOW_THREADS
+    if (item == 4) { HCO_ZERO_AT(int32_t) }
+    else if (item == 8) { HCO_ZERO_AT(int64_t) }
+    else if (item == 2) { HCO_ZERO_AT(int16_t) }
+    else { HCO_ZERO_AT(int8_t) }
+    Py_END_ALLOW_THREADS
+    res = Py_None;
+    Py_INCREF(res);
+done:
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&idx);
     return res;
 }
 
@@ -460,6 +586,9 @@ static PyMethodDef methods[] = {
     {"scale_add", scale_add, METH_VARARGS, "scale_add(t, s, g, out): out = t*s + g"},
     {"stream_store", stream_store, METH_VARARGS, "stream_store(dst, src_or_None): dst = src (or zeros)"},
     {"sparse_axpy", sparse_axpy, METH_VARARGS, "sparse_axpy(idx, vals, alpha, starts, params, tmp): p[idx] += alpha*vals"},
+    {"take", take, METH_VARARGS, "take(x, idx, out): out[j] = x[idx[j]]"},
+    {"scatter_add", scatter_add, METH_VARARGS, "scatter_add(dst, idx, vals): dst[idx[j]] += vals[j], in order"},
+    {"zero_at", zero_at, METH_VARARGS, "zero_at(x, idx): x[idx[j]] = 0"},
     {"set_stream_min", set_stream_min, METH_O, "set_stream_min(bytes) -> previous (-1: never stream)"},
     {"set_simd", set_simd, METH_O, "set_simd(on) -> 'avx2' | 'portable' (for tests)"},
     {NULL, NULL, 0, NULL}};

@@ -27,7 +27,7 @@ import numpy as np
 __all__ = ["OPS", "ALL", "NONE", "threshold_plan", "np_abs_where", "np_add_abs_where",
            "np_kth_largest_abs", "np_key_of", "np_sweep", "np_all_none", "np_abs_keys", "np_key_value", "NP_KEYS",
            "native_sweep", "use_native", "np_scale_add", "np_add_momentum_abs_where", "np_stream_store",
-           "np_sparse_axpy"]
+           "np_sparse_axpy", "np_take", "np_scatter_add", "np_zero_at", "RANDOM_ACCESS_MIN"]
 
 try:  # built by setup.py when a C compiler is there (optional: the NumPy sweep stands in)
     from . import _hostkernels as _native
@@ -232,6 +232,46 @@ def np_sparse_axpy(idx: np.ndarray, vals: np.ndarray, alpha: float, starts: np.n
     if tmp is None or tmp.size < vals.size:
         tmp = _AXPY.bufs[vals.dtype] = np.empty(max(vals.size, 1 << 16), dtype=vals.dtype)
     _native.sparse_axpy(idx, vals, float(alpha), starts, params, tmp)
+    return True
+
+
+# Below this many positions an index operation stays the framework's: the call costs more than the
+# cache misses it overlaps (docs/selection.md#random-access)
+RANDOM_ACCESS_MIN = 1024
+
+
+def _random_access_ok(x: np.ndarray, idx: np.ndarray) -> bool:
+    return (_native_on and idx.dtype == np.int64 and idx.size >= RANDOM_ACCESS_MIN and x.flags.c_contiguous
+            and idx.flags.c_contiguous and x.dtype.itemsize in (1, 2, 4, 8))
+
+
+def np_take(x: np.ndarray, idx: np.ndarray, out: np.ndarray | None = None) -> np.ndarray | None:
+    """``x[idx]`` (flat x, int64 idx) by the native kernel, which prefetches ahead of the scattered
+    reads (docs/selection.md#random-access); None where it does not apply (the caller's own path)."""
+    if not _random_access_ok(x, idx):
+        return None
+    if out is None:
+        out = np.empty(idx.size, dtype=x.dtype)
+    _native.take(x.reshape(-1), idx.reshape(-1), out)
+    return out
+
+
+def np_scatter_add(dst: np.ndarray, idx: np.ndarray, vals: np.ndarray) -> bool:
+    """``dst[idx[j]] += vals[j]`` in the order of j (repeats add up), float32/float64, natively
+    (docs/selection.md#random-access); False, nothing done, where it does not apply."""
+    if not (_random_access_ok(dst, idx) and dst.dtype in _NATIVE_DTYPES and vals.dtype == dst.dtype
+            and vals.flags.c_contiguous and vals.size == idx.size):
+        return False
+    _native.scatter_add(dst.reshape(-1), idx.reshape(-1), vals.reshape(-1))
+    return True
+
+
+def np_zero_at(x: np.ndarray, idx: np.ndarray) -> bool:
+    """``x[idx] = 0`` (zero bytes: +0.0), natively (docs/selection.md#random-access); False where
+    it does not apply."""
+    if not _random_access_ok(x, idx):
+        return False
+    _native.zero_at(x.reshape(-1), idx.reshape(-1))
     return True
 
 

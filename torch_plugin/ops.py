@@ -9,7 +9,8 @@ import numpy as np
 import torch
 
 from hvd_commopt.select_kernels import (ALL, NONE, np_add_momentum_abs_where, np_all_none, np_kth_largest_abs,
-                                        np_scale_add, np_stream_store, np_sweep, threshold_plan)
+                                        np_scale_add, np_scatter_add, np_stream_store, np_sweep, np_take,
+                                        np_zero_at, threshold_plan, RANDOM_ACCESS_MIN)
 
 __all__ = ["TorchOps", "TORCH_DTYPES"]
 
@@ -34,6 +35,17 @@ _CMP = {"ge": torch.ge, "gt": torch.gt, "le": torch.le, "lt": torch.lt}
 def _host_ok(t) -> bool:
     """The NumPy kernels can run on t's own memory (zero-copy ``Tensor.numpy()``)."""
     return t.device.type == "cpu" and t.dtype in _HOST_DTYPES and t.is_contiguous()
+
+
+_INDEX_HOST = _HOST_DTYPES + (torch.int64, torch.int32)
+
+
+def _index_host(t, idx) -> bool:
+    """A scattered read or write of ``t`` at ``idx`` may run in the native kernels on their memory
+    (docs/selection.md#random-access)."""
+    return (idx.numel() >= RANDOM_ACCESS_MIN and t.device.type == "cpu" and idx.device.type == "cpu"
+            and idx.dtype == torch.int64 and t.dtype in _INDEX_HOST and not t.requires_grad
+            and t.is_contiguous() and idx.is_contiguous())
 
 
 def _host_same(*ts) -> bool:
@@ -216,12 +228,23 @@ class TorchOps:
         return t[idx], idx
 
     def gather(self, t, idx):  # index_select: same values as t[idx], 5-8x cheaper on CPU
+        if _index_host(t, idx):
+            out = torch.empty(idx.numel(), dtype=t.dtype)
+            if np_take(t.reshape(-1).numpy(), idx.reshape(-1).numpy(), out.numpy()) is not None:
+                return out
         return t.reshape(-1).index_select(0, idx.reshape(-1))
 
     def scatter_add(self, dst, idx, vals):
+        if (_index_host(dst, idx) and vals.dtype == dst.dtype and vals.device.type == "cpu"
+                and not vals.requires_grad and vals.is_contiguous()
+                and np_scatter_add(dst.view(-1).numpy(), idx.view(-1).numpy(), vals.view(-1).numpy())):
+            return dst
         return dst.index_add_(0, idx, vals)
 
     def index_fill(self, t, idx, value):
+        if (value == 0 and math.copysign(1.0, value) > 0 and _index_host(t, idx)
+                and np_zero_at(t.view(-1).numpy(), idx.view(-1).numpy())):
+            return t
         return t.index_fill_(0, idx, value)
 
     def index_copy(self, t, idx, vals):

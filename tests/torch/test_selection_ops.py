@@ -522,3 +522,26 @@ def test_scale_add_into_is_scale_into_then_add(variant):
         t64 = torch.from_numpy(u.astype(np.float64))
         ref64 = torch.mul(t64, 0.9).add_(t64)
         assert same_bits(ops.scale_add_into(torch.empty_like(t64), t64, 0.9, t64).numpy(), ref64.numpy())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.int64])
+def test_torch_index_ops_on_host_memory_equal_atens(dtype):
+    """docs/selection.md#random-access: gather, scatter_add and index_fill(0) of large index sets run
+    in the native kernels; the bits are ATen's index_select / index_add_ / index_fill_."""
+    import torch_plugin.ops as tops
+    g = torch.Generator().manual_seed(9)
+    x = (torch.randn(40_000, generator=g) * 50).to(dtype)
+    idx = torch.randint(0, x.numel(), (6000,), generator=g)
+    ops = TorchOps()
+    assert idx.numel() >= tops.RANDOM_ACCESS_MIN
+    bits = {torch.float32: torch.int32, torch.float64: torch.int64, torch.float16: torch.int16,
+            torch.int64: torch.int64}[dtype]
+    assert torch.equal(ops.gather(x, idx).view(bits), x.index_select(0, idx).view(bits))
+    if dtype in (torch.float32, torch.float64):
+        vals = torch.randn(idx.numel(), generator=g, dtype=dtype)
+        want = x.clone().index_add_(0, idx, vals)
+        assert torch.equal(ops.scatter_add(x.clone(), idx, vals).view(bits), want.view(bits))
+    want = x.clone().index_fill_(0, idx, 0)
+    assert torch.equal(ops.index_fill(x.clone(), idx, 0.0).view(bits), want.view(bits))
+    neg = ops.index_fill(x.clone(), idx, -0.0)  # -0.0 is not zero bytes: ATen's path
+    assert torch.equal(neg.view(bits), x.clone().index_fill_(0, idx, -0.0).view(bits))

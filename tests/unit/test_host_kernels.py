@@ -250,3 +250,42 @@ def test_set_stream_min_reports_the_previous_setting():
         assert native.set_stream_min(4096) == -1 and native.set_stream_min(prev) == 4096
     finally:
         native.set_stream_min(prev)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64, np.int32, np.float16, np.int8])
+def test_take_reads_every_listed_position(dtype, restore_native):
+    """docs/selection.md#random-access: the prefetching gather is x[idx], any order, repeats."""
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal(50_000) * 100).astype(dtype)
+    idx = rng.integers(0, x.size, 5000).astype(np.int64)
+    got = sk.np_take(x, idx)
+    assert got is not None and got.dtype == x.dtype and np.array_equal(got.view(np.uint8), x[idx].view(np.uint8))
+    assert sk.np_take(x, idx[:10]) is None  # below RANDOM_ACCESS_MIN: the caller's own path
+    sk.use_native(False)
+    assert sk.np_take(x, idx) is None
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_scatter_add_adds_in_order_like_numpy_add_at(dtype, restore_native):
+    rng = np.random.default_rng(4)
+    dst = _specials(rng.standard_normal(30_000).astype(dtype))
+    idx = rng.integers(0, dst.size, 8000).astype(np.int64)
+    vals = _specials(rng.standard_normal(idx.size).astype(dtype))
+    want = dst.copy()
+    np.add.at(want, idx, vals)  # unbuffered, in order: the same additions in the same order
+    got = dst.copy()
+    assert sk.np_scatter_add(got, idx, vals)
+    assert np.array_equal(_bits(got), _bits(want))
+
+
+def test_zero_at_writes_positive_zeros_and_the_index_kernels_check_bounds(restore_native):
+    x = -np.ones(5000, np.float32)
+    idx = np.arange(0, 5000, 3, dtype=np.int64)
+    assert sk.np_zero_at(x, np.concatenate([idx, idx[:100]]))
+    assert np.array_equal(_bits(x[idx]), _bits(np.zeros(idx.size, np.float32))) and (np.delete(x, idx) == -1).all()
+    bad = np.full(2000, 5000, np.int64)
+    for call in (lambda: native.take(x, bad, np.empty(2000, np.float32)),
+                 lambda: native.scatter_add(x, bad, np.zeros(2000, np.float32)),
+                 lambda: native.zero_at(x, -bad)):
+        with pytest.raises(IndexError, match="outside"):
+            call()
