@@ -38,8 +38,8 @@
  * time by the caller), all read first into tmp and then written, so a position listed twice gets
  * the same value twice, never the update applied twice.
  *
- * take(x, idx, out) / scatter_add(dst, idx, vals) / zero_at(x, idx): out[j] = x[idx[j]];
- * dst[idx[j]] += vals[j] in the order of j (the additions ATen's index_add_ makes, in its order);
+ * scattered(op, x, idx[, other]), op 0 take / 1 scatter_add / 2 zero_at: out[j] = x[idx[j]];
+ * x[idx[j]] += vals[j] in the order of j (the additions ATen's index_add_ makes, in its order);
  * x[idx[j]] = 0 bytes (+0.0). The positions are scattered over buffers of megabytes, so each
  * access misses the cache: the loops prefetch HCO_AHEAD entries ahead, which overlaps the misses
  * (docs/selection.md#random-access).
@@ -357,6 +357,24 @@ static inline int64_t member_of(const int64_t *starts, int64_t m, int64_t i, int
     return lo;
 }
 
+/* sparse_axpy's two passes in dtype T: new values into tmp (prefetching the scattered position
+   HCO_AHEAD entries ahead), then written, so a repeated position is written twice with one value. */
+#define HCO_AXPY(T, FMA, ALPHA)                                                                  \
+    const T *v = (const T *)vals.buf, a = (ALPHA);                                               \
+    T *t = (T *)tmp.buf;                                                                         \
+    for (Py_ssize_t j = 0; j < n; j++) {                                                         \
+        if (j + HCO_AHEAD < n) {                                                                 \
+            int64_t q = member_of(st, m, ix[j + HCO_AHEAD], h);                                  \
+            __builtin_prefetch(((T *)pp[q]) + (ix[j + HCO_AHEAD] - st[q]), 1);                    \
+        }                                                                                        \
+        h = member_of(st, m, ix[j], h);                                                          \
+        t[j] = FMA(v[j], a, ((T *)pp[h])[ix[j] - st[h]]);                                        \
+    }                                                                                            \
+    for (Py_ssize_t j = 0; j < n; j++) {                                                         \
+        h = member_of(st, m, ix[j], h);                                                          \
+        ((T *)pp[h])[ix[j] - st[h]] = t[j];                                                      \
+    }
+
 static PyObject *sparse_axpy(PyObject *self, PyObject *args) {
     Py_buffer idx, vals, starts, tmp;
     double alpha;
@@ -403,35 +421,9 @@ static PyObject *sparse_axpy(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     int64_t h = 0;
     if (item == 4) {
-        const float *v = (const float *)vals.buf;
-        float *t = (float *)tmp.buf, a = (float)alpha;
-        for (Py_ssize_t j = 0; j < n; j++) {
-            if (j + HCO_AHEAD < n) {  /* the positions are scattered: start the miss early */
-                int64_t q = member_of(st, m, ix[j + HCO_AHEAD], h);
-                __builtin_prefetch(((float *)pp[q]) + (ix[j + HCO_AHEAD] - st[q]), 1);
-            }
-            h = member_of(st, m, ix[j], h);
-            t[j] = fmaf(v[j], a, ((float *)pp[h])[ix[j] - st[h]]);
-        }
-        for (Py_ssize_t j = 0; j < n; j++) {
-            h = member_of(st, m, ix[j], h);
-            ((float *)pp[h])[ix[j] - st[h]] = t[j];
-        }
+        HCO_AXPY(float, fmaf, (float)alpha)
     } else {
-        const double *v = (const double *)vals.buf;
-        double *t = (double *)tmp.buf;
-        for (Py_ssize_t j = 0; j < n; j++) {
-            if (j + HCO_AHEAD < n) {
-                int64_t q = member_of(st, m, ix[j + HCO_AHEAD], h);
-                __builtin_prefetch(((double *)pp[q]) + (ix[j + HCO_AHEAD] - st[q]), 1);
-            }
-            h = member_of(st, m, ix[j], h);
-            t[j] = fma(v[j], alpha, ((double *)pp[h])[ix[j] - st[h]]);
-        }
-        for (Py_ssize_t j = 0; j < n; j++) {
-            h = member_of(st, m, ix[j], h);
-            ((double *)pp[h])[ix[j] - st[h]] = t[j];
-        }
+        HCO_AXPY(double, fma, alpha)
     }
     Py_END_ALLOW_THREADS
     res = Py_None;
@@ -449,110 +441,63 @@ done:
 }
 
 
-/* Positions all inside [0, n), or an IndexError. */
-static int in_range(const int64_t *ix, Py_ssize_t k, Py_ssize_t n, const char *who) {
+/* The three scattered accesses, one loop each over idx with the prefetch HCO_AHEAD entries ahead:
+   0 take (out[j] = x[idx[j]]), 1 scatter_add (x[idx[j]] += v[j], floats), 2 zero_at (x[idx[j]] = 0). */
+#define HCO_SCATTERED(T, ACCESS, RW)                                                             \
+    for (Py_ssize_t j = 0; j < k; j++) {                                                         \
+        if (j + HCO_AHEAD < k) __builtin_prefetch((T *)xb + ix[j + HCO_AHEAD], RW);               \
+        ACCESS;                                                                                  \
+    }
+#define HCO_BY_SIZE(OP, RW)                                                                      \
+    if (item == 8) { HCO_SCATTERED(int64_t, OP(int64_t), RW) }                                   \
+    else if (item == 4) { HCO_SCATTERED(int32_t, OP(int32_t), RW) }                              \
+    else if (item == 2) { HCO_SCATTERED(int16_t, OP(int16_t), RW) }                              \
+    else { HCO_SCATTERED(int8_t, OP(int8_t), RW) }
+#define HCO_TAKE(T) (((T *)ob)[j] = ((const T *)xb)[ix[j]])
+#define HCO_ZERO(T) (((T *)xb)[ix[j]] = 0)
+
+static PyObject *scattered(PyObject *self, PyObject *args) {
+    int op;
+    Py_buffer x, idx, o = {0};
+    PyObject *oobj = Py_None;
+    if (!PyArg_ParseTuple(args, "iw*y*|O", &op, &x, &idx, &oobj)) return NULL;
+    PyObject *res = NULL;
+    int have_o = 0;
+    Py_ssize_t item = x.itemsize, k = idx.len / 8, n = item ? x.len / item : 0;
+    if (oobj != Py_None) {
+        if (PyObject_GetBuffer(oobj, &o, op == 0 ? PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE : PyBUF_C_CONTIGUOUS) < 0)
+            goto done;
+        have_o = 1;
+    }
+    if (op < 0 || op > 2 || idx.itemsize != 8 || (item != 1 && item != 2 && item != 4 && item != 8) ||
+        (op < 2 && (!have_o || o.itemsize != item || o.len / item < k)) ||
+        (op == 1 && ((item != 4 && item != 8) || o.len / item != k))) {
+        PyErr_SetString(PyExc_ValueError, "scattered: op 0 (take, out) / 1 (scatter_add, float vals) / 2 (zero_at), "
+                                          "int64 idx, and an out or vals buffer of x's item size as long as idx");
+        goto done;
+    }
+    const int64_t *ix = (const int64_t *)idx.buf;
     for (Py_ssize_t j = 0; j < k; j++)
         if (ix[j] < 0 || ix[j] >= n) {
-            PyErr_Format(PyExc_IndexError, "%s: index %lld is outside [0, %zd)", who, (long long)ix[j], n);
-            return -1;
+            PyErr_Format(PyExc_IndexError, "scattered: index %lld is outside [0, %zd)", (long long)ix[j], n);
+            goto done;
         }
-    return 0;
-}
-
-#define HCO_TAKE(T)                                                                              \
-    for (Py_ssize_t j = 0; j < k; j++) {                                                         \
-        if (j + HCO_AHEAD < k) __builtin_prefetch((const T *)xb + ix[j + HCO_AHEAD], 0);          \
-        ((T *)ob)[j] = ((const T *)xb)[ix[j]];                                                   \
-    }
-
-static PyObject *take(PyObject *self, PyObject *args) {
-    Py_buffer x, idx, out;
-    if (!PyArg_ParseTuple(args, "y*y*w*", &x, &idx, &out)) return NULL;
-    PyObject *res = NULL;
-    Py_ssize_t item = x.itemsize, k = idx.len / 8, n = item ? x.len / item : 0;
-    if (idx.itemsize != 8 || out.itemsize != item || out.len / item < k ||
-        (item != 1 && item != 2 && item != 4 && item != 8)) {
-        PyErr_SetString(PyExc_ValueError, "take: int64 idx and an out buffer of x's item size, as long as idx");
-        goto done;
-    }
-    const int64_t *ix = (const int64_t *)idx.buf;
-    if (in_range(ix, k, n, "take")) goto done;
-    const char *xb = (const char *)x.buf;
-    char *ob = (char *)out.buf;
+    char *xb = (char *)x.buf, *ob = have_o ? (char *)o.buf : NULL;
     Py_BEGIN_ALLOW_THREADS
-    if (item == 4) { HCO_TAKE(int32_t) }
-    else if (item == 8) { HCO_TAKE(int64_t) }
-    else if (item == 2) { HCO_TAKE(int16_t) }
-    else { HCO_TAKE(int8_t) }
+    if (op == 0) {
+        HCO_BY_SIZE(HCO_TAKE, 0)
+    } else if (op == 2) {
+        HCO_BY_SIZE(HCO_ZERO, 1)
+    } else if (item == 4) {
+        HCO_SCATTERED(float, (((float *)xb)[ix[j]] += ((const float *)ob)[j]), 1)
+    } else {
+        HCO_SCATTERED(double, (((double *)xb)[ix[j]] += ((const double *)ob)[j]), 1)
+    }
     Py_END_ALLOW_THREADS
     res = Py_None;
     Py_INCREF(res);
 done:
-    PyBuffer_Release(&x);
-    PyBuffer_Release(&idx);
-    PyBuffer_Release(&out);
-    return res;
-}
-
-#define HCO_SCATTER(T)                                                                           \
-    for (Py_ssize_t j = 0; j < k; j++) {                                                         \
-        if (j + HCO_AHEAD < k) __builtin_prefetch((T *)db + ix[j + HCO_AHEAD], 1);                \
-        ((T *)db)[ix[j]] += ((const T *)vb)[j];                                                  \
-    }
-
-static PyObject *scatter_add(PyObject *self, PyObject *args) {
-    Py_buffer d, idx, v;
-    if (!PyArg_ParseTuple(args, "w*y*y*", &d, &idx, &v)) return NULL;
-    PyObject *res = NULL;
-    Py_ssize_t item = d.itemsize, k = idx.len / 8, n = item ? d.len / item : 0;
-    if (idx.itemsize != 8 || v.itemsize != item || v.len / item != k || (item != 4 && item != 8)) {
-        PyErr_SetString(PyExc_ValueError, "scatter_add: float32/float64 dst, int64 idx and vals of dst's dtype, as long as idx");
-        goto done;
-    }
-    const int64_t *ix = (const int64_t *)idx.buf;
-    if (in_range(ix, k, n, "scatter_add")) goto done;
-    char *db = (char *)d.buf;
-    const char *vb = (const char *)v.buf;
-    Py_BEGIN_ALLOW_THREADS
-    if (item == 4) { HCO_SCATTER(float) }
-    else { HCO_SCATTER(double) }
-    Py_END_ALLOW_THREADS
-    res = Py_None;
-    Py_INCREF(res);
-done:
-    PyBuffer_Release(&d);
-    PyBuffer_Release(&idx);
-    PyBuffer_Release(&v);
-    return res;
-}
-
-#define HCO_ZERO_AT(T)                                                                           \
-    for (Py_ssize_t j = 0; j < k; j++) {                                                         \
-        if (j + HCO_AHEAD < k) __builtin_prefetch((T *)xb + ix[j + HCO_AHEAD], 1);                \
-        ((T *)xb)[ix[j]] = 0;                                                                    \
-    }
-
-static PyObject *zero_at(PyObject *self, PyObject *args) {
-    Py_buffer x, idx;
-    if (!PyArg_ParseTuple(args, "w*y*", &x, &idx)) return NULL;
-    PyObject *res = NULL;
-    Py_ssize_t item = x.itemsize, k = idx.len / 8, n = item ? x.len / item : 0;
-    if (idx.itemsize != 8 || (item != 1 && item != 2 && item != 4 && item != 8)) {
-        PyErr_SetString(PyExc_ValueError, "zero_at: int64 idx expected");
-        goto done;
-    }
-    const int64_t *ix = (const int64_t *)idx.buf;
-    if (in_range(ix, k, n, "zero_at")) goto done;
-    char *xb = (char *)x.buf;
-    Py_BEGIN_ALLOW_THREADS
-    if (item == 4) { HCO_ZERO_AT(int32_t) }
-    else if (item == 8) { HCO_ZERO_AT(int64_t) }
-    else if (item == 2) { HCO_ZERO_AT(int16_t) }
-    else { HCO_ZERO_AT(int8_t) }
-    Py_END_ALLOW_THREADS
-    res = Py_None;
-    Py_INCREF(res);
-done:
+    if (have_o) PyBuffer_Release(&o);
     PyBuffer_Release(&x);
     PyBuffer_Release(&idx);
     return res;
@@ -586,9 +531,8 @@ static PyMethodDef methods[] = {
     {"scale_add", scale_add, METH_VARARGS, "scale_add(t, s, g, out): out = t*s + g"},
     {"stream_store", stream_store, METH_VARARGS, "stream_store(dst, src_or_None): dst = src (or zeros)"},
     {"sparse_axpy", sparse_axpy, METH_VARARGS, "sparse_axpy(idx, vals, alpha, starts, params, tmp): p[idx] += alpha*vals"},
-    {"take", take, METH_VARARGS, "take(x, idx, out): out[j] = x[idx[j]]"},
-    {"scatter_add", scatter_add, METH_VARARGS, "scatter_add(dst, idx, vals): dst[idx[j]] += vals[j], in order"},
-    {"zero_at", zero_at, METH_VARARGS, "zero_at(x, idx): x[idx[j]] = 0"},
+    {"scattered", scattered, METH_VARARGS,
+     "scattered(op, x, idx[, other]): 0 take into other, 1 x[idx] += other in order, 2 x[idx] = 0"},
     {"set_stream_min", set_stream_min, METH_O, "set_stream_min(bytes) -> previous (-1: never stream)"},
     {"set_simd", set_simd, METH_O, "set_simd(on) -> 'avx2' | 'portable' (for tests)"},
     {NULL, NULL, 0, NULL}};

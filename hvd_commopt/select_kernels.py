@@ -252,7 +252,7 @@ def np_take(x: np.ndarray, idx: np.ndarray, out: np.ndarray | None = None) -> np
         return None
     if out is None:
         out = np.empty(idx.size, dtype=x.dtype)
-    _native.take(x.reshape(-1), idx.reshape(-1), out)
+    _native.scattered(0, x.reshape(-1), idx.reshape(-1), out)
     return out
 
 
@@ -262,7 +262,7 @@ def np_scatter_add(dst: np.ndarray, idx: np.ndarray, vals: np.ndarray) -> bool:
     if not (_random_access_ok(dst, idx) and dst.dtype in _NATIVE_DTYPES and vals.dtype == dst.dtype
             and vals.flags.c_contiguous and vals.size == idx.size):
         return False
-    _native.scatter_add(dst.reshape(-1), idx.reshape(-1), vals.reshape(-1))
+    _native.scattered(1, dst.reshape(-1), idx.reshape(-1), vals.reshape(-1))
     return True
 
 
@@ -271,7 +271,7 @@ def np_zero_at(x: np.ndarray, idx: np.ndarray) -> bool:
     it does not apply."""
     if not _random_access_ok(x, idx):
         return False
-    _native.zero_at(x.reshape(-1), idx.reshape(-1))
+    _native.scattered(2, x.reshape(-1), idx.reshape(-1))
     return True
 
 

@@ -284,8 +284,8 @@ def test_zero_at_writes_positive_zeros_and_the_index_kernels_check_bounds(restor
     assert sk.np_zero_at(x, np.concatenate([idx, idx[:100]]))
     assert np.array_equal(_bits(x[idx]), _bits(np.zeros(idx.size, np.float32))) and (np.delete(x, idx) == -1).all()
     bad = np.full(2000, 5000, np.int64)
-    for call in (lambda: native.take(x, bad, np.empty(2000, np.float32)),
-                 lambda: native.scatter_add(x, bad, np.zeros(2000, np.float32)),
-                 lambda: native.zero_at(x, -bad)):
+    for call in (lambda: native.scattered(0, x, bad, np.empty(2000, np.float32)),
+                 lambda: native.scattered(1, x, bad, np.zeros(2000, np.float32)),
+                 lambda: native.scattered(2, x, -bad)):
         with pytest.raises(IndexError, match="outside"):
             call()
