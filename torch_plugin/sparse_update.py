@@ -91,15 +91,17 @@ class SparseSGD:
             ok = self._verified[dtype] = dtype in _DTYPES and _same_as_aten(dtype)
         return ok
 
-    def _members(self, bucket: Any, idx: Any, vals: Any) -> list[np.ndarray] | None:
-        """The bucket's parameters as flat NumPy views, when the native update can write them."""
+    def _members(self, bucket: Any, idx: Any, vals: Any, stepped: set[int]) -> list[np.ndarray] | None:
+        """The bucket's parameters as flat NumPy views, when the native update can write them and
+        the optimizer steps every one of them (``stepped``: ids of its parameters)."""
         if not (isinstance(idx, torch.Tensor) and isinstance(vals, torch.Tensor) and idx.device.type == "cpu"
                 and vals.device.type == "cpu" and idx.dtype == torch.int64 and self._verified_for(vals.dtype)):
             return None
         out = []
         for name in bucket.names:
             p = self.params.get(name)
-            if p is None or p.dtype != vals.dtype or p.device.type != "cpu" or not p.is_contiguous():
+            if (p is None or id(p) not in stepped or p.dtype != vals.dtype or p.device.type != "cpu"
+                    or not p.is_contiguous()):
                 return None
             out.append(p.detach().view(-1).numpy())
         return out
@@ -109,8 +111,9 @@ class SparseSGD:
         support, every other parameter with a gradient densely. False (nothing changed) when a
         bucket cannot take the native update: the caller then runs the wrapped step."""
         plans = []
+        stepped = {id(p) for group in self.opt.param_groups for p in group["params"]}
         for bucket, idx, vals in sparse.values():
-            members = self._members(bucket, idx, vals)
+            members = self._members(bucket, idx, vals, stepped)
             if members is None:
                 return False
             key = (bucket.name, bucket.offsets, bucket.numel)

@@ -130,6 +130,18 @@ def test_groups_with_different_learning_rates_take_the_wrapped_step(monkeypatch)
     assert_bits(on, off)
 
 
+def test_a_parameter_the_optimizer_does_not_step_is_left_alone(monkeypatch):
+    """The optimizer steps only its own parameters (here the first layer is left out of it): the
+    sparse update moves the others, never the left-out layer."""
+    on, off, made = both(monkeypatch, 2, lambda: Compression.topk(0.05),
+                         make_opt=lambda ps: torch.optim.SGD(list(ps)[2:], lr=0.1))
+    assert made > 0
+    for ra, rb in zip(on, off):
+        for k in ra:
+            assert torch.equal(ra[k], rb[k]), k
+        assert torch.equal(ra["0.weight"], INIT["0.weight"])
+
+
 def test_dense_compression_takes_the_wrapped_step(monkeypatch):
     on, off, made = both(monkeypatch, 2, lambda: Compression.fp16,
                          make_opt=lambda ps: torch.optim.SGD(ps, lr=0.1))
