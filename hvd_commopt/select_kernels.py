@@ -88,15 +88,24 @@ CHUNK = 1 << 18  # 256 Ki elements: 1 MiB of keys + 256 KiB of flags stay in L2
 
 
 class _Scratch(threading.local):
-    """Per-thread reusable chunk buffers: no allocation (and no page faults) per call."""
+    """Per-thread reusable buffers: no allocation (and no page faults) per call."""
 
     def __init__(self):
         self.bufs: dict = {}
 
     def get(self, kd):
+        """The sweep's chunk buffers for key dtype ``kd``: (keys, flags)."""
         b = self.bufs.get(kd)
         if b is None:
             b = self.bufs[kd] = (np.empty(CHUNK, dtype=kd), np.empty(CHUNK, dtype=np.bool_))
+        return b
+
+    def at_least(self, dtype, n: int) -> np.ndarray:
+        """A buffer of ``dtype`` holding at least ``n`` elements (grown when a call needs more)."""
+        key = ("at_least", np.dtype(dtype))
+        b = self.bufs.get(key)
+        if b is None or b.size < n:
+            b = self.bufs[key] = np.empty(max(n, 1 << 16), dtype=dtype)
         return b
 
 
@@ -213,14 +222,6 @@ def np_stream_store(dst: np.ndarray, src: np.ndarray | None = None) -> bool:
     return True
 
 
-class _AxpyScratch(threading.local):
-    def __init__(self):
-        self.bufs: dict = {}
-
-
-_AXPY = _AxpyScratch()
-
-
 def np_sparse_axpy(idx: np.ndarray, vals: np.ndarray, alpha: float, starts: np.ndarray, params: list) -> bool:
     """``p[i] = fma(v, alpha, p[i])`` at every (i, v) of (idx, vals), i a position in a bucket whose
     members ``params`` (flat arrays) start at ``starts`` (plus the total at the end); a repeated i
@@ -228,10 +229,7 @@ def np_sparse_axpy(idx: np.ndarray, vals: np.ndarray, alpha: float, starts: np.n
     False, nothing done, where the extension is missing or off."""
     if not _native_on or vals.dtype not in _NATIVE_DTYPES:
         return False
-    tmp = _AXPY.bufs.get(vals.dtype)
-    if tmp is None or tmp.size < vals.size:
-        tmp = _AXPY.bufs[vals.dtype] = np.empty(max(vals.size, 1 << 16), dtype=vals.dtype)
-    _native.sparse_axpy(idx, vals, float(alpha), starts, params, tmp)
+    _native.sparse_axpy(idx, vals, float(alpha), starts, params, _SCRATCH.at_least(vals.dtype, vals.size))
     return True
 
 

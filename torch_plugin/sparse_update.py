@@ -28,12 +28,15 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.optim import optimizer as _optim
 
-from hvd_commopt.select_kernels import np_sparse_axpy
+from hvd_commopt.select_kernels import native_sweep, np_sparse_axpy
 
 __all__ = ["SparseSGD"]
 
 _DTYPES = (torch.float32, torch.float64)
+# the hyper-parameters of torch.optim.SGD that must be off (or 0) for the sparse step
+_OFF = ("momentum", "weight_decay", "maximize", "differentiable", "fused")
 
 
 def _same_as_aten(dtype: torch.dtype) -> bool:
@@ -60,14 +63,12 @@ class SparseSGD:
         self.opt = optimizer
         self.params = params
         self._verified: dict[torch.dtype, bool] = {}
-        self._starts: dict[tuple, np.ndarray] = {}
 
     def lr(self, hyper: Any) -> float | None:
         """The learning rate when the sparse step applies to the optimizer as configured, else None."""
         opt = self.opt
         if getattr(opt, "_hco_base", None) is not torch.optim.SGD:
             return None
-        from torch.optim import optimizer as _optim
         if (opt._optimizer_step_pre_hooks or opt._optimizer_step_post_hooks
                 or getattr(_optim, "_global_optimizer_pre_hooks", None)
                 or getattr(_optim, "_global_optimizer_post_hooks", None)):
@@ -75,17 +76,19 @@ class SparseSGD:
         lr = None
         for i, group in enumerate(opt.param_groups):
             over = hyper[i] if hyper is not None else {}
-            keys = ("lr", "momentum", "weight_decay", "maximize", "differentiable", "fused")
-            h = {k: over.get(k, group.get(k)) for k in keys}
-            if h["momentum"] or h["weight_decay"] or h["maximize"] or h["differentiable"] or h["fused"]:
+            if any(over.get(k, group.get(k)) for k in _OFF):
                 return None
-            g_lr = h["lr"]
+            g_lr = over.get("lr", group.get("lr"))
             if isinstance(g_lr, bool) or not isinstance(g_lr, (int, float)) or (lr is not None and g_lr != lr):
                 return None
             lr = float(g_lr)
         return lr
 
     def _verified_for(self, dtype: torch.dtype) -> bool:
+        """The native update runs (the extension is there and on) and matches ATen for ``dtype``
+        (checked once per dtype)."""
+        if not native_sweep():  # turned off (benchmarks' NumPy A/Bs) or not built: never cached
+            return False
         ok = self._verified.get(dtype)
         if ok is None:
             ok = self._verified[dtype] = dtype in _DTYPES and _same_as_aten(dtype)
@@ -116,17 +119,13 @@ class SparseSGD:
             members = self._members(bucket, idx, vals, stepped)
             if members is None:
                 return False
-            key = (bucket.name, bucket.offsets, bucket.numel)
-            starts = self._starts.get(key)
-            if starts is None:
-                if len(self._starts) > 256:
-                    self._starts.clear()
-                starts = self._starts[key] = np.array((*bucket.offsets, bucket.numel), dtype=np.int64)
+            starts = np.array((*bucket.offsets, bucket.numel), dtype=np.int64)
             plans.append((idx.contiguous(), vals.contiguous(), starts, members, bucket.names))
         done: set[int] = set()
         with torch.no_grad():
             for idx, vals, starts, members, names in plans:
-                np_sparse_axpy(idx.numpy(), vals.numpy(), -lr, starts, members)
+                if not np_sparse_axpy(idx.numpy(), vals.numpy(), -lr, starts, members):
+                    raise RuntimeError("internal: the native sparse update was checked available, then refused")
                 done.update(id(self.params[n]) for n in names)
             for group in self.opt.param_groups:  # SGD's rule for everything else: p += -lr * grad
                 for p in group["params"]:

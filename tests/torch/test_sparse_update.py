@@ -179,3 +179,27 @@ def test_native_kernel_is_atens_add_with_alpha(dtype):
         native.sparse_axpy(np.array([n], np.int64), np.zeros(1, tmp.dtype), 1.0, starts, [p.numpy() for p in got], tmp)
     with pytest.raises(ValueError, match="one param buffer per member"):
         native.sparse_axpy(idx.numpy(), g[idx].numpy(), 1.0, starts, [p.numpy() for p in got[:-1]], tmp)
+
+
+def test_native_kernels_off_take_the_wrapped_step_and_on_again_the_sparse_one(monkeypatch):
+    """``select_kernels.use_native(False)`` (the benchmarks' NumPy A/Bs) turns the sparse update off
+    for as long as it lasts, without ruling it out for later steps."""
+    from hvd_commopt import select_kernels
+    count = Counter(monkeypatch)
+    prev = select_kernels.use_native(False)
+    try:
+        off = train(2, lambda: Compression.topk(0.05))
+    finally:
+        select_kernels.use_native(prev)
+    assert count.n == 0
+    monkeypatch.setenv("HVD_COMMOPT_SPARSE_UPDATE", "0")
+    ref = train(2, lambda: Compression.topk(0.05))
+    assert_bits(off, ref)
+    monkeypatch.delenv("HVD_COMMOPT_SPARSE_UPDATE")
+    host = sparse_update.SparseSGD(torch.optim.SGD([torch.zeros(2)], lr=0.1), {})
+    select_kernels.use_native(False)
+    try:
+        assert not host._verified_for(torch.float32)
+    finally:
+        select_kernels.use_native(prev)
+    assert host._verified_for(torch.float32)
