@@ -13,7 +13,9 @@ native ones (docs/selection.md#native-sweep); ``dense_plain`` / ``topk_plain`` /
 (opt-in): ``dense`` / ``topk`` / ``dgc`` with the native kernels' streaming stores off
 (docs/selection.md#streaming-stores); ``topk_denseupd`` / ``dgc_denseupd`` (opt-in): ``topk`` /
 ``dgc`` with the wrapped optimizer's own dense step instead of the sparse update
-(``HVD_COMMOPT_SPARSE_UPDATE=0``, docs/wrapper.md#sparse-update); ``lags`` (opt-in): ``topk`` with
+(``HVD_COMMOPT_SPARSE_UPDATE=0``, docs/wrapper.md#sparse-update); ``topk_plainres`` /
+``dgc_plainres`` (opt-in): ``topk`` / ``dgc`` with the sparse result zeroed then scatter-added
+instead of built in one pass (docs/selection.md#scatter-sum); ``lags`` (opt-in): ``topk`` with
 one bucket per layer (``fusion_threshold=0``, LAGS-SGD's exchange per layer). Prints the median step and its
 ratio to the compute-only step (target: Top-k 1 % and DGC 1 % <= 1.3x).
 """
@@ -30,7 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import machine_info, relaunch_under_mpirun, table, time_blocks, train_step, write_json  # noqa: E402
 
 DEFAULT = ("compute", "dense", "topk", "topk_nomc", "topk_thr", "dgc", "dgc_exact", "topk_np", "dgc_np")
-VARIANTS = DEFAULT + ("dense_plain", "topk_plain", "dgc_plain", "topk_denseupd", "dgc_denseupd", "lags")
+VARIANTS = DEFAULT + ("dense_plain", "topk_plain", "dgc_plain", "topk_denseupd", "dgc_denseupd", "topk_plainres",
+                      "dgc_plainres", "lags")
 
 
 def _numpy_sweep(step):
@@ -43,6 +46,22 @@ def _numpy_sweep(step):
             return step()
         finally:
             select_kernels.use_native(prev)
+    return run
+
+
+def _plain_result(step):
+    """``step`` with the sparse result built by zero_ + scatter_add + gather, the path before the
+    one-pass build (docs/selection.md#scatter-sum)."""
+    from torch_plugin.ops import TorchOps
+
+    own = TorchOps.scatter_sum
+
+    def run():
+        TorchOps.scatter_sum = lambda self, buf, idx, vals, scale: None  # "no such pass": the plain path
+        try:
+            return step()
+        finally:
+            TorchOps.scatter_sum = own
     return run
 
 
@@ -109,6 +128,7 @@ def main() -> None:
              "topk_np": hco.Compression.topk(d), "dgc_np": hco.Compression.dgc(d),
              "dense_plain": None, "topk_plain": hco.Compression.topk(d), "dgc_plain": hco.Compression.dgc(d),
              "topk_denseupd": hco.Compression.topk(d), "dgc_denseupd": hco.Compression.dgc(d),
+             "topk_plainres": hco.Compression.topk(d), "dgc_plainres": hco.Compression.dgc(d),
              "lags": hco.Compression.topk(d)}
     models = {}
     for name in args.variants.split(","):
@@ -128,6 +148,7 @@ def main() -> None:
     steps = {k: train_step(*v, x, y) for k, v in models.items()}
     steps.update({k: _numpy_sweep(steps[k]) for k in steps if k.endswith("_np")})
     steps.update({k: _plain_stores(steps[k]) for k in steps if k.endswith("_plain")})
+    steps.update({k: _plain_result(steps[k]) for k in steps if k.endswith("_plainres")})
     comm = runtime.communicator()
     samples = time_blocks(steps, args.blocks, args.steps, barrier=comm.barrier)
     med = {k: max(comm.allgather_object(sorted(v)[len(v) // 2])) for k, v in samples.items()}

@@ -31,31 +31,12 @@
  * one memory pass of the buffer's size. The values written are the same; only the route differs.
  * stream_store(dst, src): dst = src, byte for byte (src None: dst = 0 bytes, i.e. +0.0).
  *
- * sparse_axpy(idx, vals, alpha, starts, params, tmp): the SGD update p += alpha * g of a gradient
- * that is +0 except at idx, where it holds vals (docs/wrapper.md#sparse-update). The positions
- * index a bucket whose members, the parameters, start at starts[j]; each new value is one fused
- * multiply-add fma(v, alpha, p) (one rounding, as ATen's add(alpha=) computes it: checked at run
- * time by the caller), all read first into tmp and then written, so a position listed twice gets
- * the same value twice, never the update applied twice.
- *
- * scattered(op, x, idx[, other]), op 0 take / 1 scatter_add / 2 zero_at: out[j] = x[idx[j]];
- * x[idx[j]] += vals[j] in the order of j (the additions ATen's index_add_ makes, in its order);
- * x[idx[j]] = 0 bytes (+0.0). The positions are scattered over buffers of megabytes, so each
- * access misses the cache: the loops prefetch HCO_AHEAD entries ahead, which overlaps the misses
- * (docs/selection.md#random-access).
+ * The kernels of scattered accesses (sparse_axpy, scattered, scatter_sum) are in
+ * _hostkernels_index.c.
  */
-#include <math.h>
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <stdint.h>
-#include <string.h>
+#include "_hostkernels.h"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define HCO_X86 1
-#include <immintrin.h>
-#endif
-
-static Py_ssize_t stream_min = 1 << 20; /* bytes: smaller buffers are written with plain stores */
+Py_ssize_t hco_stream_min = 1 << 20; /* bytes: smaller buffers are written with plain stores */
 
 /* Portable path: blocks of 16, whose compare loop vectorises; only a block with a hit is
    compacted. */
@@ -113,7 +94,7 @@ HCO_PORTABLE(sweep_f64_portable, double, int64_t, 0x7FFFFFFFFFFFFFFFLL)
         int64_t c = 0;                                                                          \
         /* streaming stores into a large buffer, 32-byte aligned where the loop starts (a block is \
            128 bytes, so it stays aligned); the hits' values are then read from registers */     \
-        const int big = (n - i) * (int64_t)sizeof(FT) >= stream_min;                            \
+        const int big = (n - i) * (int64_t)sizeof(FT) >= hco_stream_min;                            \
         const int nty = big && y != x && (uintptr_t)(y + i) % 32 == 0;                          \
         const int ntu = big && u && (uintptr_t)(uo + i) % 32 == 0;                              \
         const VT muv = _mm256_set1_##SFX(mu);                                                   \
@@ -174,7 +155,7 @@ HCO_AVX2(sweep_f64_avx2, double, int64_t, __m256d, pd, epi64, _mm256_set1_epi64x
          sweep_f64_portable)
 #endif
 
-static int use_avx2 = 0;
+int hco_use_avx2 = 0;
 
 static int check(Py_buffer *b, const char *what, Py_ssize_t item, Py_ssize_t n) {
     if (b->itemsize != item || !PyBuffer_IsContiguous(b, 'C') || (n >= 0 && b->len / item < n)) {
@@ -224,7 +205,7 @@ static PyObject *sweep(PyObject *self, PyObject *args) {
         const float *gp = have_g ? (const float *)g.buf : NULL, *up = have_u ? (const float *)u.buf : NULL;
         float *uop = have_u ? (float *)uo.buf : NULL;
 #ifdef HCO_X86
-        if (use_avx2)
+        if (hco_use_avx2)
             count = sweep_f32_avx2((const float *)x.buf, gp, (float *)y.buf, start, n, op, (int32_t)key,
                                    (int64_t *)idx.buf, (float *)val.buf, cap, &stop, up, (float)mu, uop);
         else
@@ -235,7 +216,7 @@ static PyObject *sweep(PyObject *self, PyObject *args) {
         const double *gp = have_g ? (const double *)g.buf : NULL, *up = have_u ? (const double *)u.buf : NULL;
         double *uop = have_u ? (double *)uo.buf : NULL;
 #ifdef HCO_X86
-        if (use_avx2)
+        if (hco_use_avx2)
             count = sweep_f64_avx2((const double *)x.buf, gp, (double *)y.buf, start, n, op, (int64_t)key,
                                    (int64_t *)idx.buf, (double *)val.buf, cap, &stop, up, mu, uop);
         else
@@ -293,9 +274,10 @@ done:
 }
 
 
-/* dst = src byte for byte (src NULL: zeros), streaming when dst has at least stream_min bytes. */
+/* dst = src byte for byte (src NULL: zeros), with streaming stores; `fence` ends with an sfence
+   (a caller writing many pieces fences once, after the last). */
 #ifdef HCO_X86
-__attribute__((target("avx2"))) static void stream_avx2(char *d, const char *s, int64_t n) {
+__attribute__((target("avx2"))) static void stream_avx2(char *d, const char *s, int64_t n, int fence) {
     int64_t i = 0;
     while (i < n && (uintptr_t)(d + i) % 32) {
         d[i] = s ? s[i] : 0;
@@ -304,10 +286,29 @@ __attribute__((target("avx2"))) static void stream_avx2(char *d, const char *s, 
     const __m256i z = _mm256_setzero_si256();
     for (; i + 32 <= n; i += 32)
         _mm256_stream_si256((__m256i *)(d + i), s ? _mm256_loadu_si256((const __m256i *)(s + i)) : z);
-    _mm_sfence();
+    if (fence) _mm_sfence();
     for (; i < n; i++) d[i] = s ? s[i] : 0;
 }
 #endif
+
+void hco_store(char *d, const char *s, int64_t n, int stream, int fence) {
+#ifdef HCO_X86
+    if (stream && hco_use_avx2) {
+        stream_avx2(d, s, n, fence);
+        return;
+    }
+#endif
+    if (s)
+        memmove(d, s, n);
+    else
+        memset(d, 0, n);
+}
+
+void hco_fence(void) {
+#ifdef HCO_X86
+    if (hco_use_avx2) _mm_sfence();
+#endif
+}
 
 static PyObject *stream_store(PyObject *self, PyObject *args) {
     Py_buffer d, s = {0};
@@ -324,15 +325,7 @@ static PyObject *stream_store(PyObject *self, PyObject *args) {
         goto done;
     }
     Py_BEGIN_ALLOW_THREADS
-#ifdef HCO_X86
-    if (use_avx2 && d.len >= stream_min)
-        stream_avx2((char *)d.buf, have_s ? (const char *)s.buf : NULL, d.len);
-    else
-#endif
-    if (have_s)
-        memmove(d.buf, s.buf, d.len);
-    else
-        memset(d.buf, 0, d.len);
+    hco_store((char *)d.buf, have_s ? (const char *)s.buf : NULL, d.len, d.len >= hco_stream_min, 1);
     Py_END_ALLOW_THREADS
     res = Py_None;
     Py_INCREF(res);
@@ -343,173 +336,13 @@ done:
 }
 
 
-#define HCO_AHEAD 16 /* entries between a prefetch and its use */
-
-/* The member of a bucket holding position i: starts[] ascending, m members, starts[m] = total.
-   `hint` (the last member found) makes ascending runs of positions O(1) per entry. */
-static inline int64_t member_of(const int64_t *starts, int64_t m, int64_t i, int64_t hint) {
-    if (i >= starts[hint] && i < starts[hint + 1]) return hint;
-    int64_t lo = 0, hi = m;  /* the last j with starts[j] <= i */
-    while (hi - lo > 1) {
-        int64_t mid = (lo + hi) / 2;
-        if (starts[mid] <= i) lo = mid; else hi = mid;
-    }
-    return lo;
-}
-
-/* sparse_axpy's two passes in dtype T: new values into tmp (prefetching the scattered position
-   HCO_AHEAD entries ahead), then written, so a repeated position is written twice with one value. */
-#define HCO_AXPY(T, FMA, ALPHA)                                                                  \
-    const T *v = (const T *)vals.buf, a = (ALPHA);                                               \
-    T *t = (T *)tmp.buf;                                                                         \
-    for (Py_ssize_t j = 0; j < n; j++) {                                                         \
-        if (j + HCO_AHEAD < n) {                                                                 \
-            int64_t q = member_of(st, m, ix[j + HCO_AHEAD], h);                                  \
-            __builtin_prefetch(((T *)pp[q]) + (ix[j + HCO_AHEAD] - st[q]), 1);                    \
-        }                                                                                        \
-        h = member_of(st, m, ix[j], h);                                                          \
-        t[j] = FMA(v[j], a, ((T *)pp[h])[ix[j] - st[h]]);                                        \
-    }                                                                                            \
-    for (Py_ssize_t j = 0; j < n; j++) {                                                         \
-        h = member_of(st, m, ix[j], h);                                                          \
-        ((T *)pp[h])[ix[j] - st[h]] = t[j];                                                      \
-    }
-
-static PyObject *sparse_axpy(PyObject *self, PyObject *args) {
-    Py_buffer idx, vals, starts, tmp;
-    double alpha;
-    PyObject *plist;
-    if (!PyArg_ParseTuple(args, "y*y*dy*Ow*", &idx, &vals, &alpha, &starts, &plist, &tmp)) return NULL;
-    PyObject *res = NULL, *seq = NULL;
-    Py_buffer *pb = NULL;
-    char **pp = NULL;
-    Py_ssize_t got = 0, item = vals.itemsize, n = idx.len / 8, m = starts.len / 8 - 1;
-    if (idx.itemsize != 8 || (item != 4 && item != 8) || vals.len / item != n || starts.itemsize != 8 || m < 1 ||
-        tmp.itemsize != item || tmp.len / item < n) {
-        PyErr_SetString(PyExc_ValueError, "sparse_axpy: int64 idx, float32/float64 vals of idx's length, int64 starts "
-                                          "(members + 1) and a tmp buffer of vals' dtype at least as long expected");
-        goto done;
-    }
-    seq = PySequence_Fast(plist, "sparse_axpy: params must be a sequence of buffers");
-    if (!seq) goto done;
-    if (PySequence_Fast_GET_SIZE(seq) != m) {
-        PyErr_SetString(PyExc_ValueError, "sparse_axpy: one param buffer per member of starts expected");
-        goto done;
-    }
-    const int64_t *st = (const int64_t *)starts.buf, *ix = (const int64_t *)idx.buf;
-    pb = PyMem_Calloc(m, sizeof(Py_buffer));
-    pp = PyMem_Calloc(m, sizeof(char *));
-    if (!pb || !pp) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    for (; got < m; got++) {
-        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, got), &pb[got], PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
-            goto done;
-        if (pb[got].itemsize != item || pb[got].len / item != st[got + 1] - st[got]) {
-            got++;
-            PyErr_SetString(PyExc_ValueError, "sparse_axpy: a param buffer's dtype or size disagrees with vals/starts");
-            goto done;
-        }
-        pp[got] = (char *)pb[got].buf;
-    }
-    for (Py_ssize_t j = 0; j < n; j++)
-        if (ix[j] < st[0] || ix[j] >= st[m]) {
-            PyErr_SetString(PyExc_IndexError, "sparse_axpy: a position lies outside the bucket");
-            goto done;
-        }
-    Py_BEGIN_ALLOW_THREADS
-    int64_t h = 0;
-    if (item == 4) {
-        HCO_AXPY(float, fmaf, (float)alpha)
-    } else {
-        HCO_AXPY(double, fma, alpha)
-    }
-    Py_END_ALLOW_THREADS
-    res = Py_None;
-    Py_INCREF(res);
-done:
-    for (Py_ssize_t j = 0; j < got; j++) PyBuffer_Release(&pb[j]);
-    PyMem_Free(pb);
-    PyMem_Free(pp);
-    Py_XDECREF(seq);
-    PyBuffer_Release(&idx);
-    PyBuffer_Release(&vals);
-    PyBuffer_Release(&starts);
-    PyBuffer_Release(&tmp);
-    return res;
-}
-
-
-/* The three scattered accesses, one loop each over idx with the prefetch HCO_AHEAD entries ahead:
-   0 take (out[j] = x[idx[j]]), 1 scatter_add (x[idx[j]] += v[j], floats), 2 zero_at (x[idx[j]] = 0). */
-#define HCO_SCATTERED(T, ACCESS, RW)                                                             \
-    for (Py_ssize_t j = 0; j < k; j++) {                                                         \
-        if (j + HCO_AHEAD < k) __builtin_prefetch((T *)xb + ix[j + HCO_AHEAD], RW);               \
-        ACCESS;                                                                                  \
-    }
-#define HCO_BY_SIZE(OP, RW)                                                                      \
-    if (item == 8) { HCO_SCATTERED(int64_t, OP(int64_t), RW) }                                   \
-    else if (item == 4) { HCO_SCATTERED(int32_t, OP(int32_t), RW) }                              \
-    else if (item == 2) { HCO_SCATTERED(int16_t, OP(int16_t), RW) }                              \
-    else { HCO_SCATTERED(int8_t, OP(int8_t), RW) }
-#define HCO_TAKE(T) (((T *)ob)[j] = ((const T *)xb)[ix[j]])
-#define HCO_ZERO(T) (((T *)xb)[ix[j]] = 0)
-
-static PyObject *scattered(PyObject *self, PyObject *args) {
-    int op;
-    Py_buffer x, idx, o = {0};
-    PyObject *oobj = Py_None;
-    if (!PyArg_ParseTuple(args, "iw*y*|O", &op, &x, &idx, &oobj)) return NULL;
-    PyObject *res = NULL;
-    int have_o = 0;
-    Py_ssize_t item = x.itemsize, k = idx.len / 8, n = item ? x.len / item : 0;
-    if (oobj != Py_None) {
-        if (PyObject_GetBuffer(oobj, &o, op == 0 ? PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE : PyBUF_C_CONTIGUOUS) < 0)
-            goto done;
-        have_o = 1;
-    }
-    if (op < 0 || op > 2 || idx.itemsize != 8 || (item != 1 && item != 2 && item != 4 && item != 8) ||
-        (op < 2 && (!have_o || o.itemsize != item || o.len / item < k)) ||
-        (op == 1 && ((item != 4 && item != 8) || o.len / item != k))) {
-        PyErr_SetString(PyExc_ValueError, "scattered: op 0 (take, out) / 1 (scatter_add, float vals) / 2 (zero_at), "
-                                          "int64 idx, and an out or vals buffer of x's item size as long as idx");
-        goto done;
-    }
-    const int64_t *ix = (const int64_t *)idx.buf;
-    for (Py_ssize_t j = 0; j < k; j++)
-        if (ix[j] < 0 || ix[j] >= n) {
-            PyErr_Format(PyExc_IndexError, "scattered: index %lld is outside [0, %zd)", (long long)ix[j], n);
-            goto done;
-        }
-    char *xb = (char *)x.buf, *ob = have_o ? (char *)o.buf : NULL;
-    Py_BEGIN_ALLOW_THREADS
-    if (op == 0) {
-        HCO_BY_SIZE(HCO_TAKE, 0)
-    } else if (op == 2) {
-        HCO_BY_SIZE(HCO_ZERO, 1)
-    } else if (item == 4) {
-        HCO_SCATTERED(float, (((float *)xb)[ix[j]] += ((const float *)ob)[j]), 1)
-    } else {
-        HCO_SCATTERED(double, (((double *)xb)[ix[j]] += ((const double *)ob)[j]), 1)
-    }
-    Py_END_ALLOW_THREADS
-    res = Py_None;
-    Py_INCREF(res);
-done:
-    if (have_o) PyBuffer_Release(&o);
-    PyBuffer_Release(&x);
-    PyBuffer_Release(&idx);
-    return res;
-}
-
 static PyObject *set_stream_min(PyObject *self, PyObject *arg) {
     /* Buffers of at least this many bytes are written with streaming stores (-1: never); returns
        the previous setting (benchmarks compare the two in one process). */
     Py_ssize_t v = PyNumber_AsSsize_t(arg, PyExc_OverflowError);
     if (v == -1 && PyErr_Occurred()) return NULL;
-    Py_ssize_t prev = stream_min;
-    stream_min = v < 0 ? PY_SSIZE_T_MAX : v;
+    Py_ssize_t prev = hco_stream_min;
+    hco_stream_min = v < 0 ? PY_SSIZE_T_MAX : v;
     return PyLong_FromSsize_t(prev == PY_SSIZE_T_MAX ? -1 : prev);
 }
 
@@ -519,11 +352,11 @@ static PyObject *set_simd(PyObject *self, PyObject *arg) {
     int want = PyObject_IsTrue(arg);
     if (want < 0) return NULL;
 #ifdef HCO_X86
-    use_avx2 = want && __builtin_cpu_supports("avx2");
+    hco_use_avx2 = want && __builtin_cpu_supports("avx2");
 #else
-    use_avx2 = 0;
+    hco_use_avx2 = 0;
 #endif
-    return PyUnicode_FromString(use_avx2 ? "avx2" : "portable");
+    return PyUnicode_FromString(hco_use_avx2 ? "avx2" : "portable");
 }
 
 static PyMethodDef methods[] = {
@@ -533,6 +366,8 @@ static PyMethodDef methods[] = {
     {"sparse_axpy", sparse_axpy, METH_VARARGS, "sparse_axpy(idx, vals, alpha, starts, params, tmp): p[idx] += alpha*vals"},
     {"scattered", scattered, METH_VARARGS,
      "scattered(op, x, idx[, other]): 0 take into other, 1 x[idx] += other in order, 2 x[idx] = 0"},
+    {"scatter_sum", scatter_sum, METH_VARARGS,
+     "scatter_sum(out, idx, vals, scale, sums) -> finite, or None: out = scatter_add(0, idx, vals)*scale"},
     {"set_stream_min", set_stream_min, METH_O, "set_stream_min(bytes) -> previous (-1: never stream)"},
     {"set_simd", set_simd, METH_O, "set_simd(on) -> 'avx2' | 'portable' (for tests)"},
     {NULL, NULL, 0, NULL}};
@@ -544,7 +379,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "hvd_commopt._hostker
 PyMODINIT_FUNC PyInit__hostkernels(void) {
 #ifdef HCO_X86
     __builtin_cpu_init();
-    use_avx2 = __builtin_cpu_supports("avx2");
+    hco_use_avx2 = __builtin_cpu_supports("avx2");
 #endif
     return PyModule_Create(&module);
 }

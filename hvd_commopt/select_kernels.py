@@ -27,7 +27,7 @@ import numpy as np
 __all__ = ["OPS", "ALL", "NONE", "threshold_plan", "np_abs_where", "np_add_abs_where",
            "np_kth_largest_abs", "np_key_of", "np_sweep", "np_all_none", "np_abs_keys", "np_key_value", "NP_KEYS",
            "native_sweep", "use_native", "np_scale_add", "np_add_momentum_abs_where", "np_stream_store",
-           "np_sparse_axpy", "np_take", "np_scatter_add", "np_zero_at", "RANDOM_ACCESS_MIN"]
+           "np_sparse_axpy", "np_take", "np_scatter_add", "np_zero_at", "np_scatter_sum", "RANDOM_ACCESS_MIN"]
 
 try:  # built by setup.py when a C compiler is there (optional: the NumPy sweep stands in)
     from . import _hostkernels as _native
@@ -271,6 +271,19 @@ def np_zero_at(x: np.ndarray, idx: np.ndarray) -> bool:
         return False
     _native.scattered(2, x.reshape(-1), idx.reshape(-1))
     return True
+
+
+def np_scatter_sum(out: np.ndarray, idx: np.ndarray, vals: np.ndarray, scale: float, sums: np.ndarray) -> bool | None:
+    """The sparse result in one native pass (docs/selection.md#scatter-sum): ``out =
+    scatter_add(zeros, idx, vals)`` scaled by ``scale`` (rounded to out's dtype; 1.0: unscaled),
+    ``sums[j] = out[idx[j]]``; returns whether every sum is finite. None, nothing written, where
+    it does not apply (native kernels off, dtypes, layout, idx in more than a few ascending runs):
+    the caller's plain path, whose bits these are."""
+    if not (_native_on and out.dtype in _NATIVE_DTYPES and vals.dtype == out.dtype and sums.dtype == out.dtype
+            and idx.dtype == np.int64 and vals.size == idx.size == sums.size
+            and all(a.flags.c_contiguous for a in (out, idx, vals, sums))):
+        return None
+    return _native.scatter_sum(out.reshape(-1), idx.reshape(-1), vals.reshape(-1), float(scale), sums.reshape(-1))
 
 
 def np_scale_add(out: np.ndarray, t: np.ndarray, s: float, g: np.ndarray) -> np.ndarray:

@@ -136,6 +136,14 @@ class TensorOps(Protocol):
         adapter has no such pass (the caller then makes the two calls; docs/selection.md#native-sweep)."""
         ...
 
+    def scatter_sum(self, buf: Tensor, idx: Tensor, vals: Tensor, scale: float) -> tuple[Tensor, Tensor, bool] | None:
+        """A sparse exchange's result built in ``buf`` (every element overwritten): ``out =
+        scatter_add(zero_(buf), idx, vals)`` times ``scale`` (> 0, finite), ``sums = out[idx]``
+        (scaled; one per entry of idx), and whether every sum is finite: ``(out, sums, finite)``,
+        bit-identical to those calls. None where the adapter has no such pass (the caller makes
+        the calls; docs/selection.md#scatter-sum)."""
+        ...
+
     def kth_largest_abs(self, t: Tensor, k: int) -> float:
         """The exact k-th largest ``|t|`` (1 <= k <= numel) as a Python float, nan for a NaN."""
         ...

@@ -337,6 +337,9 @@ class TFOps:
     def add_momentum_abs_where(self, acc, u, mu, g, u_out, op, thr, out=None):
         return None  # no fused pass: the core makes u' and calls add_abs_where (compress/addend.py)
 
+    def scatter_sum(self, buf, idx, vals, scale):
+        return None  # immutable tensors: the core's zeros + scatter_add path (reduce/sparse.py)
+
     def kth_largest_abs(self, t, k):
         t = self._flat(t)
         n, k = int(t.shape[0]), int(k)

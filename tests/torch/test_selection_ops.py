@@ -545,3 +545,26 @@ def test_torch_index_ops_on_host_memory_equal_atens(dtype):
     assert torch.equal(ops.index_fill(x.clone(), idx, 0.0).view(bits), want.view(bits))
     neg = ops.index_fill(x.clone(), idx, -0.0)  # -0.0 is not zero bytes: ATen's path
     assert torch.equal(neg.view(bits), x.clone().index_fill_(0, idx, -0.0).view(bits))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("postscale", [1.0, 0.5, 1 / 3])
+def test_torch_sparse_result_build_equals_atens_ops(dtype, postscale):
+    """docs/selection.md#scatter-sum: the sparse result built in one native pass has ATen's bits:
+    zero_, index_add_ in order, the sums times a Python float (``mul_``) written back with
+    index_copy_."""
+    from hvd_commopt.reduce.sparse import scatter_result
+    g = torch.Generator().manual_seed(11)
+    n = 300_001
+    idx = torch.cat([torch.randperm(n, generator=g)[:3000].sort().values for _ in range(3)])
+    vals = torch.randn(idx.numel(), generator=g, dtype=dtype) * 100
+    ops = TorchOps()
+    buf = torch.randn(n, generator=g, dtype=dtype)
+    out, finite, sums = scatter_result(ops, buf, n, idx, vals, postscale)
+    assert out.data_ptr() == buf.data_ptr() and finite
+    want = torch.zeros(n, dtype=dtype).index_add_(0, idx, vals)
+    want_sums = want.index_select(0, idx).mul_(postscale)
+    want.index_copy_(0, idx, want_sums)
+    bits = torch.int32 if dtype == torch.float32 else torch.int64
+    assert torch.equal(out.view(bits), want.view(bits)) and torch.equal(sums.view(bits), want_sums.view(bits))
+    assert ops.scatter_sum(buf.to(torch.float16), idx, vals.to(torch.float16), 1.0) is None  # ATen's path
