@@ -12,24 +12,6 @@ from hvd_commopt.numpy_ops import NumpyOps
 native = pytest.importorskip("hvd_commopt._hostkernels",
                              reason="the native extension was not built (no C compiler at install time)")
 
-SIMD = ["avx2", "portable"]
-
-
-@pytest.fixture(params=SIMD)
-def simd(request):
-    got = native.set_simd(request.param == "avx2")
-    if got != request.param:
-        native.set_simd(True)
-        pytest.skip(f"this CPU has no {request.param} path")
-    yield got
-    native.set_simd(True)
-
-
-@pytest.fixture
-def restore_native():
-    yield
-    sk.use_native(True)
-
 
 def _specials(x: np.ndarray) -> np.ndarray:
     """Zeros of both signs, infinities, NaNs, denormals and ties scattered through x."""

@@ -36,16 +36,6 @@ def _runs(rng, n: int, sizes: list[int]) -> np.ndarray:
     return np.concatenate([np.sort(rng.choice(n, s, replace=False)) for s in sizes]).astype(np.int64)
 
 
-@pytest.fixture(params=["avx2", "portable"])
-def simd(request):
-    got = native.set_simd(request.param == "avx2")
-    if got != request.param:
-        native.set_simd(True)
-        pytest.skip(f"this CPU has no {request.param} path")
-    yield got
-    native.set_simd(True)
-
-
 @pytest.fixture(params=[0, 1 << 40], ids=["streamed", "plain-stores"])
 def stream_min(request):
     prev = native.set_stream_min(request.param)
@@ -123,12 +113,6 @@ def test_bad_buffers_and_positions_are_refused():
     assert sk.np_scatter_sum(out.astype(np.float16), np.zeros(3, np.int64), np.ones(3, np.float16), 1.0,
                              np.empty(3, np.float16)) is None
     assert sk.np_scatter_sum(out, np.zeros(3, np.int32), np.ones(3, np.float32), 1.0, sums) is None
-
-
-@pytest.fixture
-def restore_native():
-    yield
-    sk.use_native(True)
 
 
 def test_scatter_result_takes_the_one_pass_build_with_the_same_bits(restore_native):

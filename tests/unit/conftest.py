@@ -1,0 +1,26 @@
+"""Fixtures of the native host kernels' tests (tests/unit/test_host_kernels.py,
+tests/unit/test_scatter_sum.py)."""
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(params=["avx2", "portable"])
+def simd(request):
+    """Each of the native kernels' paths in turn (AVX2 where the CPU has it, and the portable one),
+    then the default back."""
+    native = pytest.importorskip("hvd_commopt._hostkernels", reason="the native extension was not built")
+    got = native.set_simd(request.param == "avx2")
+    if got != request.param:
+        native.set_simd(True)
+        pytest.skip(f"this CPU has no {request.param} path")
+    yield got
+    native.set_simd(True)
+
+
+@pytest.fixture
+def restore_native():
+    """The native kernels back on after a test that turns them off."""
+    from hvd_commopt import select_kernels
+    yield
+    select_kernels.use_native(True)
