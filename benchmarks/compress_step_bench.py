@@ -36,46 +36,39 @@ VARIANTS = DEFAULT + ("dense_plain", "topk_plain", "dgc_plain", "topk_denseupd",
                       "dgc_plainres", "lags")
 
 
-def _numpy_sweep(step):
-    """``step`` with the NumPy kernels (every selection of a synchronous step ends within it)."""
-    from hvd_commopt import select_kernels
-
+def _with_setting(step, setter, value):
+    """``step`` run with ``setter(value)`` in force; ``setter`` returns the previous setting, put
+    back after the step."""
     def run():
-        prev = select_kernels.use_native(False)
+        prev = setter(value)
         try:
             return step()
         finally:
-            select_kernels.use_native(prev)
+            setter(prev)
     return run
+
+
+def _numpy_sweep(step):
+    """``step`` with the NumPy kernels (every selection of a synchronous step ends within it)."""
+    from hvd_commopt import select_kernels
+    return _with_setting(step, select_kernels.use_native, False)
 
 
 def _plain_result(step):
     """``step`` with the sparse result built by zero_ + scatter_add + gather, the path before the
-    one-pass build (docs/selection.md#scatter-sum)."""
+    one-pass build (docs/selection.md#scatter-sum): ``TorchOps.scatter_sum`` says "no such pass"."""
     from torch_plugin.ops import TorchOps
 
-    own = TorchOps.scatter_sum
-
-    def run():
-        TorchOps.scatter_sum = lambda self, buf, idx, vals, scale: None  # "no such pass": the plain path
-        try:
-            return step()
-        finally:
-            TorchOps.scatter_sum = own
-    return run
+    def swap(method):
+        prev, TorchOps.scatter_sum = TorchOps.scatter_sum, method
+        return prev
+    return _with_setting(step, swap, lambda self, buf, idx, vals, scale: None)
 
 
 def _plain_stores(step):
     """``step`` with the native kernels' streaming stores off (docs/selection.md#streaming-stores)."""
     from hvd_commopt import _hostkernels
-
-    def run():
-        prev = _hostkernels.set_stream_min(-1)
-        try:
-            return step()
-        finally:
-            _hostkernels.set_stream_min(prev)
-    return run
+    return _with_setting(step, _hostkernels.set_stream_min, -1)
 
 
 def main() -> None:

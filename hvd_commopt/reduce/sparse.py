@@ -76,15 +76,16 @@ def scatter_result(ops: Any, buf: Any, n: int, idx: Any, vals: Any, postscale: f
     (one value per entry of idx), the result's support for a sparse optimizer update
     (docs/wrapper.md#sparse-update); None on the whole-buffer path."""
     dt = ops.dtype_name(vals)
-    if (buf is not None and ops.dtype_name(buf) == dt and math.isfinite(postscale)
-            and math.copysign(1.0, postscale) > 0):
+    in_buf = buf is not None and ops.dtype_name(buf) == dt
+    positive = math.isfinite(postscale) and math.copysign(1.0, postscale) > 0
+    if in_buf and positive:
         built = ops.scatter_sum(buf, idx, vals, postscale)  # one pass, the same bits (docs/selection.md#scatter-sum)
         if built is not None:
             out, sums, finite = built
             return out, finite, sums
-    out = ops.zero_(buf) if buf is not None and ops.dtype_name(buf) == dt else ops.zeros(n, dt, like=vals)
+    out = ops.zero_(buf) if in_buf else ops.zeros(n, dt, like=vals)
     out = ops.scatter_add(out, idx, vals)
-    if not (math.isfinite(postscale) and math.copysign(1.0, postscale) > 0):
+    if not positive:
         out = ops.scale(out, postscale)
         return out, ops.all_finite(out), None
     sums = ops.gather(out, idx)
