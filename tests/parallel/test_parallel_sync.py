@@ -21,6 +21,11 @@ def test_sync_training_over_gloo_under_mpirun():
                    extra=["-k", "threshold or closed_form or equal_size or direct_allreduce or small_sums"])
 
 
+def test_sync_training_over_gloo_on_three_ranks():
+    # an odd rank count: Gloo's ring splits unevenly and the 2-rank pair sum is off
+    run_pytest_mpi(3, "tests/parallel/mpi_sync.py", timeout=400, env={"HVD_COMMOPT_BACKEND": "gloo"})
+
+
 def test_model_differing_across_ranks_is_refused_on_every_rank():
     proc = run_mpi(3, [sys.executable, str(ROOT / "tests/parallel/mpi_errors.py"), "mismatch"], timeout=120)
     lines = [ln for ln in proc.stdout.splitlines() if "RankMismatchError" in ln]
