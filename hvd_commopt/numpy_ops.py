@@ -7,7 +7,7 @@ import numpy as np
 
 from .dtypes import float32_to_half, half_to_float32, numpy_dtype
 from .select_kernels import (np_abs_where, np_add_abs_where, np_add_momentum_abs_where, np_kth_largest_abs,
-                             np_scale_add, np_scatter_sum, np_stream_store)
+                             native_sweep, np_scale_add, np_scatter_sum, np_stream_store)
 
 __all__ = ["NumpyOps", "numpy_dtype"]
 
@@ -142,6 +142,8 @@ class NumpyOps:
         return np_add_momentum_abs_where(acc, u, mu, g, u_out, op, thr, out)
 
     def scatter_sum(self, buf, idx, vals, scale):
+        if not native_sweep():  # no native pass: the caller's plain path, nothing allocated here
+            return None
         sums = np.empty(idx.size, dtype=vals.dtype)
         finite = np_scatter_sum(buf, idx, vals, scale, sums)
         return None if finite is None else (buf, sums, finite)

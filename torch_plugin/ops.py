@@ -10,7 +10,7 @@ import torch
 
 from hvd_commopt.select_kernels import (ALL, NONE, np_add_momentum_abs_where, np_all_none, np_kth_largest_abs,
                                         np_scale_add, np_scatter_add, np_scatter_sum, np_stream_store, np_sweep,
-                                        np_take, np_zero_at, threshold_plan, RANDOM_ACCESS_MIN)
+                                        np_take, np_zero_at, native_sweep, threshold_plan, RANDOM_ACCESS_MIN)
 
 __all__ = ["TorchOps", "TORCH_DTYPES"]
 
@@ -323,9 +323,9 @@ class TorchOps:
         return (acc if out is None else out), u_out, torch.from_numpy(idx), torch.from_numpy(vals)
 
     def scatter_sum(self, buf, idx, vals, scale):
-        if not (_host_ok(buf) and buf.dtype in (torch.float32, torch.float64) and not buf.requires_grad
-                and vals.dtype == buf.dtype and vals.device.type == "cpu" and not vals.requires_grad
-                and idx.device.type == "cpu" and idx.dtype == torch.int64):
+        if not (native_sweep() and _host_ok(buf) and buf.dtype in (torch.float32, torch.float64)
+                and not buf.requires_grad and vals.dtype == buf.dtype and vals.device.type == "cpu"
+                and not vals.requires_grad and idx.device.type == "cpu" and idx.dtype == torch.int64):
             return None
         sums = torch.empty(idx.numel(), dtype=vals.dtype)
         finite = np_scatter_sum(buf.view(-1).numpy(), idx.reshape(-1).contiguous().numpy(),

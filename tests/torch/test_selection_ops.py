@@ -568,3 +568,9 @@ def test_torch_sparse_result_build_equals_atens_ops(dtype, postscale):
     bits = torch.int32 if dtype == torch.float32 else torch.int64
     assert torch.equal(out.view(bits), want.view(bits)) and torch.equal(sums.view(bits), want_sums.view(bits))
     assert ops.scatter_sum(buf.to(torch.float16), idx, vals.to(torch.float16), 1.0) is None  # ATen's path
+    from hvd_commopt import select_kernels as sk
+    prev = sk.use_native(False)
+    try:  # kernels off: declined before anything is allocated
+        assert ops.scatter_sum(buf, idx, vals, 1.0) is None
+    finally:
+        sk.use_native(prev)
