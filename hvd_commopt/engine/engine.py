@@ -20,14 +20,12 @@ buffers (from a pool), so delayed schedules can keep several rounds in flight.
 """
 from __future__ import annotations
 
-import copy
 import threading
 import time
-import weakref
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Protocol, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
-from .. import checkpoint, env
+from .. import env
 from .. import timeline as _timeline
 from ..buckets import Bucket, TensorSpec, build_buckets
 from ..comm.communicator import Communicator
@@ -39,71 +37,17 @@ from ..reduce import make_reducer
 from ..reduce.base import Average, ReduceContext, Reducer, RoundInfo, check_op
 from ..tensor_ops import TensorOps
 from .args import check_backward_passes, check_predivide
+from .buffer_pool import BufferPool
+from .ports import StepScheduler, own_reducer
 from .relayout import relayout_state
-from .rounds import ReducedGrads, Round, RoundPlan
+from .rounds import ReducedGrads, Round
 from .settings import DERIVED, engine_settings, plan_setting
 from .specs import verify_same_settings, verify_same_tensors
+from .state import engine_state, load_engine_state
 from .stats import StepStats
 from .tuner import FusionTuner
 
 __all__ = ["CommEngine", "StepScheduler"]
-
-Tensor = Any
-
-# per bucket, released fusion buffers kept for reuse; past this many, buffers someone still holds
-# (views handed to the framework as its gradients) are dropped, oldest first (docs/wrapper.md#grad-views)
-_SPARES = 4
-
-
-class StepScheduler(Protocol):
-    """What the engine needs of its scheduler (implemented by :class:`hvd_commopt.schedule.Scheduler`)."""
-
-    name: str
-    step: int
-    drains_for_checkpoint: bool
-    rank_local_state: tuple[str, ...]
-    rank_local_weights: bool
-    rank_local_optimizer: bool
-
-    def attach(self, host: ScheduleHost) -> None: ...
-    @property
-    def host_or_none(self) -> ScheduleHost | None: ...
-    def round_plan(self) -> RoundPlan | None: ...
-    def on_step(self, closure: Callable[[], Any] | None, synchronize: bool) -> Any: ...
-    def synchronize(self) -> dict[str, Tensor]: ...
-    @property
-    def outstanding(self) -> int: ...
-    def drain(self) -> None: ...
-    def finalize(self) -> None: ...
-    def abandon(self) -> None: ...
-    def global_weights(self) -> dict[str, Tensor] | None: ...
-    def swap_in_weights(self, weights: dict[str, Tensor]) -> dict[str, Tensor]: ...
-    def state_dict(self) -> dict: ...
-    def load_state_dict(self, state: dict, step: int) -> None: ...
-
-
-# id(reducer) -> (weakref to the reducer, weakref to its engine); by id, so that a reducer that
-# defines __eq__ (unhashable) works too
-_OWNERS: dict[int, tuple[Any, Any]] = {}
-_OWNERS_LOCK = threading.Lock()
-
-
-def _own(reducer: Reducer, engine: CommEngine) -> Reducer:
-    """``reducer`` if no live engine uses it yet, else a copy with its own (empty) state: a
-    compression object given to several optimizers is a configuration, and each engine keeps its
-    own residuals (docs/cross-rank-check.md#shared-compression)."""
-    with _OWNERS_LOCK:
-        for k in [k for k, (r, e) in _OWNERS.items() if r() is None or e() is None]:
-            del _OWNERS[k]
-        entry = _OWNERS.get(id(reducer))
-        if entry is not None and entry[0]() is reducer:
-            try:
-                reducer = reducer.fresh()
-            except (TypeError, copy.Error) as e:  # state that cannot be copied: refuse, with the fix
-                raise ConfigError(f"this compression object ({reducer!r}) is already used by another optimizer "
-                                  f"and cannot be copied ({e}); build one Compression.* object per optimizer") from e
-        _OWNERS[id(reducer)] = (weakref.ref(reducer), weakref.ref(engine))
-    return reducer
 
 
 class CommEngine:
@@ -137,7 +81,7 @@ class CommEngine:
         self.backward_passes_per_step = check_backward_passes(backward_passes_per_step)
         f = check_predivide(gradient_predivide_factor, op)
         self.comm, self.ops = comm, ops
-        self.reducer = _own(make_reducer(compression, op), self)
+        self.reducer = own_reducer(make_reducer(compression, op), self)
         self.fusion_threshold, self.fusion_threshold_source = env.fusion_threshold_setting(fusion_threshold)
         self.op = op
         self.gradient_predivide_factor = f
@@ -151,14 +95,14 @@ class CommEngine:
         self._slot: dict[str, tuple[Bucket, int]] = {}  # name -> (its bucket, its offset in the buffer)
         self._lock = threading.RLock()
         self._round: Round | None = None       # the round the hooks are filling
-        self._spare: list[list[Any]] = []      # per bucket: fusion buffers of released rounds, for reuse
+        self._pool = BufferPool(ops)            # per bucket: fusion buffers of released rounds, for reuse
         self._countdown: dict[str, int] = {}
         self._sync_on_step = True
         self._capture = GradientCapture()
         self.scheduler: StepScheduler | None = None
         # other ranks' parts of the checkpoint loaded last, until the next step: rank 0 loads, then
         # broadcast_optimizer_state sends them on (docs/wrapper.md#checkpoints)
-        self._held_parts: dict[int, dict] = {}
+        self.held_parts: dict[int, dict] = {}
         self.tuner = FusionTuner(fusion, comm, threshold_bytes=self.fusion_threshold, reducer=self.reducer,
                                  ops=ops, options=fusion_options)
 
@@ -235,7 +179,7 @@ class CommEngine:
                 if moved:
                     self.reducer.load_state_dict(state)
             self._slot = {n: (b, off) for b in self._buckets for n, off in zip(b.names, b.offsets)}
-            self._spare = [[] for _ in self._buckets]
+            self._pool.reset(len(self._buckets))
             self._reset_step()
 
     def _build_buckets(self, plan: Sequence[Sequence[int]]) -> list[Bucket]:
@@ -321,31 +265,11 @@ class CommEngine:
             if len(arrived) == len(bucket.names):
                 self._launch_ready(rnd)
 
-    def _buffer(self, bucket: Bucket, like: Any) -> Any:
-        """A fusion buffer for ``bucket``: a released one that nothing else refers to any more, else
-        a new one. A released buffer whose views the host made its gradients stays untouched while
-        any of them lives, so packing never writes into a gradient the user can still see, nor reads
-        from the buffer it writes (docs/wrapper.md#grad-views)."""
-        spare = self._spare[bucket.index]
-        exclusive = self.ops.exclusive
-        for j in range(len(spare)):
-            if exclusive(spare[j]):
-                return spare.pop(j)
-        return self.ops.empty(bucket.numel, bucket.dtype, like=like)
-
-    def _keep(self, spare: list[Any], flat: Any) -> None:
-        """Keep a released buffer; past ``_SPARES``, forget the oldest still held elsewhere (its
-        holder keeps it alive), else the oldest."""
-        spare.append(flat)
-        while len(spare) > _SPARES:
-            held = [j for j in range(len(spare)) if not self.ops.exclusive(spare[j])]
-            spare.pop(held[0] if held else 0)
-
     def _pack(self, rnd: Round, bucket: Bucket, name: str, tensor: Any, offset: int) -> None:
         i = bucket.index
         flat = rnd.flats[i]
         if flat is None:
-            flat = self._buffer(bucket, tensor)
+            flat = self._pool.take(bucket, tensor)
         rnd.flats[i] = self.ops.copy_into(flat, offset, tensor)
         rnd.arrived[i].add(name)
 
@@ -430,9 +354,7 @@ class CommEngine:
         is alive (a host may keep the views :meth:`finish_round` returned)."""
         with self._lock:
             if len(rnd.flats) == len(self._buckets):
-                for spare, flat in zip(self._spare, rnd.flats):
-                    if flat is not None:
-                        self._keep(spare, flat)
+                self._pool.give_back(rnd.flats)
             rnd.flats = []
 
     def abandon_round(self, rnd: Round) -> None:
@@ -452,7 +374,7 @@ class CommEngine:
         strategy may switch to its new plan (same step on every rank).
         """
         sched = self._sched()
-        self._held_parts = {}  # the state moves on: a loaded checkpoint's parts are stale
+        self.held_parts = {}  # the state moves on: a loaded checkpoint's parts are stale
         with self._lock, _timeline.span(f"{sched.name} step", "update"):
             loss = sched.on_step(closure, self._sync_on_step)
             new_plan = self.tuner.step_end()  # same step on every rank; the plan comes from rank 0
@@ -541,47 +463,13 @@ class CommEngine:
         rank 0's result (docs/wrapper.md#checkpoints). **A collective: call it on every rank**
         (then save rank 0's), between steps. A schedule that keeps rounds in flight across steps
         drains them first (value-neutral), so no pending collective is saved."""
-        sched = self._sched()
-        if sched.drains_for_checkpoint:
-            self.drain()
-        sched_state = dict(sched.state_dict())
-        local = {"reducer": self.reducer.state_dict(),
-                 "schedule": {k: sched_state.pop(k) for k in sched.rank_local_state if k in sched_state}}
-        if sched.rank_local_weights and self.host is not None:
-            local["weights"] = dict(self.host.weights())
-        local.update(rank_local or {})
-        per_rank = (self.reducer.holds_rank_state or bool(sched.rank_local_state) or sched.rank_local_weights
-                    or rank_local is not None)
-        state = checkpoint.gather(self.comm, self.ops, {"step": sched.step, "schedule": sched_state}, local,
-                                  per_rank)
-        for r in state["ranks"]:  # loaded here, not stepped since: the checkpoint's parts stand
-            if r != self.comm.rank and r in self._held_parts:
-                state["ranks"][r] = self._held_parts[r]
-        return state
+        return engine_state(self, self._sched(), rank_local)
 
     def load_state_dict(self, state: dict) -> dict:
         """Restore a checkpoint from :meth:`state_dict` (rank 0's, or this rank's own); this rank
         takes its own part. Returns what the adapter gave as ``rank_local`` when saving ({} when
         the per-rank state was reset: another world size, docs/wrapper.md#checkpoints)."""
-        sched = self._sched()
-        self.abandon()
-        sched.abandon()
-        shared, own, first = checkpoint.select(self.comm, state)
-        self._held_parts = {} if own is None else {int(r): p for r, p in state.get("ranks", {}).items()
-                                                     if int(r) != self.comm.rank}
-        if own is None:  # keep what every rank shares (a compressor's epoch), drop the memory
-            self.reducer.load_state_dict(checkpoint.shared_of((first or {}).get("reducer"), ("memory",)))
-        else:
-            self.reducer.load_state_dict(own.get("reducer", {}))
-        sched_state = dict(shared.get("schedule", {}))
-        sched_state.update((own or {}).get("schedule", {}))
-        sched.load_state_dict(sched_state, int(shared.get("step", 0)))
-        own = own or {}
-        if own.get("weights") and self.host is not None:
-            w = self.host.weights()
-            for n, v in own["weights"].items():
-                self.host.assign(n, self.ops.copy_(w[n], v))
-        return {k: v for k, v in own.items() if k not in ("reducer", "schedule", "weights")}
+        return load_engine_state(self, self._sched(), state)
 
     @property
     def fusion_report(self) -> dict | None:
