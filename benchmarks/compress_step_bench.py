@@ -132,10 +132,14 @@ def main() -> None:
             kw = {} if comps[name] is None else {"compression": comps[name]}
             if name == "lags":
                 kw["fusion_threshold"] = 0  # one bucket per layer
+            saved = os.environ.get("HVD_COMMOPT_SPARSE_UPDATE")
             if name.endswith("_denseupd"):  # read when the optimizer is wrapped
                 os.environ["HVD_COMMOPT_SPARSE_UPDATE"] = "0"
             opt = hco.DistributedOptimizer(opt, named_parameters=m.named_parameters(), **kw)
-            os.environ.pop("HVD_COMMOPT_SPARSE_UPDATE", None)
+            if saved is None:  # the caller's own setting, if any, holds for the other variants
+                os.environ.pop("HVD_COMMOPT_SPARSE_UPDATE", None)
+            else:
+                os.environ["HVD_COMMOPT_SPARSE_UPDATE"] = saved
         models[name] = (m, opt)
 
     steps = {k: train_step(*v, x, y) for k, v in models.items()}

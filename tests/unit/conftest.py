@@ -24,3 +24,12 @@ def restore_native():
     from hvd_commopt import select_kernels
     yield
     select_kernels.use_native(True)
+
+
+@pytest.fixture(params=[0, 1 << 40], ids=["streamed", "plain-stores"])
+def stream_min(request):
+    """Each store route in turn: every buffer streamed (0), then none (2^40 bytes), then the default back."""
+    native = pytest.importorskip("hvd_commopt._hostkernels", reason="the native extension was not built")
+    prev = native.set_stream_min(request.param)
+    yield request.param
+    native.set_stream_min(prev)

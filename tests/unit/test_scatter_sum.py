@@ -36,13 +36,6 @@ def _runs(rng, n: int, sizes: list[int]) -> np.ndarray:
     return np.concatenate([np.sort(rng.choice(n, s, replace=False)) for s in sizes]).astype(np.int64)
 
 
-@pytest.fixture(params=[0, 1 << 40], ids=["streamed", "plain-stores"])
-def stream_min(request):
-    prev = native.set_stream_min(request.param)
-    yield request.param
-    native.set_stream_min(prev)
-
-
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("n,sizes", [(1, [1]), (1000, [10]), (1024, [100, 100]), (1025, [3, 1024, 7]),
                                      (70_001, [700, 700, 700, 700, 700]), (300_000, [3000] * 8)])
