@@ -157,6 +157,25 @@ HCO_AVX2(sweep_f64_avx2, double, int64_t, __m256d, pd, epi64, _mm256_set1_epi64x
 
 int hco_use_avx2 = 0;
 
+/* The sweep in the path chosen at run time, for the other kernels of the extension (the fused
+   top-k of _hostkernels_topk.c makes its sums and candidates with the very code sweep() runs). */
+int64_t hco_sweep_f32(const float *x, const float *g, float *y, int64_t i, int64_t n, int op, int32_t key,
+                      int64_t *idx, float *val, int64_t cap, int64_t *stop, const float *u, float mu, float *uo) {
+#ifdef HCO_X86
+    if (hco_use_avx2) return sweep_f32_avx2(x, g, y, i, n, op, key, idx, val, cap, stop, u, mu, uo);
+#endif
+    return sweep_f32_portable(x, g, y, i, n, op, key, idx, val, cap, stop, u, mu, uo);
+}
+
+int64_t hco_sweep_f64(const double *x, const double *g, double *y, int64_t i, int64_t n, int op, int64_t key,
+                      int64_t *idx, double *val, int64_t cap, int64_t *stop, const double *u, double mu,
+                      double *uo) {
+#ifdef HCO_X86
+    if (hco_use_avx2) return sweep_f64_avx2(x, g, y, i, n, op, key, idx, val, cap, stop, u, mu, uo);
+#endif
+    return sweep_f64_portable(x, g, y, i, n, op, key, idx, val, cap, stop, u, mu, uo);
+}
+
 static int check(Py_buffer *b, const char *what, Py_ssize_t item, Py_ssize_t n) {
     if (b->itemsize != item || !PyBuffer_IsContiguous(b, 'C') || (n >= 0 && b->len / item < n)) {
         PyErr_Format(PyExc_ValueError, "sweep: %s must be a contiguous buffer of %zd-byte items%s", what, item,
@@ -201,29 +220,14 @@ static PyObject *sweep(PyObject *self, PyObject *args) {
         goto done;
     int64_t cap = idx.len / 8 < val.len / item ? idx.len / 8 : val.len / item, count, stop;
     Py_BEGIN_ALLOW_THREADS
-    if (item == 4) {
-        const float *gp = have_g ? (const float *)g.buf : NULL, *up = have_u ? (const float *)u.buf : NULL;
-        float *uop = have_u ? (float *)uo.buf : NULL;
-#ifdef HCO_X86
-        if (hco_use_avx2)
-            count = sweep_f32_avx2((const float *)x.buf, gp, (float *)y.buf, start, n, op, (int32_t)key,
-                                   (int64_t *)idx.buf, (float *)val.buf, cap, &stop, up, (float)mu, uop);
-        else
-#endif
-            count = sweep_f32_portable((const float *)x.buf, gp, (float *)y.buf, start, n, op, (int32_t)key,
-                                       (int64_t *)idx.buf, (float *)val.buf, cap, &stop, up, (float)mu, uop);
-    } else {
-        const double *gp = have_g ? (const double *)g.buf : NULL, *up = have_u ? (const double *)u.buf : NULL;
-        double *uop = have_u ? (double *)uo.buf : NULL;
-#ifdef HCO_X86
-        if (hco_use_avx2)
-            count = sweep_f64_avx2((const double *)x.buf, gp, (double *)y.buf, start, n, op, (int64_t)key,
-                                   (int64_t *)idx.buf, (double *)val.buf, cap, &stop, up, mu, uop);
-        else
-#endif
-            count = sweep_f64_portable((const double *)x.buf, gp, (double *)y.buf, start, n, op, (int64_t)key,
-                                       (int64_t *)idx.buf, (double *)val.buf, cap, &stop, up, mu, uop);
-    }
+    if (item == 4)
+        count = hco_sweep_f32((const float *)x.buf, have_g ? (const float *)g.buf : NULL, (float *)y.buf, start, n,
+                              op, (int32_t)key, (int64_t *)idx.buf, (float *)val.buf, cap, &stop,
+                              have_u ? (const float *)u.buf : NULL, (float)mu, have_u ? (float *)uo.buf : NULL);
+    else
+        count = hco_sweep_f64((const double *)x.buf, have_g ? (const double *)g.buf : NULL, (double *)y.buf, start,
+                              n, op, (int64_t)key, (int64_t *)idx.buf, (double *)val.buf, cap, &stop,
+                              have_u ? (const double *)u.buf : NULL, mu, have_u ? (double *)uo.buf : NULL);
     Py_END_ALLOW_THREADS
     res = Py_BuildValue("(LL)", (long long)count, (long long)stop);
 done:
@@ -368,6 +372,9 @@ static PyMethodDef methods[] = {
      "scattered(op, x, idx[, other]): 0 take into other, 1 x[idx] += other in order, 2 x[idx] = 0"},
     {"scatter_sum", scatter_sum, METH_VARARGS,
      "scatter_sum(out, idx, vals, scale, sums) -> finite, or None: out = scatter_add(0, idx, vals)*scale"},
+    {"topk", topk, METH_VARARGS,
+     "topk(x, g, y, u, mu, uo, k, sidx, j_lo, j_hi, max_retries, vals, idx) -> (v_key, c, retries, full, above, ties, "
+     "finite)"},
     {"set_stream_min", set_stream_min, METH_O, "set_stream_min(bytes) -> previous (-1: never stream)"},
     {"set_simd", set_simd, METH_O, "set_simd(on) -> 'avx2' | 'portable' (for tests)"},
     {NULL, NULL, 0, NULL}};

@@ -21,6 +21,16 @@ extern int hco_use_avx2;          /* the AVX2 paths are in use (chosen at import
 void hco_store(char *d, const char *s, int64_t n, int stream, int fence);
 void hco_fence(void);
 
+/* The candidate sweep of _hostkernels.c in the SIMD path chosen at run time. */
+int64_t hco_sweep_f32(const float *x, const float *g, float *y, int64_t i, int64_t n, int op, int32_t key,
+                      int64_t *idx, float *val, int64_t cap, int64_t *stop, const float *u, float mu, float *uo);
+int64_t hco_sweep_f64(const double *x, const double *g, double *y, int64_t i, int64_t n, int op, int64_t key,
+                      int64_t *idx, double *val, int64_t cap, int64_t *stop, const double *u, double mu,
+                      double *uo);
+
+/* _hostkernels_topk.c */
+PyObject *topk(PyObject *self, PyObject *args);
+
 /* _hostkernels_index.c */
 PyObject *sparse_axpy(PyObject *self, PyObject *args);
 PyObject *scattered(PyObject *self, PyObject *args);

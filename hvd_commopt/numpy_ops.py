@@ -7,7 +7,7 @@ import numpy as np
 
 from .dtypes import float32_to_half, half_to_float32, numpy_dtype
 from .select_kernels import (np_abs_where, np_add_abs_where, np_add_momentum_abs_where, np_kth_largest_abs,
-                             native_sweep, np_scale_add, np_scatter_sum, np_stream_store)
+                             native_sweep, np_fused_topk, np_scale_add, np_scatter_sum, np_stream_store)
 
 __all__ = ["NumpyOps", "numpy_dtype"]
 
@@ -147,6 +147,9 @@ class NumpyOps:
         sums = np.empty(idx.size, dtype=vals.dtype)
         finite = np_scatter_sum(buf, idx, vals, scale, sums)
         return None if finite is None else (buf, sums, finite)
+
+    def fused_topk(self, t, k, sidx, j_lo, j_hi, max_retries, g, u, mu, u_out, out):
+        return np_fused_topk(t, k, sidx, j_lo, j_hi, max_retries, g, u, mu, u_out, out)
 
     def kth_largest_abs(self, t, k): return np_kth_largest_abs(t, k)
 

@@ -27,7 +27,8 @@ import numpy as np
 __all__ = ["OPS", "ALL", "NONE", "threshold_plan", "np_abs_where", "np_add_abs_where",
            "np_kth_largest_abs", "np_key_of", "np_sweep", "np_all_none", "np_abs_keys", "np_key_value", "NP_KEYS",
            "native_sweep", "use_native", "np_scale_add", "np_add_momentum_abs_where", "np_stream_store",
-           "np_sparse_axpy", "np_take", "np_scatter_add", "np_zero_at", "np_scatter_sum", "RANDOM_ACCESS_MIN"]
+           "np_sparse_axpy", "np_take", "np_scatter_add", "np_zero_at", "np_scatter_sum", "RANDOM_ACCESS_MIN",
+           "np_fused_topk"]
 
 try:  # built by setup.py when a C compiler is there (optional: the NumPy sweep stands in)
     from . import _hostkernels as _native
@@ -284,6 +285,25 @@ def np_scatter_sum(out: np.ndarray, idx: np.ndarray, vals: np.ndarray, scale: fl
             and all(a.flags.c_contiguous for a in (out, idx, vals, sums))):
         return None
     return _native.scatter_sum(out.reshape(-1), idx.reshape(-1), vals.reshape(-1), float(scale), sums.reshape(-1))
+
+
+def np_fused_topk(x: np.ndarray, k: int, sidx: np.ndarray | None, j_lo: int, j_hi: int, max_retries: int,
+                  g: np.ndarray | None = None, u: np.ndarray | None = None, mu: float = 0.0,
+                  u_out: np.ndarray | None = None, out: np.ndarray | None = None):
+    """``ExactTopK.select`` of ``x`` (+ ``g``, or + ``u*mu + g`` made into ``u_out``) in one native
+    call (docs/selection.md#native-topk): ``(acc, values, indices, v, candidates, retries,
+    full_fallbacks, above_fallback, ties, finite)`` with acc the sums (into ``out`` when given, x
+    intact; else into x) and finite None where unknown. None, nothing done, where it does not apply
+    (native kernels off, dtypes, sizes, layout): the caller's own route."""
+    y = x if g is None or out is None else out
+    arrays = (x, y, *(() if g is None else (g,)), *(() if u is None else (u, u_out)))
+    if not (_native_for(*arrays) and (sidx is None or (sidx.dtype == np.int64 and sidx.flags.c_contiguous))):
+        return None
+    vals, idx = np.empty(k, dtype=x.dtype), np.empty(k, dtype=np.int64)
+    v, c, retries, full, above, ties, finite = _native.topk(x, g, y, u, float(mu), u_out, int(k), sidx, int(j_lo),
+                                                            int(j_hi), int(max_retries), vals, idx)
+    return (y, vals, idx, np_key_value(v, x.dtype), c, retries, full, above, ties,
+            None if finite < 0 else bool(finite))
 
 
 def np_scale_add(out: np.ndarray, t: np.ndarray, s: float, g: np.ndarray) -> np.ndarray:

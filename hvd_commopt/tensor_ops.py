@@ -144,6 +144,16 @@ class TensorOps(Protocol):
         the calls; docs/selection.md#scatter-sum)."""
         ...
 
+    def fused_topk(self, t: Tensor, k: int, sidx: Tensor | None, j_lo: int, j_hi: int, max_retries: int,
+                   g: Tensor | None, u: Tensor | None, mu: float, u_out: Tensor | None,
+                   out: Tensor | None) -> tuple | None:
+        """``ExactTopK.select`` of ``t`` (+ ``g``, or + ``u*mu + g`` made into ``u_out``; the sum
+        into ``out`` with t intact when given) in one native call: ``(acc, values, indices, v,
+        candidates, retries, full_fallbacks, above_fallback, ties, finite)``. None where the
+        adapter has no such call for these tensors (ExactTopK's own steps run;
+        docs/selection.md#native-topk). Optional: ExactTopK asks for it with getattr."""
+        ...
+
     def kth_largest_abs(self, t: Tensor, k: int) -> float:
         """The exact k-th largest ``|t|`` (1 <= k <= numel) as a Python float, nan for a NaN."""
         ...

@@ -337,6 +337,9 @@ class TFOps:
     def add_momentum_abs_where(self, acc, u, mu, g, u_out, op, thr, out=None):
         return None  # no fused pass: the core makes u' and calls add_abs_where (compress/addend.py)
 
+    def fused_topk(self, t, k, sidx, j_lo, j_hi, max_retries, g, u, mu, u_out, out):
+        return None  # immutable tensors: ExactTopK's own steps (compress/exact_topk.py)
+
     def scatter_sum(self, buf, idx, vals, scale):
         return None  # immutable tensors: the core's zeros + scatter_add path (reduce/sparse.py)
 

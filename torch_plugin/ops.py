@@ -8,8 +8,8 @@ import math
 import numpy as np
 import torch
 
-from hvd_commopt.select_kernels import (ALL, NONE, np_add_momentum_abs_where, np_all_none, np_kth_largest_abs,
-                                        np_scale_add, np_scatter_add, np_scatter_sum, np_stream_store, np_sweep,
+from hvd_commopt.select_kernels import (ALL, NONE, np_add_momentum_abs_where, np_all_none, np_fused_topk,
+                                        np_kth_largest_abs, np_scale_add, np_scatter_add, np_scatter_sum, np_stream_store, np_sweep,
                                         np_take, np_zero_at, native_sweep, threshold_plan, RANDOM_ACCESS_MIN)
 
 __all__ = ["TorchOps", "TORCH_DTYPES"]
@@ -331,6 +331,19 @@ class TorchOps:
         finite = np_scatter_sum(buf.view(-1).numpy(), idx.reshape(-1).contiguous().numpy(),
                                 vals.reshape(-1).contiguous().numpy(), scale, sums.numpy())
         return None if finite is None else (buf, sums, finite)
+
+    def fused_topk(self, t, k, sidx, j_lo, j_hi, max_retries, g, u, mu, u_out, out):
+        ts = [t] + [a for a in (g, u, u_out) if a is not None] + ([out] if out is not None and g is not None else [])
+        if not (self.host_kernels and native_sweep() and _host_same(*ts) and t.dtype != torch.float16
+                and (sidx is None or (sidx.device.type == "cpu" and sidx.dtype == torch.int64))):
+            return None
+        arr = [None if a is None else a.detach().view(-1).numpy() for a in (t, g, u, u_out, out)]
+        r = np_fused_topk(arr[0], k, None if sidx is None else sidx.numpy(), j_lo, j_hi, max_retries,
+                          arr[1], arr[2], mu, arr[3], arr[4])
+        if r is None:
+            return None
+        acc = out if out is not None and g is not None else t
+        return (acc, torch.from_numpy(r[1]), torch.from_numpy(r[2]), *r[3:])
 
     def kth_largest_abs(self, t, k):
         t = t.detach().reshape(-1)

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["MomentumAddend", "made", "gather", "add_abs_where", "slice_of", "made_by_slices"]
+__all__ = ["MomentumAddend", "made", "gather", "add_abs_where", "slice_of", "made_by_slices", "fused_parts",
+           "made_in_pass"]
 
 
 class MomentumAddend:
@@ -81,3 +82,17 @@ def add_abs_where(ops: Any, acc: Any, addend: Any, op: str, thr: float, out: Any
             acc, addend.made, idx, vals = fused
             return acc, idx, vals
     return ops.add_abs_where(acc, made(ops, addend), op, thr, out)
+
+
+def fused_parts(ops: Any, addend: Any) -> tuple[Any, Any, float, Any]:
+    """``(g, u, mu, u_out)`` for a kernel that adds ``u*mu + g`` (u None: just ``g``; g None: no
+    addend) in its pass: a momentum addend not made yet goes as its parts, to be made there."""
+    if isinstance(addend, MomentumAddend) and addend.made is None:
+        return addend.g, addend.u, addend.mu, addend.out
+    return made(ops, addend), None, 0.0, None
+
+
+def made_in_pass(addend: Any) -> None:
+    """A kernel given :func:`fused_parts` wrote ``u'`` into the momentum addend's ``out``."""
+    if isinstance(addend, MomentumAddend) and addend.made is None:
+        addend.made = addend.out

@@ -1,0 +1,153 @@
+"""ExactTopK in one native call equals its framework route (docs/selection.md#native-topk).
+
+The two routes of ``ExactTopK.select`` run on the same inputs: NumpyOps offers ``fused_topk``
+(the native call), ``_Steps`` declines it (the ten-odd TensorOps calls). Everything the selection
+returns or changes must agree bit for bit: values, indices, the reported threshold, the sums
+(in place or into ``out``), the momentum correction's ``u'``, the finiteness verdict and every
+counter, across brackets forced wrong on purpose (retries, the full fallback, the "above hi"
+branch), ties, NaN/Inf, zeros, both dtypes and both SIMD paths.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hvd_commopt import select_kernels
+from hvd_commopt.compress.addend import MomentumAddend
+from hvd_commopt.compress.exact_topk import ExactTopK
+from hvd_commopt.numpy_ops import NumpyOps
+
+pytestmark = pytest.mark.skipif(not select_kernels.native_sweep(), reason="the native kernels were not built")
+
+
+class _Steps(NumpyOps):
+    """NumpyOps without the native call: ExactTopK's framework route."""
+
+    def fused_topk(self, *args):
+        return None
+
+
+class _LowBracket(ExactTopK):
+    """Both bracket ranks far below the k-th value: the candidates hold many more than k >= hi."""
+
+    def _bracket_ranks(self, n, k, m):
+        j_hi = min(m - 1, int(3 * k * m / n) + 40)
+        return j_hi + 1, j_hi
+
+
+SELECTORS = {
+    "default": lambda: ExactTopK(),
+    "lo_too_high": lambda: ExactTopK(z=-6.0, small_n=0),                # retries
+    "no_retries": lambda: ExactTopK(z=-6.0, small_n=0, max_retries=0),  # every element a candidate
+    "tiny_sample": lambda: ExactTopK(z=0.0, small_n=0, min_sample=16, sample_scale=0.01),
+    "loose": lambda: ExactTopK(z=30.0, small_n=0),
+    "low_bracket": lambda: _LowBracket(small_n=0),                      # hi taken, or the above fallback
+}
+
+
+def _data(case: str, n: int, dtype, seed: int):
+    rng = np.random.default_rng(seed)
+    x, g, u = (rng.standard_normal(n).astype(dtype) for _ in range(3))
+    if case == "ties":
+        x[::3], g[::3], u[::3] = 2.0, 0.0, 0.0
+    elif case == "two_values":
+        x[:] = np.where(rng.random(n) < 0.5, 1.0, -1.0).astype(dtype)
+        g[:], u[:] = 0.0, 0.0
+    elif case == "nan":
+        x[rng.integers(0, n, 7)] = np.nan
+    elif case == "inf":
+        x[rng.integers(0, n, 7)] = -np.inf
+    elif case == "zeros":
+        x[:], g[:], u[:] = 0.0, 0.0, 0.0
+    elif case == "sparse":
+        x[:] = 0.0
+        x[rng.integers(0, n, 300)] = rng.standard_normal(300).astype(dtype)
+        g[:], u[:] = 0.0, 0.0
+    elif case == "scales":
+        x *= np.exp(rng.standard_normal(n) * 8).astype(dtype)
+    return x, g, u
+
+
+def _run(ops, sel, x, g, u, k, addend: str, use_out: bool):
+    x, g, u = x.copy(), g.copy(), u.copy()
+    out = np.full_like(x, 7.0) if use_out else None
+    add = {"none": None, "plain": g, "momentum": MomentumAddend(u, 0.9, g, np.full_like(u, 5.0))}[addend]
+    with np.errstate(all="ignore"):
+        r = sel.select(ops, x, k, addend=add, out=out)
+    made = add.made if addend == "momentum" else None
+    return r, x, out, made, dict(sel.stats)
+
+
+def _same(a, b) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    a, b = np.asarray(a), np.asarray(b)
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+def _assert_routes_agree(make, x, g, u, k, addend, use_out):
+    fused, steps = (_run(ops, make(), x, g, u, k, addend, use_out) for ops in (NumpyOps(), _Steps()))
+    (ra, xa, oa, ma, sa), (rb, xb, ob, mb, sb) = fused, steps
+    assert _same(ra.indices, rb.indices) and _same(ra.values, rb.values)
+    assert ra.threshold == rb.threshold or (ra.threshold != ra.threshold and rb.threshold != rb.threshold)
+    assert _same(ra.acc, rb.acc) and _same(xa, xb) and _same(oa, ob) and _same(ma, mb)
+    assert ra.finite == rb.finite and ra.count == rb.count == k
+    assert sa == sb
+    return sa
+
+
+@pytest.mark.parametrize("selector", list(SELECTORS))
+@pytest.mark.parametrize("case", ["normal", "ties", "two_values", "nan", "inf", "zeros", "sparse", "scales"])
+def test_the_native_call_equals_the_framework_route(selector, case):
+    stats = {}
+    for i, (n, dtype, addend, use_out) in enumerate([
+            (70_000, np.float32, "momentum", False), (70_000, np.float32, "momentum", True),
+            (50_000, np.float64, "plain", True), (40_000, np.float32, "none", False),
+            (3_000, np.float32, "momentum", True), (100_000, np.float64, "momentum", False)]):
+        x, g, u = _data(case, n, dtype, seed=i)
+        for k in (1, 37, n // 100, n // 20, n - 3):
+            for key, v in _assert_routes_agree(SELECTORS[selector], x, g, u, k, addend, use_out).items():
+                stats[key] = stats.get(key, 0) + v
+    if case == "normal":  # the forced brackets reach the branches they were made for
+        assert {"lo_too_high": stats["retries"], "no_retries": stats["full_fallbacks"],
+                "low_bracket": stats["above_fallbacks"]}.get(selector, 1) > 0
+
+
+def test_each_simd_path_equals_the_framework_route(simd):
+    for case in ("ties", "nan"):
+        x, g, u = _data(case, 90_001, np.float32, seed=3)
+        for k in (1, 900, 30_000):
+            _assert_routes_agree(SELECTORS["default"], x, g, u, k, "momentum", True)
+
+
+def test_the_native_call_declines_what_it_cannot_take():
+    """float16, mixed dtypes, or the native kernels turned off: None, nothing written."""
+    x = np.ones(40_000, np.float16)
+    assert select_kernels.np_fused_topk(x, 10, None, 1, 0, 2) is None
+    y = np.ones(40_000, np.float32)
+    assert select_kernels.np_fused_topk(y, 10, None, 1, 0, 2, g=np.ones(40_000, np.float64)) is None
+    prev = select_kernels.use_native(False)
+    try:
+        assert select_kernels.np_fused_topk(y, 10, None, 1, 0, 2) is None
+    finally:
+        select_kernels.use_native(prev)
+
+
+def test_a_sample_position_outside_the_buffer_is_an_error():
+    x = np.ones(1000, np.float32)
+    with pytest.raises(ValueError, match="sample position"):
+        select_kernels.np_fused_topk(x, 10, np.array([5, 1000], np.int64), 1, 0, 2)
+
+
+@pytest.mark.parametrize("n", [1, 2, 17, 4096, 100_000])
+def test_quickselect_on_adversarial_orders(n):
+    """Sorted, reversed, constant and organ-pipe inputs: the k-th key is found (the fallback to a
+    sort after 64 rounds keeps the worst case bounded)."""
+    base = np.arange(n, dtype=np.float32)
+    for x in (base, base[::-1].copy(), np.zeros(n, np.float32),
+              np.concatenate([base[: n // 2], base[: n - n // 2][::-1]])):
+        for k in sorted({1, max(1, n // 3), n}):
+            r = ExactTopK(small_n=1 << 30).select(NumpyOps(), x.copy(), k)
+            want = np.sort(np.abs(x), kind="stable")[::-1][k - 1]
+            assert float(r.threshold) == float(want)
+            assert np.asarray(r.indices).size == k
