@@ -8,9 +8,9 @@ import math
 import numpy as np
 import torch
 
-from hvd_commopt.select_kernels import (ALL, NONE, np_add_momentum_abs_where, np_all_none, np_fused_topk,
-                                        np_kth_largest_abs, np_scale_add, np_scatter_add, np_scatter_sum, np_stream_store, np_sweep,
-                                        np_take, np_zero_at, native_sweep, threshold_plan, RANDOM_ACCESS_MIN)
+from hvd_commopt.select_kernels import (ALL, NONE, RANDOM_ACCESS_MIN, native_sweep, np_add_momentum_abs_where,
+                                        np_all_none, np_fused_topk, np_kth_largest_abs, np_scale_add, np_scatter_add,
+                                        np_scatter_sum, np_stream_store, np_sweep, np_take, np_zero_at, threshold_plan)
 
 __all__ = ["TorchOps", "TORCH_DTYPES"]
 
