@@ -73,6 +73,7 @@ class Runner:
     native_kernels: bool = True  # False: the NumPy host kernels (docs/selection.md#native-sweep)
     wait: str = "poll"  # how a direct collective's waiter waits: poll, event, block (docs/backends.md#direct-start)
     pair_sum: bool = True  # False: small sums at 2 ranks by Gloo's allreduce (docs/backends.md#pair-sum)
+    direct: bool = True  # False: every collective through the progress thread (docs/backends.md#direct-start)
     analytic_bytes: int | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -244,7 +245,8 @@ def ab_variant(build: Callable[[nn.Module, Ctx], Runner], name: str, **choice: A
     one job): ``native_kernels=False`` runs the NumPy host kernels (docs/selection.md#native-sweep),
     ``wait="event"`` / ``"block"`` waits for directly started collectives on an event / in the backend's
     bounded wait instead of polling (docs/backends.md#direct-start),
-    ``pair_sum=False`` sums small buffers at 2 ranks by Gloo's allreduce (docs/backends.md#pair-sum)."""
+    ``pair_sum=False`` sums small buffers at 2 ranks by Gloo's allreduce (docs/backends.md#pair-sum),
+    ``direct=False`` queues every collective on the progress thread (docs/backends.md#direct-start)."""
     def build_(model: nn.Module, ctx: Ctx) -> Runner:
         r = build(model, ctx)
         r.name = name
@@ -310,6 +312,8 @@ VARIANTS: dict[str, tuple[Callable[[nn.Module, Ctx], Runner], str]] = {
                    "ssgd whose waits for directly started collectives block in the backend's bounded wait"),
     "topk_block": (ab_variant(b_sparse("topk"), "topk_block", wait="block"),
                    "topk whose waits for directly started collectives block in the backend's bounded wait"),
+    "lags_queued": (ab_variant(b_sparse("topk", layerwise=True), "lags_queued", direct=False),
+                    "lags whose collectives all go through the progress thread, none started from the hooks"),
     "dgc_exact": (b_sparse("dgc", selection="exact", name="dgc_exact"), "DGC with the exact (fast) top-k selection"),
     "topk_thr": (b_sparse("topk", selection="threshold", name="topk_thr"),
                  "Top-k with Ok-Topk's threshold reuse (exact threshold every 16 steps)"),
@@ -331,7 +335,7 @@ VARIANTS: dict[str, tuple[Callable[[nn.Module, Ctx], Runner], str]] = {
 # (docs/backends.md#choice); `--backend both` times each of them on both backends.
 # the _np variants are opt-in as well: an A/B of the native host kernels, not methods of their own.
 NATIVE_AB = ("topk_np", "dgc_np", "lags_fused_np")
-BACKEND_AB = ("ssgd_event", "ssgd_block", "topk_block", "topk_ar")  # opt-in A/Bs of a backend choice, like the _np ones
+BACKEND_AB = ("ssgd_event", "ssgd_block", "topk_block", "topk_ar", "lags_queued")  # opt-in A/Bs of a backend choice, like the _np ones
 DEFAULT = [n for n in VARIANTS if n != "ssgd_gloo" and n not in NATIVE_AB + BACKEND_AB]
 QUICK = ["compute", "ddp", "ddp_powersgd1", "ssgd", "mgwfbp", "fp16", "topk", "gtopk", "dgc", "od", "local_sgd"]
 

@@ -70,6 +70,7 @@ def timed_step(r: V.Runner, x: torch.Tensor, y: torch.Tensor) -> None:
     if r.ours:  # ssgd_event, *_block / topk_ar: how direct waits wait / small sums by allreduce (docs/backends.md)
         comm = r.opt.comm_engine.comm
         comm.direct_wait = r.wait
+        comm.direct_start = r.direct
         if hasattr(comm.backend, "pair_sum_max_bytes"):
             comm.backend.pair_sum_max_bytes = PAIR_SUM_MAX_BYTES if r.pair_sum else 0
     with timeline.span("step", "step"):
