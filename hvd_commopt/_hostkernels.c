@@ -176,14 +176,16 @@ int64_t hco_sweep_f64(const double *x, const double *g, double *y, int64_t i, in
     return sweep_f64_portable(x, g, y, i, n, op, key, idx, val, cap, stop, u, mu, uo);
 }
 
-static int check(Py_buffer *b, const char *what, Py_ssize_t item, Py_ssize_t n) {
+int hco_check(Py_buffer *b, const char *fn, const char *what, Py_ssize_t item, Py_ssize_t n, const char *longer) {
     if (b->itemsize != item || !PyBuffer_IsContiguous(b, 'C') || (n >= 0 && b->len / item < n)) {
-        PyErr_Format(PyExc_ValueError, "sweep: %s must be a contiguous buffer of %zd-byte items%s", what, item,
-                     n >= 0 ? " at least as long as x" : "");
+        PyErr_Format(PyExc_ValueError, "%s: %s must be a contiguous buffer of %zd-byte items%s", fn, what, item,
+                     n >= 0 ? longer : "");
         return -1;
     }
     return 0;
 }
+
+#define AS_X " at least as long as x"
 
 static PyObject *sweep(PyObject *self, PyObject *args) {
     Py_buffer x, y, idx, val, g = {0}, u = {0}, uo = {0};
@@ -214,9 +216,10 @@ static PyObject *sweep(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "sweep: x must hold float32 or float64, op in 0..3, 0 <= start <= len(x)");
         goto done;
     }
-    if (check(&x, "x", item, -1) || check(&y, "y", item, n) || (have_g && check(&g, "g", item, n)) ||
-        (have_u && (check(&u, "u", item, n) || check(&uo, "uo", item, n))) ||
-        check(&idx, "idx", 8, -1) || check(&val, "val", item, -1))
+    if (hco_check(&x, "sweep", "x", item, -1, "") || hco_check(&y, "sweep", "y", item, n, AS_X) ||
+        (have_g && hco_check(&g, "sweep", "g", item, n, AS_X)) ||
+        (have_u && (hco_check(&u, "sweep", "u", item, n, AS_X) || hco_check(&uo, "sweep", "uo", item, n, AS_X))) ||
+        hco_check(&idx, "sweep", "idx", 8, -1, "") || hco_check(&val, "sweep", "val", item, -1, ""))
         goto done;
     int64_t cap = idx.len / 8 < val.len / item ? idx.len / 8 : val.len / item, count, stop;
     Py_BEGIN_ALLOW_THREADS
@@ -257,8 +260,8 @@ static PyObject *scale_add(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "y*dy*w*", &t, &s, &g, &out)) return NULL;
     PyObject *res = NULL;
     Py_ssize_t item = t.itemsize, n = item ? t.len / item : 0;
-    if ((item != 4 && item != 8) || check(&t, "t", item, -1) || check(&g, "g", item, n) ||
-        check(&out, "out", item, n)) {
+    if ((item != 4 && item != 8) || hco_check(&t, "scale_add", "t", item, -1, "") ||
+        hco_check(&g, "scale_add", "g", item, n, AS_X) || hco_check(&out, "scale_add", "out", item, n, AS_X)) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "scale_add: float32 or float64 buffers expected");
         goto done;
     }

@@ -21,6 +21,10 @@ extern int hco_use_avx2;          /* the AVX2 paths are in use (chosen at import
 void hco_store(char *d, const char *s, int64_t n, int stream, int fence);
 void hco_fence(void);
 
+/* b holds contiguous `item`-byte items, at least n of them (n < 0: any number); else a ValueError
+   "<fn>: <what> must be a contiguous buffer of <item>-byte items<longer>" and -1. */
+int hco_check(Py_buffer *b, const char *fn, const char *what, Py_ssize_t item, Py_ssize_t n, const char *longer);
+
 /* The candidate sweep of _hostkernels.c in the SIMD path chosen at run time. */
 int64_t hco_sweep_f32(const float *x, const float *g, float *y, int64_t i, int64_t n, int op, int32_t key,
                       int64_t *idx, float *val, int64_t cap, int64_t *stop, const float *u, float mu, float *uo);

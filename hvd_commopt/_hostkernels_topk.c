@@ -208,15 +208,6 @@ HCO_KTH(kth_i64, int64_t)
 HCO_TOPK(topk_f32, float, int32_t, kth_i32, 0x7FFFFFFF, 0x7F800000, hco_sweep_f32)
 HCO_TOPK(topk_f64, double, int64_t, kth_i64, 0x7FFFFFFFFFFFFFFFLL, 0x7FF0000000000000LL, hco_sweep_f64)
 
-static int need(Py_buffer *b, const char *what, Py_ssize_t item, Py_ssize_t n) {
-    if (b->itemsize != item || !PyBuffer_IsContiguous(b, 'C') || b->len / item < n) {
-        PyErr_Format(PyExc_ValueError, "topk: %s must be a contiguous buffer of at least %zd %zd-byte items", what,
-                     n, item);
-        return -1;
-    }
-    return 0;
-}
-
 PyObject *topk(PyObject *self, PyObject *args) {
     Py_buffer x, y, vals, idx, g = {0}, u = {0}, uo = {0}, sx = {0};
     PyObject *gobj, *uobj, *uoobj, *sobj, *res = NULL;
@@ -248,12 +239,14 @@ PyObject *topk(PyObject *self, PyObject *args) {
     if (sobj != Py_None) {
         if (PyObject_GetBuffer(sobj, &sx, PyBUF_C_CONTIGUOUS) < 0) goto done;
         got_s = 1;
-        if (need(&sx, "sidx", 8, 0)) goto done;
+        if (hco_check(&sx, "topk", "sidx", 8, -1, "")) goto done;
         m = sx.len / 8;
     }
-    if (need(&x, "x", item, n) || need(&y, "y", item, n) || (got_g && need(&g, "g", item, n)) ||
-        (got_u && (need(&u, "u", item, n) || need(&uo, "uo", item, n))) || need(&vals, "vals", item, k) ||
-        need(&idx, "idx", 8, k))
+    const char *as_x = " at least as long as x", *k_long = " holding at least k items";
+    if (hco_check(&x, "topk", "x", item, -1, "") || hco_check(&y, "topk", "y", item, n, as_x) ||
+        (got_g && hco_check(&g, "topk", "g", item, n, as_x)) ||
+        (got_u && (hco_check(&u, "topk", "u", item, n, as_x) || hco_check(&uo, "topk", "uo", item, n, as_x))) ||
+        hco_check(&vals, "topk", "vals", item, k, k_long) || hco_check(&idx, "topk", "idx", 8, k, k_long))
         goto done;
     hco_topk_res r = {0};
     r.finite = -1;

@@ -333,7 +333,8 @@ class TorchOps:
         return None if finite is None else (buf, sums, finite)
 
     def fused_topk(self, t, k, sidx, j_lo, j_hi, max_retries, g, u, mu, u_out, out):
-        ts = [t] + [a for a in (g, u, u_out) if a is not None] + ([out] if out is not None and g is not None else [])
+        out = out if g is not None else None  # no addend: the sum is t itself, out is not written
+        ts = [a for a in (t, g, u, u_out, out) if a is not None]
         if not (self.host_kernels and native_sweep() and _host_same(*ts) and t.dtype != torch.float16
                 and (sidx is None or (sidx.device.type == "cpu" and sidx.dtype == torch.int64))):
             return None
@@ -342,8 +343,7 @@ class TorchOps:
                           arr[1], arr[2], mu, arr[3], arr[4])
         if r is None:
             return None
-        acc = out if out is not None and g is not None else t
-        return (acc, torch.from_numpy(r[1]), torch.from_numpy(r[2]), *r[3:])
+        return (t if out is None else out, torch.from_numpy(r[1]), torch.from_numpy(r[2]), *r[3:])
 
     def kth_largest_abs(self, t, k):
         t = t.detach().reshape(-1)

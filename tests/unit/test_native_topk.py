@@ -151,3 +151,10 @@ def test_quickselect_on_adversarial_orders(n):
             want = np.sort(np.abs(x), kind="stable")[::-1][k - 1]
             assert float(r.threshold) == float(want)
             assert np.asarray(r.indices).size == k
+
+
+def test_output_buffers_shorter_than_k_are_an_error():
+    x = np.ones(1000, np.float32)
+    with pytest.raises(ValueError, match="topk: vals must be a contiguous buffer of 4-byte items holding at least k"):
+        select_kernels._native.topk(x, None, x, None, 0.0, None, 10, None, 1, 0, 2, np.empty(5, np.float32),
+                                    np.empty(10, np.int64))
