@@ -23,6 +23,7 @@ __all__ = [
     "collective_timeout_s",
     "timeline_path",
     "verbose",
+    "mpi_small_bytes",
     "DEFAULT_FUSION_THRESHOLD",
     "DEFAULT_TIMEOUT_S",
 ]
@@ -146,6 +147,30 @@ def sparse_update() -> bool:
         return False
     raise ConfigError(f"environment variable HVD_COMMOPT_SPARSE_UPDATE={v!r}: use 1 (the sparse update, the default) "
                       f"or 0 (always run the wrapped optimizer's own step)")
+
+
+#: the largest collective (bytes per rank) that a Gloo group chosen under an MPI launcher sends over
+#: MPI instead (docs/backends.md#small-on-mpi)
+DEFAULT_MPI_SMALL_BYTES = 64 * 1024
+
+
+def mpi_small_bytes(chosen: bool) -> int:
+    """HVD_COMMOPT_MPI_SMALL_BYTES: the largest CPU collective (bytes each rank sends) that the
+    Gloo backend carries over MPI when MPI is its control plane (docs/backends.md#small-on-mpi);
+    0 keeps everything on Gloo. Default: DEFAULT_MPI_SMALL_BYTES where the backend was ``chosen``
+    by us, 0 where the user named it."""
+    v = _get("HVD_COMMOPT_MPI_SMALL_BYTES")
+    if v is None:
+        return DEFAULT_MPI_SMALL_BYTES if chosen else 0
+    try:
+        out = int(v)
+    except ValueError:
+        out = -1
+    if out < 0:
+        raise ConfigError(f"environment variable HVD_COMMOPT_MPI_SMALL_BYTES={v!r}: give a whole number of bytes "
+                          f">= 0, e.g. {DEFAULT_MPI_SMALL_BYTES} (the default), or 0 to keep small collectives "
+                          f"on Gloo")
+    return out
 
 
 def backend_name(explicit: str | None = None) -> str | None:

@@ -87,7 +87,7 @@ def init(backend: str | None = None, timeout_s: float | None = None, *, native: 
         timeout = env.collective_timeout_s(timeout_s)  # checked before any MPI starts
         launch = env.detect_launch()
         name, why = choose_backend(launch, backend, native)
-        be = create_backend(name, timeout)
+        be = create_backend(name, timeout, chosen=env.backend_name(backend) is None)
         if launch.launcher != "none" and (be.rank, be.size) != (launch.rank, launch.size):
             raise LaunchEnvironmentError(
                 f"the {name} backend sees rank {be.rank} of {be.size}, but the {launch.launcher} "
@@ -99,6 +99,8 @@ def init(backend: str | None = None, timeout_s: float | None = None, *, native: 
         if env.verbose() and be.rank == 0:
             control = getattr(be, "control", None)
             plane = f"; control plane: {control.name}" if control is not None else ""
+            small = getattr(be, "mpi_small_bytes", 0)
+            plane += f"; CPU collectives of <= {small} bytes per rank over MPI" if small else ""
             print(f"hvd_commopt: backend {name} ({why}{plane}); {be.size} ranks. Override with "
                   f"HVD_COMMOPT_BACKEND or init(backend=...)", flush=True)
         # atexit runs the last registered first: registered after the backend's own handler, the

@@ -5,11 +5,12 @@ adapter's default under every launcher (docs/backends.md#choice): ``nccl`` when 
 available (our group is then ``cpu:gloo,cuda:nccl``, so host buffers still work), else ``gloo``.
 
 Under ``mpirun`` (or our launcher, which runs mpirun) MPI stays the *control plane*
-(docs/backends.md#control-plane): it carries the rendezvous (rank 0 opens a TCPStore on a free
-port and broadcasts its address when MASTER_ADDR/MASTER_PORT are absent), and the timeout
-diagnosis and failure notices of :class:`hvd_commopt.comm.mpi.MPIBackend`, so a Gloo/NCCL
-collective that cannot complete still names the rank that is missing. Under ``torchrun`` there
-is no MPI: the rendezvous is torchrun's, and a timeout says the backend cannot tell which rank.
+(docs/backends.md#control-plane): it carries the rendezvous (:mod:`torch_plugin.rendezvous`), and
+the timeout diagnosis and failure notices of :class:`hvd_commopt.comm.mpi.MPIBackend`, so a
+Gloo/NCCL collective that cannot complete still names the rank that is missing. There, when the
+runtime chose Gloo, small CPU collectives go over MPI (:mod:`torch_plugin.mpi_lane`,
+docs/backends.md#small-on-mpi). Under ``torchrun`` there is no MPI: the rendezvous is torchrun's,
+and a timeout says the backend cannot tell which rank.
 
 Every call waits with ``Work.wait(timeout)`` until the communicator's deadline, and the process
 group itself is created with the same timeout, so nothing blocks forever.
@@ -18,10 +19,6 @@ from __future__ import annotations
 
 import copy
 import datetime
-import fcntl
-import os
-import socket
-import struct
 import threading
 import time
 
@@ -33,6 +30,9 @@ from hvd_commopt import env
 from hvd_commopt.comm import register_backend
 from hvd_commopt.comm.base import Backend
 from hvd_commopt.errors import CollectiveTimeoutError, LaunchEnvironmentError, RankFailedError
+
+from .mpi_lane import MPILane
+from .rendezvous import control_plane, init_default_group
 
 __all__ = ["TorchDistBackend", "register", "native_backend"]
 
@@ -89,7 +89,6 @@ _PAIR_SUM_DTYPES = (torch.float32, torch.float64, torch.int32, torch.int64, torc
 _gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 _OPS = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX, "prod": dist.ReduceOp.PRODUCT}
-_MPI_LAUNCHERS = ("openmpi", "mpich")
 # How long a broken connection waits for the control plane's notice naming the peer: a "left"
 # notice counts after 1 s (comm/mpi.py's confirmation delay), a "failed" one at once.
 _PEER_NOTICE_S = 3.0
@@ -100,105 +99,12 @@ def native_backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
-def _control_plane(launch: env.LaunchInfo):
-    """The MPI backend used as control plane under an MPI launcher (None elsewhere, or without
-    mpi4py when torch's variables make the rendezvous possible without it)."""
-    if launch.launcher not in _MPI_LAUNCHERS or launch.size == 1:
-        return None
-    try:
-        from hvd_commopt.comm.mpi import MPIBackend
-        return MPIBackend()
-    except LaunchEnvironmentError:
-        if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
-            return None  # the data plane can start; timeouts then cannot name the missing rank
-        raise LaunchEnvironmentError(
-            "this job runs under mpirun, and torch.distributed's rendezvous needs mpi4py there (rank 0 "
-            "shares its address over MPI): pip install mpi4py, or export MASTER_ADDR and MASTER_PORT "
-            "(rank 0's address and a free port), or launch with torchrun") from None
-
-
-def _ifname_of(ip: str) -> str | None:
-    """Name of the local interface holding IPv4 address ``ip`` (Gloo binds by interface name)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        for _, name in socket.if_nameindex():
-            try:
-                raw = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))  # SIOCGIFADDR
-            except OSError:
-                continue
-            if socket.inet_ntoa(raw[20:24]) == ip:
-                return name
-    return None
-
-
-def _route_source(dest: str) -> str:
-    """The local address the kernel would use to reach ``dest`` (no packet is sent)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect((dest, 9))
-        return s.getsockname()[0]
-
-
-def _my_ips() -> list[str]:
-    """This host's IPv4 addresses other than loopback (how peers may reach it)."""
-    out = []
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        for _, name in socket.if_nameindex():
-            try:
-                raw = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))
-            except OSError:
-                continue
-            ip = socket.inet_ntoa(raw[20:24])
-            if not ip.startswith("127."):
-                out.append(ip)
-    return out
-
-
-def _mpi_rendezvous(launch: env.LaunchInfo, timeout: datetime.timedelta):
-    """A TCPStore for init_process_group, its address found over MPI.
-
-    All ranks on one host (local size == size): loopback. Otherwise rank 0 picks, for rank 1's
-    first address, the local address its route uses (what the others can reach), so it works
-    across hosts and across the emulated hosts' namespaces; every rank binds Gloo to the
-    interface it reaches rank 0 through (unless GLOO_SOCKET_IFNAME is set)."""
-    from hvd_commopt.comm.mpi import import_mpi
-    world = import_mpi().COMM_WORLD
-    ips = world.allgather(_my_ips())
-    host = None
-    if launch.rank == 0:
-        single = launch.local_size == launch.size or not ips[1]
-        host = "127.0.0.1" if single else _route_source(ips[1][0])
-        store = dist.TCPStore(host, 0, launch.size, True, timeout=timeout, wait_for_workers=False)
-        addr = (host, store.port)
-    addr = world.bcast(addr if launch.rank == 0 else None, root=0)
-    if launch.rank != 0:
-        store = dist.TCPStore(addr[0], addr[1], launch.size, False, timeout=timeout)
-    if "GLOO_SOCKET_IFNAME" not in os.environ:
-        name = "lo" if addr[0].startswith("127.") else _ifname_of(_route_source(addr[0]))
-        if name:
-            os.environ["GLOO_SOCKET_IFNAME"] = name
-    return store
-
-
-def _init_default_group(kind: str, launch: env.LaunchInfo, timeout: datetime.timedelta, control) -> None:
-    spec = "cpu:gloo,cuda:nccl" if kind == "nccl" else kind
-    if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
-        dist.init_process_group(spec, init_method="env://", rank=launch.rank, world_size=launch.size, timeout=timeout)
-        return
-    if control is not None:
-        store = _mpi_rendezvous(launch, timeout)
-    elif launch.size == 1:
-        store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=timeout)
-    else:
-        raise LaunchEnvironmentError("torch.distributed needs MASTER_ADDR and MASTER_PORT (torchrun sets "
-                                     "them), or launch with mpirun so rank 0 can share its address")
-    dist.init_process_group(spec, store=store, rank=launch.rank, world_size=launch.size, timeout=timeout)
-
-
 class TorchDistBackend(Backend):
     """Collectives on our own torch.distributed group; MPI as control plane when launched by it."""
 
     buffer_kind = "native"
 
-    def __init__(self, kind: str = "gloo", timeout_s: float | None = None, control=None):
+    def __init__(self, kind: str = "gloo", timeout_s: float | None = None, control=None, chosen: bool = False):
         if kind not in ("gloo", "nccl"):
             raise LaunchEnvironmentError(f"torch.distributed backend {kind!r} unknown; use 'gloo' or 'nccl'")
         if kind == "nccl" and not torch.cuda.is_available():
@@ -208,12 +114,12 @@ class TorchDistBackend(Backend):
         self.name = kind
         launch = env.detect_launch()
         self._timeout = datetime.timedelta(seconds=env.collective_timeout_s(timeout_s))
-        self._control = control if control is not None else _control_plane(launch)
+        self._control = control if control is not None else control_plane(launch)
         self._own_default = False
         if kind == "nccl":
             torch.cuda.set_device(launch.local_rank % torch.cuda.device_count())
         if not dist.is_initialized():
-            _init_default_group(kind, launch, self._timeout, self._control)
+            init_default_group(kind, launch, self._timeout, self._control)
             self._own_default = True
         # Our own group: collectives from our progress thread must never interleave with the
         # user's (or DDP's) on the default group, which could order them differently per rank
@@ -222,6 +128,21 @@ class TorchDistBackend(Backend):
         self._pg = dist.new_group(backend="cpu:gloo,cuda:nccl" if kind == "nccl" else kind, timeout=self._timeout)
         self._device = torch.device("cuda", torch.cuda.current_device()) if kind == "nccl" else torch.device("cpu")
         self._local_rank, self._local_size = launch.local_rank, launch.local_size
+        # small CPU collectives over the MPI control plane's transport (docs/backends.md#small-on-mpi)
+        self._lane = MPILane.open(self._control, env.mpi_small_bytes(chosen)) if kind == "gloo" else None
+
+    @property
+    def mpi_small_bytes(self) -> int:
+        """The largest CPU collective (bytes per rank) carried over MPI; 0: none
+        (docs/backends.md#small-on-mpi)."""
+        return self._lane.max_bytes if self._lane is not None else 0
+
+    def _on_lane(self, op: str, name: str, call):
+        """Run ``call()``, a blocking collective of the MPI lane, marked on the control plane."""
+        self._enter(op, name)
+        out = call()
+        self._control.leave()
+        return out
 
     @property
     def control(self):
@@ -303,6 +224,8 @@ class TorchDistBackend(Backend):
         return work, lambda: (torch.add(both[:n], both[n:], out=flat), buf)[1]
 
     def allreduce_(self, buf, op, name, deadline):
+        if self._lane is not None and self._lane.takes_reduce(buf, op):
+            return self._on_lane("allreduce", name, lambda: self._lane.allreduce_(buf, op))
         done = None
 
         def start():
@@ -330,8 +253,9 @@ class TorchDistBackend(Backend):
     def start_allreduce(self, buf, op, name, deadline):
         """Start an allreduce on the calling thread (:meth:`_start_on_caller`); ``finish()`` waits
         as :meth:`allreduce_` does and returns ``buf``. None for a CUDA tensor, which keeps the
-        progress thread (NCCL's stream semantics are untested here)."""
-        if buf.device.type != "cpu":
+        progress thread (NCCL's stream semantics are untested here), and for one that the MPI lane
+        carries (queued: docs/backends.md#small-on-mpi)."""
+        if buf.device.type != "cpu" or (self._lane is not None and self._lane.takes_reduce(buf, op)):
             return None
         self._enter("allreduce", name)
         work, done = self._start_reduce(buf, op)
@@ -340,19 +264,32 @@ class TorchDistBackend(Backend):
     def start_allgather_equal(self, buf, name, deadline):
         """Start an allgather whose every rank sends as many elements as this one (an exact top-k's
         selection, docs/topk.md#equal-sizes) on the calling thread (:meth:`_start_on_caller`);
-        ``finish()`` gives what :meth:`allgather_equal` gives. None for a CUDA tensor."""
-        if buf.device.type != "cpu":
+        ``finish()`` gives what :meth:`allgather_equal` gives. None for a CUDA tensor, and for one
+        that the MPI lane carries."""
+        if buf.device.type != "cpu" or (self._lane is not None and self._lane.takes_gather(buf)):
             return None
         gather, done = self._gather_equal(buf)
         self._enter("allgather", name)
         return self._start_on_caller("allgather", name, deadline, gather(), done)
 
     def allgather(self, buf, name, deadline):
+        if self._lane is not None and buf.device.type == "cpu":
+            # the sizes over MPI; the largest decides the data's transport alike on every rank
+            lane = self._lane
+            counts = self._on_lane("allgather", name, lambda: lane.counts(buf.numel()))
+            if lane.takes_sizes(counts, buf.element_size()):
+                return self._on_lane("allgather", name, lambda: lane.allgatherv(buf, counts)), counts
+            buf, dtype = _movable(buf.reshape(-1))
+            return self._gather_padded(buf, dtype, counts, name, deadline)
         buf, dtype = _movable(buf.reshape(-1))
         n = torch.tensor([buf.numel()], dtype=torch.int64, device=buf.device)
         counts = [torch.zeros_like(n) for _ in range(self.size)]
         self._run("allgather", name, deadline, lambda: dist.all_gather(counts, n, group=self._pg, async_op=True))
         counts = [int(c) for c in torch.cat(counts).tolist()]  # one device sync, not one per rank
+        return self._gather_padded(buf, dtype, counts, name, deadline)
+
+    def _gather_padded(self, buf, dtype, counts, name, deadline):
+        """The allgather of ``buf`` given every rank's count: each part padded to the largest."""
         m = max(counts)
         if buf.numel() == m:
             padded = buf.contiguous()
@@ -366,7 +303,9 @@ class TorchDistBackend(Backend):
         return _restore(torch.cat([p[:c] for p, c in zip(parts, counts)]), dtype), counts
 
     def allgather_equal(self, buf, name, deadline):
-        # one Gloo/NCCL collective: the caller promised every rank's size (docs/topk.md#equal-sizes)
+        # one collective: the caller promised every rank's size (docs/topk.md#equal-sizes)
+        if self._lane is not None and self._lane.takes_gather(buf):
+            return self._on_lane("allgather", name, lambda: self._lane.allgather_equal(buf))
         gather, done = self._gather_equal(buf)
         self._run("allgather", name, deadline, gather)
         return done()
@@ -416,6 +355,7 @@ class TorchDistBackend(Backend):
             return None
         sub = copy.copy(self)
         sub._pg, sub._owns_world = pg, False
+        sub._lane = None  # the lane spans the world; a set's collectives stay on its Gloo group
         return sub
 
     def barrier(self, name, deadline):
@@ -490,5 +430,5 @@ class TorchDistBackend(Backend):
 
 
 def register() -> None:
-    register_backend("gloo", lambda timeout_s=None: TorchDistBackend("gloo", timeout_s))
-    register_backend("nccl", lambda timeout_s=None: TorchDistBackend("nccl", timeout_s))
+    register_backend("gloo", lambda timeout_s=None, chosen=False: TorchDistBackend("gloo", timeout_s, chosen=chosen))
+    register_backend("nccl", lambda timeout_s=None, chosen=False: TorchDistBackend("nccl", timeout_s, chosen=chosen))

@@ -55,14 +55,17 @@ class RankEnv:
     def gloo_comm(self) -> Any:
         """Our Communicator over torch.distributed's default (Gloo) group, created on first use."""
         if not hasattr(self, "_gloo"):
-            self._gloo = self.comm if self.backend == "gloo" else self.fresh_comm()
+            self._gloo = self.comm if self.backend == "gloo" else self.fresh_comm(lane=False)
         return self._gloo
 
-    def fresh_comm(self) -> Any:
-        """A new Communicator of ours on a Gloo group of its own (every rank calls it in the same order)."""
+    def fresh_comm(self, lane: bool = True) -> Any:
+        """A new Communicator of ours on a Gloo group of its own (every rank calls it in the same order),
+        set up as the runtime's: with the MPI lane unless the job named its backend or ``lane`` is
+        False (a variant pinned to Gloo, docs/backends.md#small-on-mpi)."""
+        from hvd_commopt import env
         from hvd_commopt.comm import Communicator
         from torch_plugin.comm import TorchDistBackend
-        return Communicator(TorchDistBackend("gloo"), timeout_s=600)
+        return Communicator(TorchDistBackend("gloo", chosen=lane and env.backend_name() is None), timeout_s=600)
 
     def backend_comm(self, name: str) -> Any:
         """Our Communicator on backend ``name`` ("mpi" or "gloo"): the runtime's when it is that

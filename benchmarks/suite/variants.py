@@ -74,6 +74,7 @@ class Runner:
     wait: str = "poll"  # how a direct collective's waiter waits: poll, event, block (docs/backends.md#direct-start)
     pair_sum: bool = True  # False: small sums at 2 ranks by Gloo's allreduce (docs/backends.md#pair-sum)
     direct: bool = True  # False: every collective through the progress thread (docs/backends.md#direct-start)
+    mpi_lane: bool = True  # False: no small collective over MPI beside Gloo (docs/backends.md#small-on-mpi)
     analytic_bytes: int | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -246,7 +247,9 @@ def ab_variant(build: Callable[[nn.Module, Ctx], Runner], name: str, **choice: A
     ``wait="event"`` / ``"block"`` waits for directly started collectives on an event / in the backend's
     bounded wait instead of polling (docs/backends.md#direct-start),
     ``pair_sum=False`` sums small buffers at 2 ranks by Gloo's allreduce (docs/backends.md#pair-sum),
-    ``direct=False`` queues every collective on the progress thread (docs/backends.md#direct-start)."""
+    ``direct=False`` queues every collective on the progress thread (docs/backends.md#direct-start),
+    ``mpi_lane=False`` keeps small collectives on Gloo where the MPI lane would carry them
+    (docs/backends.md#small-on-mpi)."""
     def build_(model: nn.Module, ctx: Ctx) -> Runner:
         r = build(model, ctx)
         r.name = name
@@ -314,6 +317,12 @@ VARIANTS: dict[str, tuple[Callable[[nn.Module, Ctx], Runner], str]] = {
                    "topk whose waits for directly started collectives block in the backend's bounded wait"),
     "lags_queued": (ab_variant(b_sparse("topk", layerwise=True), "lags_queued", direct=False),
                     "lags whose collectives all go through the progress thread, none started from the hooks"),
+    "lags_nolane": (ab_variant(b_sparse("topk", layerwise=True), "lags_nolane", mpi_lane=False),
+                    "lags with its small collectives on Gloo, not the MPI lane (multi-host Gloo only)"),
+    "ssgd_nolane": (ab_variant(lambda m, c: _ours("ssgd", m, c), "ssgd_nolane", mpi_lane=False),
+                    "ssgd with its small collectives on Gloo, not the MPI lane (multi-host Gloo only)"),
+    "dgc_nolane": (ab_variant(b_sparse("dgc"), "dgc_nolane", mpi_lane=False),
+                   "dgc with its small collectives on Gloo, not the MPI lane (multi-host Gloo only)"),
     "dgc_exact": (b_sparse("dgc", selection="exact", name="dgc_exact"), "DGC with the exact (fast) top-k selection"),
     "topk_thr": (b_sparse("topk", selection="threshold", name="topk_thr"),
                  "Top-k with Ok-Topk's threshold reuse (exact threshold every 16 steps)"),

@@ -67,12 +67,15 @@ def engine_traces() -> bool:
 def timed_step(r: V.Runner, x: torch.Tensor, y: torch.Tensor) -> None:
     """One training step, with timeline spans when a timeline is recording."""
     select_kernels.use_native(r.native_kernels)  # the _np variants: the NumPy host kernels
-    if r.ours:  # ssgd_event, *_block / topk_ar: how direct waits wait / small sums by allreduce (docs/backends.md)
+    if r.ours:  # ssgd_event, *_block / topk_ar / *_nolane: waits, small sums, the MPI lane (docs/backends.md)
         comm = r.opt.comm_engine.comm
         comm.direct_wait = r.wait
         comm.direct_start = r.direct
         if hasattr(comm.backend, "pair_sum_max_bytes"):
             comm.backend.pair_sum_max_bytes = PAIR_SUM_MAX_BYTES if r.pair_sum else 0
+        lane = getattr(comm.backend, "_lane", None)  # *_nolane: small collectives kept on Gloo
+        if lane is not None:
+            lane.max_bytes = lane.configured_bytes if r.mpi_lane else 0
     with timeline.span("step", "step"):
         r.opt.zero_grad()
         with timeline.span("forward", "forward"):

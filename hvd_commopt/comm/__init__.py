@@ -21,9 +21,9 @@ _ADAPTER_BACKENDS = {"gloo": "torch", "nccl": "torch"}
 
 
 def register_backend(name: str, factory: Callable[..., Backend]) -> None:
-    """Make ``init(backend=name)`` build ``factory(timeout_s=...)`` (adapters register
+    """Make ``init(backend=name)`` build ``factory(timeout_s=..., chosen=...)`` (adapters register
     torch.distributed here; the timeout is the communicator's, so the transport's own waits end
-    when ours do)."""
+    when ours do; ``chosen``: the runtime chose the backend, the user did not name it)."""
     _FACTORIES[name] = factory
 
 
@@ -31,14 +31,14 @@ def backend_names() -> list[str]:
     return sorted(set(_FACTORIES) | {"mpi", "local"})
 
 
-def create_backend(name: str, timeout_s: float | None = None) -> Backend:
+def create_backend(name: str, timeout_s: float | None = None, chosen: bool = False) -> Backend:
     if name == "mpi":
         from .mpi import MPIBackend
         return MPIBackend()
     if name == "local":
         return InProcBackend(InProcWorld(1), 0)
     if name in _FACTORIES:
-        return _FACTORIES[name](timeout_s=timeout_s)
+        return _FACTORIES[name](timeout_s=timeout_s, chosen=chosen)
     if name in _ADAPTER_BACKENDS:
         raise ConfigError(
             f"backend {name!r} is torch.distributed's and needs PyTorch: pip install torch and start with "

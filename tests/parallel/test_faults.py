@@ -121,12 +121,15 @@ def test_bad_timeout_variable_fails_every_rank_at_init_without_hanging():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("lane", ["0", "65536"])
 @pytest.mark.parametrize("scenario", ["raise", "exit_early"])
-def test_failures_are_named_over_the_mpi_control_plane_when_gloo_carries_the_data(scenario):
-    # docs/backends.md#control-plane: Gloo's broken connection becomes the notice naming the rank
+def test_failures_are_named_over_the_mpi_control_plane_when_gloo_carries_the_data(scenario, lane):
+    # docs/backends.md#control-plane: Gloo's broken connection becomes the notice naming the rank;
+    # with the MPI lane (docs/backends.md#small-on-mpi) the small collectives block in MPI instead
+    env = {"HVD_COMMOPT_BACKEND": "gloo", "HVD_COMMOPT_MPI_SMALL_BYTES": lane}
     if scenario == "raise":
-        rc, out, ended = run_job(["raise", "1"], env={"HVD_COMMOPT_BACKEND": "gloo"})
+        rc, out, ended = run_job(["raise", "1"], env=env)
         assert_ended_by(rc, out, ended, 1, "raising", [0], "failed with ValueError: boom on rank 1")
     else:
-        rc, out, ended = run_job(["exit_early"], env={"HVD_COMMOPT_BACKEND": "gloo"})
+        rc, out, ended = run_job(["exit_early"], env=env)
         assert_ended_by(rc, out, ended, 1, "leaving", [0], r"ended its script \(after \d+ collectives")

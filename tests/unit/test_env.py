@@ -56,3 +56,18 @@ def test_timeout_must_be_positive(monkeypatch):
     with pytest.raises(ConfigError, match="> 0"):
         env.collective_timeout_s()
     assert env.collective_timeout_s(5) == 5.0
+
+
+def test_mpi_lane_size_defaults_on_only_where_the_runtime_chose_gloo(monkeypatch):
+    # docs/backends.md#small-on-mpi
+    monkeypatch.delenv("HVD_COMMOPT_MPI_SMALL_BYTES", raising=False)
+    assert env.mpi_small_bytes(chosen=True) == env.DEFAULT_MPI_SMALL_BYTES == 65536
+    assert env.mpi_small_bytes(chosen=False) == 0  # the user named the backend: all on it
+    monkeypatch.setenv("HVD_COMMOPT_MPI_SMALL_BYTES", "4096")
+    assert env.mpi_small_bytes(chosen=False) == env.mpi_small_bytes(chosen=True) == 4096
+    monkeypatch.setenv("HVD_COMMOPT_MPI_SMALL_BYTES", "0")
+    assert env.mpi_small_bytes(chosen=True) == 0
+    for bad in ("64KB", "-1", "1.5"):
+        monkeypatch.setenv("HVD_COMMOPT_MPI_SMALL_BYTES", bad)
+        with pytest.raises(ConfigError, match=r"HVD_COMMOPT_MPI_SMALL_BYTES=.*whole number of bytes >= 0.*0 to keep"):
+            env.mpi_small_bytes(chosen=True)
