@@ -16,7 +16,8 @@
  *    4*j_lo + 16 of the sample, or every element after max_retries (lo = 0: the sums only);
  * 3. the k-th key v among the candidates: the same value, and the same choice of the sample's hi
  *    where ExactTopK takes it (exactly k candidates >= hi, or more >= hi but fewer > hi), so the
- *    threshold it reports is the same;
+ *    threshold it reports is the same; otherwise quickselect runs on the part that holds v, as
+ *    ExactTopK's steps do: the band < hi when fewer than k keys are >= hi, else the keys > hi;
  * 4. the selection: keys > v and the lowest-index ties == v, k in all, ascending, into vals/idx.
  *
  * Keys are the bit patterns of |y| with every NaN one key above +Inf (docs/selection.md#order), so
@@ -168,8 +169,13 @@ HCO_KTH(kth_i64, int64_t)
         }                                                                                       \
         if (have_hi && (a == k || (a > k && above < k))) {                                      \
             v = hi;                                                                             \
+        } else if (have_hi) { /* the k-th lies in the band < hi (a < k) or among the keys > hi */ \
+            res->above = a > k;                                                                 \
+            int64_t b = 0, r = a < k ? k - a : k;                                               \
+            for (int64_t j = 0; j < c; j++)                                                     \
+                ck[b] = ck[j], b += a < k ? ck[j] < hi : ck[j] > hi; /* no branch to mispredict */ \
+            v = KTH(ck, b, b - r);                                                              \
         } else {                                                                                \
-            res->above = have_hi && a > k;                                                      \
             v = KTH(ck, c, c - k);                                                              \
         }                                                                                       \
         /* 4. keys > v and the lowest-index ties, k in all, ascending */                        \
