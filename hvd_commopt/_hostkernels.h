@@ -25,12 +25,16 @@ void hco_fence(void);
    "<fn>: <what> must be a contiguous buffer of <item>-byte items<longer>" and -1. */
 int hco_check(Py_buffer *b, const char *fn, const char *what, Py_ssize_t item, Py_ssize_t n, const char *longer);
 
-/* The candidate sweep of _hostkernels.c in the SIMD path chosen at run time. */
-int64_t hco_sweep_f32(const float *x, const float *g, float *y, int64_t i, int64_t n, int op, int32_t key,
-                      int64_t *idx, float *val, int64_t cap, int64_t *stop, const float *u, float mu, float *uo);
-int64_t hco_sweep_f64(const double *x, const double *g, double *y, int64_t i, int64_t n, int op, int64_t key,
-                      int64_t *idx, double *val, int64_t cap, int64_t *stop, const double *u, double mu,
-                      double *uo);
+/* The candidate sweep of _hostkernels.c in the SIMD path chosen at run time, over [i, n): g is read
+   at j - goff (a part of the addend that starts at position goff; 0 for a whole buffer), `big`:
+   write y and uo with streaming stores where they are 32-byte aligned (big | 2: and leave the
+   sfence to the caller, who calls hco_fence after its last sweep). */
+int64_t hco_sweep_f32(const float *x, const float *g, int64_t goff, float *y, int64_t i, int64_t n, int op,
+                      int32_t key, int64_t *idx, float *val, int64_t cap, int64_t *stop, const float *u, float mu,
+                      float *uo, int big);
+int64_t hco_sweep_f64(const double *x, const double *g, int64_t goff, double *y, int64_t i, int64_t n, int op,
+                      int64_t key, int64_t *idx, double *val, int64_t cap, int64_t *stop, const double *u, double mu,
+                      double *uo, int big);
 
 /* _hostkernels_topk.c */
 PyObject *topk(PyObject *self, PyObject *args);

@@ -29,6 +29,20 @@
 #include "_hostkernels.h"
 #include <stdlib.h>
 
+/* A part of the addend g: positions [start, end) of the buffer, read from buf[0 .. end - start).
+   The parts of one call cover [0, n) in order (the gradients of a bucket, not copied into it). */
+typedef struct {
+    int64_t start, end;
+    const void *buf;
+} hco_part;
+
+/* The part holding position p (0 <= p < n), searching on from part q (the sample is ascending). */
+static inline int hco_part_at(const hco_part *gp, int np, int64_t p, int q) {
+    if (p < gp[q].start) q = 0;
+    while (q < np - 1 && gp[q].end <= p) q++;
+    return q;
+}
+
 typedef struct {
     int64_t v, c;
     int retries, full, above, ties, finite;
@@ -77,14 +91,39 @@ HCO_KTH(kth_i64, int64_t)
         b &= (KT)(MASK);                                                                        \
         return b > (KT)(INF) ? (KT)(INF) + 1 : b;                                               \
     }                                                                                           \
-    static void NAME(const FT *x, const FT *g, FT *y, const FT *u, FT mu, FT *uo, int64_t n, int64_t k, \
-                     const int64_t *sidx, int64_t m, int64_t j_lo, int64_t j_hi, int max_retries, FT *vals, \
-                     int64_t *oidx, hco_topk_res *res) {                                        \
+    /* the sweep over [i, n) with the addend read part by part; a part whose y does not start on a \
+       32-byte boundary is swept in two calls, so that the rest of it streams */                 \
+    static int64_t NAME##_sweep(const FT *x, const hco_part *gp, int np, FT *y, int64_t i, int64_t n, int op, \
+                                KT key, int64_t *idx, FT *val, int64_t cap, int64_t *stop, const FT *u, FT mu, \
+                                FT *uo, int big) {                                              \
+        if (!gp) return SWEEP(x, NULL, 0, y, i, n, op, key, idx, val, cap, stop, u, mu, uo, big); \
+        int64_t c = 0, f = big ? 3 : 0; /* streamed parts are fenced once, at the end */        \
+        for (int q = 0; q < np && i < n; q++) {                                                 \
+            while (i < gp[q].end) {                                                             \
+                int64_t to = gp[q].end, st;                                                     \
+                uintptr_t mis = (uintptr_t)(y + i) % 32;                                        \
+                if (big && mis && mis % sizeof(FT) == 0 && i + (int64_t)((32 - mis) / sizeof(FT)) < to) \
+                    to = i + (int64_t)((32 - mis) / sizeof(FT));                                \
+                c += SWEEP(x, (const FT *)gp[q].buf, gp[q].start, y, i, to, op, key, idx + c, val + c, cap - c, \
+                           &st, u, mu, uo, f);                                                  \
+                i = st;                                                                         \
+                if (st < to) break; /* the output buffers are full */                           \
+            }                                                                                   \
+            if (i < gp[q].end) break;                                                           \
+        }                                                                                       \
+        if (f) hco_fence();                                                                     \
+        *stop = i;                                                                              \
+        return c;                                                                               \
+    }                                                                                           \
+    static void NAME(const FT *x, const hco_part *gp, int np, FT *y, const FT *u, FT mu, FT *uo, int64_t n, \
+                     int64_t k, const int64_t *sidx, int64_t m, int64_t j_lo, int64_t j_hi, int max_retries, \
+                     FT *vals, int64_t *oidx, hco_topk_res *res) {                              \
         KT *sk = NULL, *ck = NULL, lo = 0, hi = 0, v;                                           \
         int64_t *ci = NULL, c = 0, cap = 0;                                                     \
         FT *cv = NULL;                                                                          \
-        int have_hi = 0, all = 0;                                                               \
-        if (!g) y = (FT *)x; /* no addend: the sum is x itself, nothing is written */          \
+        int have_hi = 0, all = 0, q = 0;                                                        \
+        const int big = n * (int64_t)sizeof(FT) >= hco_stream_min;                             \
+        if (!gp) y = (FT *)x; /* no addend: the sum is x itself, nothing is written */         \
         /* 1. the bracket from the sample */                                                    \
         if (m > 0) {                                                                            \
             if (!(sk = malloc((size_t)m * sizeof(KT)))) goto oom;                               \
@@ -95,12 +134,16 @@ HCO_KTH(kth_i64, int64_t)
                     goto out;                                                                   \
                 }                                                                               \
                 FT s = x[p];                                                                    \
-                if (u) {                                                                        \
-                    FT a = u[p] * mu;                                                           \
-                    a = a + g[p];                                                               \
-                    s = s + a;                                                                  \
-                } else if (g) {                                                                 \
-                    s = s + g[p];                                                               \
+                if (gp) {                                                                       \
+                    q = hco_part_at(gp, np, p, q);                                              \
+                    FT gv = ((const FT *)gp[q].buf)[p - gp[q].start];                           \
+                    if (u) {                                                                    \
+                        FT a = u[p] * mu;                                                       \
+                        a = a + gv;                                                             \
+                        s = s + a;                                                              \
+                    } else {                                                                    \
+                        s = s + gv;                                                             \
+                    }                                                                           \
                 }                                                                               \
                 sk[j] = NAME##_key(s);                                                          \
             }                                                                                   \
@@ -113,12 +156,12 @@ HCO_KTH(kth_i64, int64_t)
         /* 2. the sweep: the sums, and the candidates key >= lo; lower lo while fewer than k */ \
         for (;;) {                                                                              \
             if (lo == 0) { /* every element qualifies: the sums only (an lt-0 sweep keeps none) */ \
-                if (g) {                                                                        \
+                if (gp) {                                                                       \
                     int64_t di[64], stop;                                                       \
                     FT dv[64];                                                                  \
-                    SWEEP(x, g, y, 0, n, 3, 0, di, dv, 64, &stop, u, mu, uo);                   \
+                    NAME##_sweep(x, gp, np, y, 0, n, 3, 0, di, dv, 64, &stop, u, mu, uo, big);  \
                 }                                                                               \
-                x = y, g = NULL, u = NULL;                                                      \
+                x = y, gp = NULL, u = NULL;                                                     \
                 all = 1, c = n;                                                                 \
                 break;                                                                          \
             }                                                                                   \
@@ -135,10 +178,10 @@ HCO_KTH(kth_i64, int64_t)
                     cv = nv, cap = want;                                                        \
                 }                                                                               \
                 int64_t stop;                                                                   \
-                c += SWEEP(x, g, y, start, n, 0, lo, ci + c, cv + c, cap - c, &stop, u, mu, uo); \
+                c += NAME##_sweep(x, gp, np, y, start, n, 0, lo, ci + c, cv + c, cap - c, &stop, u, mu, uo, big); \
                 start = stop; /* short of n: the buffers were full (fewer than 32 free) */      \
             }                                                                                   \
-            x = y, g = NULL, u = NULL; /* the sums are in y */                                  \
+            x = y, gp = NULL, u = NULL; /* the sums are in y */                                 \
             if (c >= k) {                                                                       \
                 all = c == n;                                                                   \
                 break;                                                                          \
@@ -214,12 +257,57 @@ HCO_KTH(kth_i64, int64_t)
 HCO_TOPK(topk_f32, float, int32_t, kth_i32, 0x7FFFFFFF, 0x7F800000, hco_sweep_f32)
 HCO_TOPK(topk_f64, double, int64_t, kth_i64, 0x7FFFFFFFFFFFFFFFLL, 0x7FF0000000000000LL, hco_sweep_f64)
 
+/* g: None, a buffer, or a tuple of (start, buffer) pairs, the parts of the addend in order: the
+   first starts at 0, each where the one before ends (its start plus its length), the last at n. */
+static int topk_parts(PyObject *gobj, Py_ssize_t item, Py_ssize_t n, Py_buffer **bufs, hco_part **parts, int *np) {
+    int tup = PyTuple_Check(gobj);
+    Py_ssize_t cnt = tup ? PyTuple_GET_SIZE(gobj) : 1;
+    if (cnt < 1 || cnt > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "topk: g must be a buffer or a non-empty tuple of (start, buffer) parts");
+        return -1;
+    }
+    *bufs = calloc((size_t)cnt, sizeof(Py_buffer));
+    *parts = calloc((size_t)cnt, sizeof(hco_part));
+    if (!*bufs || !*parts) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Py_ssize_t at = 0;
+    for (Py_ssize_t j = 0; j < cnt; j++) {
+        PyObject *b = gobj;
+        Py_ssize_t start = 0;
+        if (tup) {
+            PyObject *pair = PyTuple_GET_ITEM(gobj, j);
+            if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+                PyErr_SetString(PyExc_ValueError, "topk: each part of g must be a (start, buffer) pair");
+                return -1;
+            }
+            start = PyNumber_AsSsize_t(PyTuple_GET_ITEM(pair, 0), PyExc_OverflowError);
+            if (start == -1 && PyErr_Occurred()) return -1;
+            b = PyTuple_GET_ITEM(pair, 1);
+        }
+        if (PyObject_GetBuffer(b, &(*bufs)[j], PyBUF_C_CONTIGUOUS) < 0) return -1;
+        *np = (int)j + 1; /* acquired, to be released */
+        Py_ssize_t len = (*bufs)[j].itemsize == item ? (*bufs)[j].len / item : -1;
+        if (hco_check(&(*bufs)[j], "topk", "g", item, -1, "")) return -1;
+        if (start != at || (tup ? at + len > n : len < n) || (j == cnt - 1 && tup && at + len != n)) {
+            PyErr_SetString(PyExc_ValueError, "topk: the parts of g must cover x in order, each starting where the "
+                                              "one before ends (g as one buffer: at least as long as x)");
+            return -1;
+        }
+        (*parts)[j] = (hco_part){start, tup ? start + len : n, (*bufs)[j].buf};
+        at = (*parts)[j].end;
+    }
+    return 0;
+}
+
 PyObject *topk(PyObject *self, PyObject *args) {
-    Py_buffer x, y, vals, idx, g = {0}, u = {0}, uo = {0}, sx = {0};
+    Py_buffer x, y, vals, idx, u = {0}, uo = {0}, sx = {0}, *gbufs = NULL;
+    hco_part *gparts = NULL;
     PyObject *gobj, *uobj, *uoobj, *sobj, *res = NULL;
     double mu;
     Py_ssize_t k, j_lo, j_hi;
-    int max_retries, got_g = 0, got_u = 0, got_uo = 0, got_s = 0;
+    int max_retries, ng = 0, got_u = 0, got_uo = 0, got_s = 0;
     if (!PyArg_ParseTuple(args, "y*Ow*OdOnOnniw*w*", &x, &gobj, &y, &uobj, &mu, &uoobj, &k, &sobj, &j_lo, &j_hi,
                           &max_retries, &vals, &idx))
         return NULL;
@@ -228,12 +316,9 @@ PyObject *topk(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "topk: x must hold float32 or float64, 1 <= k <= len(x), j_lo >= 1");
         goto done;
     }
-    if (gobj != Py_None) {
-        if (PyObject_GetBuffer(gobj, &g, PyBUF_C_CONTIGUOUS) < 0) goto done;
-        got_g = 1;
-    }
+    if (gobj != Py_None && topk_parts(gobj, item, n, &gbufs, &gparts, &ng) < 0) goto done;
     if (uobj != Py_None) {
-        if (!got_g || uoobj == Py_None) {
+        if (gobj == Py_None || uoobj == Py_None) {
             PyErr_SetString(PyExc_ValueError, "topk: the momentum form needs g, u and uo");
             goto done;
         }
@@ -250,23 +335,21 @@ PyObject *topk(PyObject *self, PyObject *args) {
     }
     const char *as_x = " at least as long as x", *k_long = " holding at least k items";
     if (hco_check(&x, "topk", "x", item, -1, "") || hco_check(&y, "topk", "y", item, n, as_x) ||
-        (got_g && hco_check(&g, "topk", "g", item, n, as_x)) ||
         (got_u && (hco_check(&u, "topk", "u", item, n, as_x) || hco_check(&uo, "topk", "uo", item, n, as_x))) ||
         hco_check(&vals, "topk", "vals", item, k, k_long) || hco_check(&idx, "topk", "idx", 8, k, k_long))
         goto done;
     hco_topk_res r = {0};
     r.finite = -1;
+    const hco_part *gp = gobj != Py_None ? gparts : NULL;
     Py_BEGIN_ALLOW_THREADS
     if (item == 4)
-        topk_f32((const float *)x.buf, got_g ? (const float *)g.buf : NULL, (float *)y.buf,
-                 got_u ? (const float *)u.buf : NULL, (float)mu, got_u ? (float *)uo.buf : NULL, n, k,
-                 got_s ? (const int64_t *)sx.buf : NULL, m, j_lo, j_hi, max_retries, (float *)vals.buf,
-                 (int64_t *)idx.buf, &r);
+        topk_f32((const float *)x.buf, gp, ng, (float *)y.buf, got_u ? (const float *)u.buf : NULL, (float)mu,
+                 got_u ? (float *)uo.buf : NULL, n, k, got_s ? (const int64_t *)sx.buf : NULL, m, j_lo, j_hi,
+                 max_retries, (float *)vals.buf, (int64_t *)idx.buf, &r);
     else
-        topk_f64((const double *)x.buf, got_g ? (const double *)g.buf : NULL, (double *)y.buf,
-                 got_u ? (const double *)u.buf : NULL, mu, got_u ? (double *)uo.buf : NULL, n, k,
-                 got_s ? (const int64_t *)sx.buf : NULL, m, j_lo, j_hi, max_retries, (double *)vals.buf,
-                 (int64_t *)idx.buf, &r);
+        topk_f64((const double *)x.buf, gp, ng, (double *)y.buf, got_u ? (const double *)u.buf : NULL, mu,
+                 got_u ? (double *)uo.buf : NULL, n, k, got_s ? (const int64_t *)sx.buf : NULL, m, j_lo, j_hi,
+                 max_retries, (double *)vals.buf, (int64_t *)idx.buf, &r);
     Py_END_ALLOW_THREADS
     if (r.error == 1)
         PyErr_NoMemory();
@@ -278,7 +361,9 @@ PyObject *topk(PyObject *self, PyObject *args) {
         res = Py_BuildValue("(LLiiiii)", (long long)r.v, (long long)r.c, r.retries, r.full, r.above, r.ties,
                             r.finite);
 done:
-    if (got_g) PyBuffer_Release(&g);
+    for (int j = 0; j < ng; j++) PyBuffer_Release(&gbufs[j]);
+    free(gbufs);
+    free(gparts);
     if (got_u) PyBuffer_Release(&u);
     if (got_uo) PyBuffer_Release(&uo);
     if (got_s) PyBuffer_Release(&sx);

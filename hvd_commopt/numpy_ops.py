@@ -5,6 +5,7 @@ from typing import Sequence
 
 import numpy as np
 
+from .compress.grad_parts import GradParts
 from .dtypes import float32_to_half, half_to_float32, numpy_dtype
 from .select_kernels import (np_abs_where, np_add_abs_where, np_add_momentum_abs_where, np_kth_largest_abs,
                              native_sweep, np_fused_topk, np_scale_add, np_scatter_sum, np_stream_store)
@@ -148,7 +149,14 @@ class NumpyOps:
         finite = np_scatter_sum(buf, idx, vals, scale, sums)
         return None if finite is None else (buf, sums, finite)
 
+    @property
+    def reads_grad_parts(self) -> bool:
+        """fused_topk reads a bucket's unpacked gradients (docs/selection.md#grad-parts)."""
+        return native_sweep()
+
     def fused_topk(self, t, k, sidx, j_lo, j_hi, max_retries, g, u, mu, u_out, out):
+        if isinstance(g, GradParts):
+            g = g.buf if g.is_packed else tuple((off, np.asarray(p).reshape(-1)) for off, p in g.parts)
         return np_fused_topk(t, k, sidx, j_lo, j_hi, max_retries, g, u, mu, u_out, out)
 
     def kth_largest_abs(self, t, k): return np_kth_largest_abs(t, k)

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import torch
 
+from hvd_commopt.compress.grad_parts import GradParts
 from hvd_commopt.select_kernels import (ALL, NONE, RANDOM_ACCESS_MIN, native_sweep, np_add_momentum_abs_where,
                                         np_all_none, np_fused_topk, np_kth_largest_abs, np_scale_add, np_scatter_add,
                                         np_scatter_sum, np_stream_store, np_sweep, np_take, np_zero_at, threshold_plan)
@@ -332,13 +333,24 @@ class TorchOps:
                                 vals.reshape(-1).contiguous().numpy(), scale, sums.numpy())
         return None if finite is None else (buf, sums, finite)
 
+    @property
+    def reads_grad_parts(self) -> bool:
+        """fused_topk reads a bucket's unpacked gradients (docs/selection.md#grad-parts)."""
+        return self.host_kernels and native_sweep()
+
     def fused_topk(self, t, k, sidx, j_lo, j_hi, max_retries, g, u, mu, u_out, out):
         out = out if g is not None else None  # no addend: the sum is t itself, out is not written
+        parts = g if isinstance(g, GradParts) else None
+        g = g if parts is None else parts.buf  # for the checks below; the values come from the parts
         ts = [a for a in (t, g, u, u_out, out) if a is not None]
         if not (self.host_kernels and native_sweep() and _host_same(*ts) and t.dtype != torch.float16
                 and (sidx is None or (sidx.device.type == "cpu" and sidx.dtype == torch.int64))):
             return None
         arr = [None if a is None else a.detach().view(-1).numpy() for a in (t, g, u, u_out, out)]
+        if parts is not None and not parts.is_packed:  # read where they are (docs/selection.md#grad-parts)
+            if not all(_host_ok(p) and p.dtype == t.dtype for _, p in parts.parts):
+                return None
+            arr[1] = tuple((off, p.detach().view(-1).numpy()) for off, p in parts.parts)
         r = np_fused_topk(arr[0], k, None if sidx is None else sidx.numpy(), j_lo, j_hi, max_retries,
                           arr[1], arr[2], mu, arr[3], arr[4])
         if r is None:

@@ -50,6 +50,7 @@ from ..tensor_ops import TensorOps
 from . import addend as addend_ops
 from .addend import MomentumAddend
 from .error_feedback import Generations, TensorStore
+from .grad_parts import GradParts
 from .nonfinite import check_policy
 from .selection import Selection, sum_into
 from .topk import Density, SparseCompressor, check_density
@@ -299,6 +300,12 @@ class DGCMemory:
 
     enabled = True  # a memory that takes part in the fused selection (select_with_memory)
 
+    @property
+    def reads_parts(self) -> bool:
+        """:meth:`compensate_select` hands a bucket's unpacked gradients (:class:`GradParts`) to the
+        selection as they are: no clipping or Nesterov pass reads them first (docs/selection.md#grad-parts)."""
+        return self.clip_norm is None and not self.nesterov
+
     def snapshot(self, ops: TensorOps, name: str, like: Any, step: int) -> None:
         """Keep ``u`` and ``v`` before round ``step`` (for :meth:`rollback`); no copy: the round
         writes its new ``u`` and ``v`` into second buffers (:class:`Generations`)."""
@@ -372,15 +379,16 @@ class DGCMemory:
         sums in the same order (Nesterov's ``(v + u) + g`` adds ``u`` first, then fuses ``+ g``).
         """
         self._check_bound()
-        g = self._clip(ops, flat)
-        v_old = self._buffer(self._v, ops, name, g)
+        g = self._clip(ops, flat if self.reads_parts or not isinstance(flat, GradParts) else flat.pack())
+        like = g.buf if isinstance(g, GradParts) else g  # unpacked gradients: only the selection reads them
+        v_old = self._buffer(self._v, ops, name, like)
         if self.nesterov:
             u = self._momentum(ops, name, g)
             vals, idx, v = select(ops.add(self._snaps[1].writable(ops, name, v_old), u), g)
         else:
             # u' = mu*u + g is made in the selection's pass where the host kernel can
             # (compress/addend.py), into the buffer _momentum would use
-            u_old = self._buffer(self._u, ops, name, g)
+            u_old = self._buffer(self._u, ops, name, like)
             ubuf = self._snaps[0].free(ops, name, u_old)
             if ubuf is None:
                 ubuf = ops.empty(ops.numel(u_old), ops.dtype_name(u_old), like=u_old)
