@@ -29,20 +29,6 @@
 #include "_hostkernels.h"
 #include <stdlib.h>
 
-/* A part of the addend g: positions [start, end) of the buffer, read from buf[0 .. end - start).
-   The parts of one call cover [0, n) in order (the gradients of a bucket, not copied into it). */
-typedef struct {
-    int64_t start, end;
-    const void *buf;
-} hco_part;
-
-/* The part holding position p (0 <= p < n), searching on from part q (the sample is ascending). */
-static inline int hco_part_at(const hco_part *gp, int np, int64_t p, int q) {
-    if (p < gp[q].start) q = 0;
-    while (q < np - 1 && gp[q].end <= p) q++;
-    return q;
-}
-
 typedef struct {
     int64_t v, c;
     int retries, full, above, ties, finite;
@@ -84,36 +70,12 @@ typedef struct {
 HCO_KTH(kth_i32, int32_t)
 HCO_KTH(kth_i64, int64_t)
 
-#define HCO_TOPK(NAME, FT, KT, KTH, MASK, INF, SWEEP)                                            \
+#define HCO_TOPK(NAME, FT, KT, KTH, MASK, INF, PSWEEP)                                            \
     static inline KT NAME##_key(FT v) {                                                         \
         KT b;                                                                                   \
         memcpy(&b, &v, sizeof b);                                                               \
         b &= (KT)(MASK);                                                                        \
         return b > (KT)(INF) ? (KT)(INF) + 1 : b;                                               \
-    }                                                                                           \
-    /* the sweep over [i, n) with the addend read part by part; a part whose y does not start on a \
-       32-byte boundary is swept in two calls, so that the rest of it streams */                 \
-    static int64_t NAME##_sweep(const FT *x, const hco_part *gp, int np, FT *y, int64_t i, int64_t n, int op, \
-                                KT key, int64_t *idx, FT *val, int64_t cap, int64_t *stop, const FT *u, FT mu, \
-                                FT *uo, int big) {                                              \
-        if (!gp) return SWEEP(x, NULL, 0, y, i, n, op, key, idx, val, cap, stop, u, mu, uo, big); \
-        int64_t c = 0, f = big ? 3 : 0; /* streamed parts are fenced once, at the end */        \
-        for (int q = 0; q < np && i < n; q++) {                                                 \
-            while (i < gp[q].end) {                                                             \
-                int64_t to = gp[q].end, st;                                                     \
-                uintptr_t mis = (uintptr_t)(y + i) % 32;                                        \
-                if (big && mis && mis % sizeof(FT) == 0 && i + (int64_t)((32 - mis) / sizeof(FT)) < to) \
-                    to = i + (int64_t)((32 - mis) / sizeof(FT));                                \
-                c += SWEEP(x, (const FT *)gp[q].buf, gp[q].start, y, i, to, op, key, idx + c, val + c, cap - c, \
-                           &st, u, mu, uo, f);                                                  \
-                i = st;                                                                         \
-                if (st < to) break; /* the output buffers are full */                           \
-            }                                                                                   \
-            if (i < gp[q].end) break;                                                           \
-        }                                                                                       \
-        if (f) hco_fence();                                                                     \
-        *stop = i;                                                                              \
-        return c;                                                                               \
     }                                                                                           \
     static void NAME(const FT *x, const hco_part *gp, int np, FT *y, const FT *u, FT mu, FT *uo, int64_t n, \
                      int64_t k, const int64_t *sidx, int64_t m, int64_t j_lo, int64_t j_hi, int max_retries, \
@@ -159,7 +121,7 @@ HCO_KTH(kth_i64, int64_t)
                 if (gp) {                                                                       \
                     int64_t di[64], stop;                                                       \
                     FT dv[64];                                                                  \
-                    NAME##_sweep(x, gp, np, y, 0, n, 3, 0, di, dv, 64, &stop, u, mu, uo, big);  \
+                    PSWEEP(x, gp, np, y, 0, n, 3, 0, di, dv, 64, &stop, u, mu, uo, big);        \
                 }                                                                               \
                 x = y, gp = NULL, u = NULL;                                                     \
                 all = 1, c = n;                                                                 \
@@ -178,7 +140,7 @@ HCO_KTH(kth_i64, int64_t)
                     cv = nv, cap = want;                                                        \
                 }                                                                               \
                 int64_t stop;                                                                   \
-                c += NAME##_sweep(x, gp, np, y, start, n, 0, lo, ci + c, cv + c, cap - c, &stop, u, mu, uo, big); \
+                c += PSWEEP(x, gp, np, y, start, n, 0, lo, ci + c, cv + c, cap - c, &stop, u, mu, uo, big); \
                 start = stop; /* short of n: the buffers were full (fewer than 32 free) */      \
             }                                                                                   \
             x = y, gp = NULL, u = NULL; /* the sums are in y */                                 \
@@ -254,52 +216,8 @@ HCO_KTH(kth_i64, int64_t)
         free(cv);                                                                               \
     }
 
-HCO_TOPK(topk_f32, float, int32_t, kth_i32, 0x7FFFFFFF, 0x7F800000, hco_sweep_f32)
-HCO_TOPK(topk_f64, double, int64_t, kth_i64, 0x7FFFFFFFFFFFFFFFLL, 0x7FF0000000000000LL, hco_sweep_f64)
-
-/* g: None, a buffer, or a tuple of (start, buffer) pairs, the parts of the addend in order: the
-   first starts at 0, each where the one before ends (its start plus its length), the last at n. */
-static int topk_parts(PyObject *gobj, Py_ssize_t item, Py_ssize_t n, Py_buffer **bufs, hco_part **parts, int *np) {
-    int tup = PyTuple_Check(gobj);
-    Py_ssize_t cnt = tup ? PyTuple_GET_SIZE(gobj) : 1;
-    if (cnt < 1 || cnt > INT32_MAX) {
-        PyErr_SetString(PyExc_ValueError, "topk: g must be a buffer or a non-empty tuple of (start, buffer) parts");
-        return -1;
-    }
-    *bufs = calloc((size_t)cnt, sizeof(Py_buffer));
-    *parts = calloc((size_t)cnt, sizeof(hco_part));
-    if (!*bufs || !*parts) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    Py_ssize_t at = 0;
-    for (Py_ssize_t j = 0; j < cnt; j++) {
-        PyObject *b = gobj;
-        Py_ssize_t start = 0;
-        if (tup) {
-            PyObject *pair = PyTuple_GET_ITEM(gobj, j);
-            if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
-                PyErr_SetString(PyExc_ValueError, "topk: each part of g must be a (start, buffer) pair");
-                return -1;
-            }
-            start = PyNumber_AsSsize_t(PyTuple_GET_ITEM(pair, 0), PyExc_OverflowError);
-            if (start == -1 && PyErr_Occurred()) return -1;
-            b = PyTuple_GET_ITEM(pair, 1);
-        }
-        if (PyObject_GetBuffer(b, &(*bufs)[j], PyBUF_C_CONTIGUOUS) < 0) return -1;
-        *np = (int)j + 1; /* acquired, to be released */
-        Py_ssize_t len = (*bufs)[j].itemsize == item ? (*bufs)[j].len / item : -1;
-        if (hco_check(&(*bufs)[j], "topk", "g", item, -1, "")) return -1;
-        if (start != at || (tup ? at + len > n : len < n) || (j == cnt - 1 && tup && at + len != n)) {
-            PyErr_SetString(PyExc_ValueError, "topk: the parts of g must cover x in order, each starting where the "
-                                              "one before ends (g as one buffer: at least as long as x)");
-            return -1;
-        }
-        (*parts)[j] = (hco_part){start, tup ? start + len : n, (*bufs)[j].buf};
-        at = (*parts)[j].end;
-    }
-    return 0;
-}
+HCO_TOPK(topk_f32, float, int32_t, kth_i32, 0x7FFFFFFF, 0x7F800000, hco_sweep_parts_f32)
+HCO_TOPK(topk_f64, double, int64_t, kth_i64, 0x7FFFFFFFFFFFFFFFLL, 0x7FF0000000000000LL, hco_sweep_parts_f64)
 
 PyObject *topk(PyObject *self, PyObject *args) {
     Py_buffer x, y, vals, idx, u = {0}, uo = {0}, sx = {0}, *gbufs = NULL;
@@ -316,7 +234,7 @@ PyObject *topk(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "topk: x must hold float32 or float64, 1 <= k <= len(x), j_lo >= 1");
         goto done;
     }
-    if (gobj != Py_None && topk_parts(gobj, item, n, &gbufs, &gparts, &ng) < 0) goto done;
+    if (gobj != Py_None && hco_parse_parts(gobj, "topk", item, n, &gbufs, &gparts, &ng) < 0) goto done;
     if (uobj != Py_None) {
         if (gobj == Py_None || uoobj == Py_None) {
             PyErr_SetString(PyExc_ValueError, "topk: the momentum form needs g, u and uo");
@@ -361,9 +279,7 @@ PyObject *topk(PyObject *self, PyObject *args) {
         res = Py_BuildValue("(LLiiiii)", (long long)r.v, (long long)r.c, r.retries, r.full, r.above, r.ties,
                             r.finite);
 done:
-    for (int j = 0; j < ng; j++) PyBuffer_Release(&gbufs[j]);
-    free(gbufs);
-    free(gparts);
+    hco_release_parts(gbufs, gparts, ng);
     if (got_u) PyBuffer_Release(&u);
     if (got_uo) PyBuffer_Release(&uo);
     if (got_s) PyBuffer_Release(&sx);

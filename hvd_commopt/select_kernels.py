@@ -337,12 +337,17 @@ def np_add_momentum_abs_where(acc: np.ndarray, u: np.ndarray, mu: float, g: np.n
                               op: str, thr: float, out: np.ndarray | None = None):
     """``u' = u*mu + g`` into ``u_out`` (which may be u) and ``add_abs_where(acc, u')`` in one
     sweep where the native kernel runs (docs/selection.md#native-sweep); returns (the sum, u',
-    indices, values), bit-identical to :func:`np_scale_add` then :func:`np_add_abs_where`."""
+    indices, values), bit-identical to :func:`np_scale_add` then :func:`np_add_abs_where`. ``g``
+    may be a tuple of ``(start, array)`` parts covering acc (docs/selection.md#grad-parts)."""
     acc = _np_float(acc)
     y = acc if out is None else out.reshape(-1)
     plan = threshold_plan(op, thr, np_key_of(acc.dtype), NP_KEYS[acc.dtype][2])
-    if plan not in (ALL, NONE) and _native_for(acc, u, g, u_out, y):
+    parts = isinstance(g, tuple)  # (start, array) parts of g (docs/selection.md#grad-parts)
+    if (plan not in (ALL, NONE) and _native_for(acc, u, u_out, y)
+            and (_parts_for(acc, g) if parts else _native_for(acc, g))):
         return (y, u_out, *_native_run(acc, plan, g, y, (u, float(mu), u_out)))
+    if parts:
+        g = np.concatenate([a.reshape(-1) for _, a in g]) if g else np.empty(0, acc.dtype)
     u_new = np_scale_add(u_out, u, mu, g)
     y, idx, vals = np_add_abs_where(acc, u_new, op, thr, out)
     return y, u_new, idx, vals

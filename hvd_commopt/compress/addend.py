@@ -88,7 +88,8 @@ def add_abs_where(ops: Any, acc: Any, addend: Any, op: str, thr: float, out: Any
     """``TensorOps.add_abs_where`` of ``acc`` and ``addend``; a momentum addend not made yet is
     made in the same pass where the adapter can (``add_momentum_abs_where``), else first."""
     if isinstance(addend, MomentumAddend) and addend.made is None:
-        fused = ops.add_momentum_abs_where(acc, addend.u, addend.mu, addend.g, addend.out, op, thr, out)
+        g = addend._g if getattr(ops, "reads_grad_parts", False) else addend.g  # GradParts: read in place
+        fused = ops.add_momentum_abs_where(acc, addend.u, addend.mu, g, addend.out, op, thr, out)
         if fused is not None:
             acc, addend.made, idx, vals = fused
             return acc, idx, vals

@@ -157,6 +157,12 @@ class DGCCompressor(SparseCompressor):
         return stride, num_samples, int(math.ceil(num_samples * ratio))
 
     # -- selection ----------------------------------------------------------------------------
+    @property
+    def reads_parts(self) -> bool:
+        """The exact and the sampled selection read the gradient in their sweep (the sampled one
+        from its second step on: docs/dgc.md#sample-from-sums; docs/selection.md#grad-parts)."""
+        return self.selection.mode in ("exact", "sampled")
+
     def select(self, ops: TensorOps, acc: Any, bucket: Bucket | None = None, step: int = 0) -> tuple[Any, Any]:
         vals, idx, _ = self.selection.select_acc(ops, acc, self.k_for(ops.numel(acc), bucket, step), bucket, step,
                                                  None)

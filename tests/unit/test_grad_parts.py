@@ -191,18 +191,20 @@ def test_the_engine_reads_parts_with_the_results_of_packing(case):
         assert not any(packs)  # read in place every step, never copied
     elif case in ("nan", "predivide"):
         assert any(packs)  # the non-finite step's check, the prescale: packed, as the old route
-    else:  # "dgc_sampled", "nomc": their selection does not read parts: the engine packs as before
+    elif case == "dgc_sampled":  # the first step samples g itself (packed); then the sample is the sums'
+        assert packs.count(True) == 2 and len(packs) == 2
+    else:  # "nomc": error feedback's selection does not read parts: the engine packs as before
         assert packs == []
 
 
-def test_only_exact_momentum_selections_on_host_kernels_read_parts():
+def test_only_momentum_selections_on_host_kernels_read_parts():
     bucket = Bucket.of(0, [TensorSpec("a", (10, 10), "float32")])
 
     def reads(comp, ops=NumpyOps()):
         return comp.reads_parts(bucket, ops)
     assert reads(Compression.topk(0.01))
     assert reads(Compression.dgc(0.01, momentum=0.9, selection="exact"))
-    assert not reads(Compression.dgc(0.01, momentum=0.9))  # sampled: gathers from g first
+    assert reads(Compression.dgc(0.01, momentum=0.9))  # sampled: from its second step on
     assert not reads(Compression.topk(0.01, momentum_correction=False))
     assert not reads(Compression.topk(0.01, layerwise=True))
     assert not reads(Compression.topk(0.01, selection="threshold"))
@@ -213,3 +215,28 @@ def test_only_exact_momentum_selections_on_host_kernels_read_parts():
         assert not reads(Compression.topk(0.01))
     finally:
         select_kernels.use_native(prev)
+
+
+@pytest.mark.parametrize("thr", [0.7, 0.0, -1.0, float("nan"), float("inf")])
+@pytest.mark.parametrize("parts", ["one", "odd", "empty"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_momentum_sweep_reads_parts_as_the_packed_bucket(thr, parts, dtype):
+    """add_momentum_abs_where (DGC's sweep) with g in parts: the same sums, u', indices and values;
+    the plans without a sweep (every element, none) join the parts."""
+    x, g, u = _data("nan", 40_003, dtype, 8)
+    cuts = _splits(x.size, parts)
+    got = []
+    for native in (True, False):
+        prev = select_kernels.use_native(native)
+        try:
+            for gg in (g.copy(), GradParts(NumpyOps(), np.empty_like(g), [(a, g[a:b].copy())
+                                                                          for a, b in zip(cuts, cuts[1:])])):
+                xx, uo, out = x.copy(), np.full_like(u, 5.0), np.full_like(x, 7.0)
+                with np.errstate(all="ignore"):
+                    y, un, idx, vals = NumpyOps().add_momentum_abs_where(xx, u.copy(), 0.9, gg, uo, "ge", thr, out)
+                got.append([y.tobytes(), un.tobytes(), idx.tobytes(), vals.tobytes(), xx.tobytes()])
+                if isinstance(gg, GradParts):
+                    assert gg.is_packed != native  # read in place by the native sweep, else packed
+        finally:
+            select_kernels.use_native(prev)
+    assert got[0] == got[1] == got[2] == got[3]
