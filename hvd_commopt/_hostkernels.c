@@ -41,8 +41,8 @@ Py_ssize_t hco_stream_min = 1 << 20; /* bytes: smaller buffers are written with 
 /* Portable path: blocks of 16, whose compare loop vectorises; only a block with a hit is
    compacted. */
 #define HCO_PORTABLE(NAME, FT, KT, MASK)                                                         \
-    static int64_t NAME(const FT *x, const FT *g, FT *y, int64_t i, int64_t n, int op, KT key, \
-                        int64_t *idx, FT *val, int64_t cap, int64_t *stop, const FT *u, FT mu,  \
+    static int64_t NAME(const FT *x, const FT *g, int64_t goff, FT *y, int64_t i, int64_t n, int op, \
+                        KT key, int64_t *idx, FT *val, int64_t cap, int64_t *stop, const FT *u, FT mu, \
                         FT *uo) {                                                               \
         int64_t c = 0;                                                                          \
         const KT *yk = (const KT *)y;                                                           \
@@ -52,12 +52,12 @@ Py_ssize_t hco_stream_min = 1 << 20; /* bytes: smaller buffers are written with 
             if (u) {                                                                            \
                 for (int64_t j = i; j < e; j++) {                                               \
                     FT a = u[j] * mu;                                                           \
-                    a = a + g[j];                                                               \
+                    a = a + g[j - goff];                                                        \
                     uo[j] = a;                                                                  \
                     y[j] = x[j] + a;                                                            \
                 }                                                                               \
             } else if (g) {                                                                     \
-                for (int64_t j = i; j < e; j++) y[j] = x[j] + g[j];                             \
+                for (int64_t j = i; j < e; j++) y[j] = x[j] + g[j - goff];                      \
             } else if (y != x) {                                                                \
                 for (int64_t j = i; j < e; j++) y[j] = x[j];                                    \
             }                                                                                   \
@@ -88,20 +88,22 @@ HCO_PORTABLE(sweep_f64_portable, double, int64_t, 0x7FFFFFFFFFFFFFFFLL)
    the hits in ascending order. ge is "> key - 1" and lt is "not > key - 1" (keys are >= 0, so
    key - 1 cannot overflow); le is "not > key". */
 #define HCO_AVX2(NAME, FT, KT, VT, SFX, ISFX, SET1, LANES, MASK, PORTABLE)                         \
-    __attribute__((target("avx2"))) static int64_t NAME(const FT *x, const FT *g, FT *y, int64_t i, int64_t n, \
-                                                        int op, KT key, int64_t *idx, FT *val, int64_t cap, \
-                                                        int64_t *stop, const FT *u, FT mu, FT *uo) {   \
+    __attribute__((target("avx2"))) static int64_t NAME(const FT *x, const FT *g, int64_t goff, FT *y, int64_t i, \
+                                                        int64_t n, int op, KT key, int64_t *idx, FT *val, \
+                                                        int64_t cap, int64_t *stop, const FT *u, FT mu, FT *uo, \
+                                                        int big) {                              \
         int64_t c = 0;                                                                          \
-        /* streaming stores into a large buffer, 32-byte aligned where the loop starts (a block is \
-           128 bytes, so it stays aligned); the hits' values are then read from registers */     \
-        const int big = (n - i) * (int64_t)sizeof(FT) >= hco_stream_min;                            \
+        /* streaming stores into a large buffer (big: the caller's choice), 32-byte aligned where \
+           the loop starts (a block is 128 bytes, so it stays aligned); the hits' values are then \
+           read from registers */                                                               \
         const int nty = big && y != x && (uintptr_t)(y + i) % 32 == 0;                          \
         const int ntu = big && u && (uintptr_t)(uo + i) % 32 == 0;                              \
+        const FT *gg = g ? g + (i - goff) : NULL; /* g[j - goff] at j = i + LANES * b: gg[LANES * b] */ \
         const VT muv = _mm256_set1_##SFX(mu);                                                   \
         const __m256i mask = SET1(MASK);                                                        \
         const __m256i kv = SET1((op == 0 || op == 3) ? key - 1 : key);                          \
         const unsigned flip = (op >= 2) ? (unsigned)((1ull << (4 * LANES)) - 1) : 0u;           \
-        for (; i + 4 * LANES <= n && c + 4 * LANES <= cap; i += 4 * LANES) {                    \
+        for (; i + 4 * LANES <= n && c + 4 * LANES <= cap; i += 4 * LANES, gg = g ? gg + 4 * LANES : NULL) { \
             unsigned m = 0;                                                                     \
             VT sv[4];                                                                           \
             for (int b = 0; b < 4; b++) {                                                       \
@@ -109,7 +111,7 @@ HCO_PORTABLE(sweep_f64_portable, double, int64_t, 0x7FFFFFFFFFFFFFFFLL)
                 FT *yb = y + i + LANES * b;                                                     \
                 if (u) {                                                                        \
                     VT a = _mm256_add_##SFX(_mm256_mul_##SFX(_mm256_loadu_##SFX(u + i + LANES * b), muv), \
-                                            _mm256_loadu_##SFX(g + i + LANES * b));             \
+                                            _mm256_loadu_##SFX(gg + LANES * b));                \
                     if (ntu)                                                                    \
                         _mm256_stream_##SFX(uo + i + LANES * b, a);                             \
                     else                                                                        \
@@ -117,7 +119,7 @@ HCO_PORTABLE(sweep_f64_portable, double, int64_t, 0x7FFFFFFFFFFFFFFFLL)
                     s = _mm256_add_##SFX(_mm256_loadu_##SFX(x + i + LANES * b), a);             \
                 } else if (g) {                                                                 \
                     s = _mm256_add_##SFX(_mm256_loadu_##SFX(x + i + LANES * b),                 \
-                                         _mm256_loadu_##SFX(g + i + LANES * b));                \
+                                         _mm256_loadu_##SFX(gg + LANES * b));                   \
                 } else {                                                                        \
                     s = _mm256_loadu_##SFX(x + i + LANES * b);                                  \
                 }                                                                               \
@@ -143,9 +145,10 @@ HCO_PORTABLE(sweep_f64_portable, double, int64_t, 0x7FFFFFFFFFFFFFFFLL)
                 }                                                                               \
             }                                                                                   \
         }                                                                                       \
-        if (nty || ntu) _mm_sfence(); /* order the streamed lines before anything that follows */ \
+        if ((nty || ntu) && !(big & 2)) _mm_sfence(); /* order the streamed lines before what follows \
+                                                         (big & 2: the caller fences, after its last call) */ \
         int64_t tail_stop;                                                                      \
-        c += PORTABLE(x, g, y, i, n, op, key, idx + c, val + c, cap - c, &tail_stop, u, mu, uo); \
+        c += PORTABLE(x, g, goff, y, i, n, op, key, idx + c, val + c, cap - c, &tail_stop, u, mu, uo); \
         *stop = tail_stop;                                                                      \
         return c;                                                                               \
     }
@@ -159,21 +162,22 @@ int hco_use_avx2 = 0;
 
 /* The sweep in the path chosen at run time, for the other kernels of the extension (the fused
    top-k of _hostkernels_topk.c makes its sums and candidates with the very code sweep() runs). */
-int64_t hco_sweep_f32(const float *x, const float *g, float *y, int64_t i, int64_t n, int op, int32_t key,
-                      int64_t *idx, float *val, int64_t cap, int64_t *stop, const float *u, float mu, float *uo) {
+int64_t hco_sweep_f32(const float *x, const float *g, int64_t goff, float *y, int64_t i, int64_t n, int op,
+                      int32_t key, int64_t *idx, float *val, int64_t cap, int64_t *stop, const float *u, float mu,
+                      float *uo, int big) {
 #ifdef HCO_X86
-    if (hco_use_avx2) return sweep_f32_avx2(x, g, y, i, n, op, key, idx, val, cap, stop, u, mu, uo);
+    if (hco_use_avx2) return sweep_f32_avx2(x, g, goff, y, i, n, op, key, idx, val, cap, stop, u, mu, uo, big);
 #endif
-    return sweep_f32_portable(x, g, y, i, n, op, key, idx, val, cap, stop, u, mu, uo);
+    return sweep_f32_portable(x, g, goff, y, i, n, op, key, idx, val, cap, stop, u, mu, uo);
 }
 
-int64_t hco_sweep_f64(const double *x, const double *g, double *y, int64_t i, int64_t n, int op, int64_t key,
-                      int64_t *idx, double *val, int64_t cap, int64_t *stop, const double *u, double mu,
-                      double *uo) {
+int64_t hco_sweep_f64(const double *x, const double *g, int64_t goff, double *y, int64_t i, int64_t n, int op,
+                      int64_t key, int64_t *idx, double *val, int64_t cap, int64_t *stop, const double *u, double mu,
+                      double *uo, int big) {
 #ifdef HCO_X86
-    if (hco_use_avx2) return sweep_f64_avx2(x, g, y, i, n, op, key, idx, val, cap, stop, u, mu, uo);
+    if (hco_use_avx2) return sweep_f64_avx2(x, g, goff, y, i, n, op, key, idx, val, cap, stop, u, mu, uo, big);
 #endif
-    return sweep_f64_portable(x, g, y, i, n, op, key, idx, val, cap, stop, u, mu, uo);
+    return sweep_f64_portable(x, g, goff, y, i, n, op, key, idx, val, cap, stop, u, mu, uo);
 }
 
 int hco_check(Py_buffer *b, const char *fn, const char *what, Py_ssize_t item, Py_ssize_t n, const char *longer) {
@@ -185,10 +189,93 @@ int hco_check(Py_buffer *b, const char *fn, const char *what, Py_ssize_t item, P
     return 0;
 }
 
+/* The sweep part by part (declared in _hostkernels.h). */
+#define HCO_SWEEP_PARTS(NAME, FT, KT, SWEEP)                                                     \
+    int64_t NAME(const FT *x, const hco_part *gp, int np, FT *y, int64_t i, int64_t n, int op, KT key, \
+                 int64_t *idx, FT *val, int64_t cap, int64_t *stop, const FT *u, FT mu, FT *uo, int big) { \
+        if (!gp) return SWEEP(x, NULL, 0, y, i, n, op, key, idx, val, cap, stop, u, mu, uo, big); \
+        int64_t c = 0, f = big ? 3 : 0; /* streamed parts are fenced once, at the end */        \
+        for (int q = 0; q < np && i < n; q++) {                                                 \
+            while (i < gp[q].end) {                                                             \
+                int64_t to = gp[q].end, st;                                                     \
+                uintptr_t mis = (uintptr_t)(y + i) % 32;                                        \
+                if (big && mis && mis % sizeof(FT) == 0 && i + (int64_t)((32 - mis) / sizeof(FT)) < to) \
+                    to = i + (int64_t)((32 - mis) / sizeof(FT));                                \
+                c += SWEEP(x, (const FT *)gp[q].buf, gp[q].start, y, i, to, op, key, idx + c, val + c, cap - c, \
+                           &st, u, mu, uo, f);                                                  \
+                i = st;                                                                         \
+                if (st < to) break; /* the output buffers are full */                           \
+            }                                                                                   \
+            if (i < gp[q].end) break;                                                           \
+        }                                                                                       \
+        if (f) hco_fence();                                                                     \
+        *stop = i;                                                                              \
+        return c;                                                                               \
+    }
+HCO_SWEEP_PARTS(hco_sweep_parts_f32, float, int32_t, hco_sweep_f32)
+HCO_SWEEP_PARTS(hco_sweep_parts_f64, double, int64_t, hco_sweep_f64)
+
+int hco_parse_parts(PyObject *gobj, const char *fn, Py_ssize_t item, Py_ssize_t n, Py_buffer **bufs, hco_part **parts,
+                    int *np) {
+    int tup = PyTuple_Check(gobj);
+    Py_ssize_t cnt = tup ? PyTuple_GET_SIZE(gobj) : 1;
+    *np = 0;
+    if (cnt < 1 || cnt > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "%s: g must be a buffer or a non-empty tuple of (start, buffer) parts", fn);
+        return -1;
+    }
+    *bufs = calloc((size_t)cnt, sizeof(Py_buffer));
+    *parts = calloc((size_t)cnt, sizeof(hco_part));
+    if (!*bufs || !*parts) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Py_ssize_t at = 0;
+    for (Py_ssize_t j = 0; j < cnt; j++) {
+        PyObject *b = gobj;
+        Py_ssize_t start = 0;
+        if (tup) {
+            PyObject *pair = PyTuple_GET_ITEM(gobj, j);
+            if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+                PyErr_Format(PyExc_ValueError, "%s: each part of g must be a (start, buffer) pair", fn);
+                return -1;
+            }
+            start = PyNumber_AsSsize_t(PyTuple_GET_ITEM(pair, 0), PyExc_OverflowError);
+            if (start == -1 && PyErr_Occurred()) return -1;
+            b = PyTuple_GET_ITEM(pair, 1);
+        }
+        if (PyObject_GetBuffer(b, &(*bufs)[j], PyBUF_C_CONTIGUOUS) < 0) return -1;
+        *np = (int)j + 1; /* acquired, to be released */
+        if (!tup) { /* one buffer: at least as long as x, as before */
+            if (hco_check(&(*bufs)[j], fn, "g", item, n, " at least as long as x")) return -1;
+            (*parts)[j] = (hco_part){0, n, (*bufs)[j].buf};
+            return 0;
+        }
+        if (hco_check(&(*bufs)[j], fn, "g", item, -1, "")) return -1;
+        Py_ssize_t len = (*bufs)[j].len / item;
+        if (start != at || at + len > n || (j == cnt - 1 && at + len != n)) {
+            PyErr_Format(PyExc_ValueError, "%s: the parts of g must cover x in order, each starting where the "
+                                           "one before ends", fn);
+            return -1;
+        }
+        (*parts)[j] = (hco_part){start, start + len, (*bufs)[j].buf};
+        at = start + len;
+    }
+    return 0;
+}
+
+void hco_release_parts(Py_buffer *bufs, hco_part *parts, int np) {
+    for (int j = 0; j < np; j++) PyBuffer_Release(&bufs[j]);
+    free(bufs);
+    free(parts);
+}
+
 #define AS_X " at least as long as x"
 
 static PyObject *sweep(PyObject *self, PyObject *args) {
-    Py_buffer x, y, idx, val, g = {0}, u = {0}, uo = {0};
+    Py_buffer x, y, idx, val, u = {0}, uo = {0}, *gbufs = NULL;
+    hco_part *gparts = NULL;
+    int ng = 0;
     PyObject *gobj, *uobj = Py_None, *uoobj = Py_None;
     int op;
     long long key;
@@ -199,8 +286,6 @@ static PyObject *sweep(PyObject *self, PyObject *args) {
         return NULL;
     PyObject *res = NULL;
     int have_g = gobj != Py_None, have_u = 0, have_uo = 0;
-    if (have_g && PyObject_GetBuffer(gobj, &g, PyBUF_C_CONTIGUOUS) < 0) goto done;
-    have_g = 2 * have_g;  /* 2: acquired */
     if (uobj != Py_None) {
         if (!have_g || uoobj == Py_None) {
             PyErr_SetString(PyExc_ValueError, "sweep: the momentum form needs g, u and uo");
@@ -216,25 +301,28 @@ static PyObject *sweep(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "sweep: x must hold float32 or float64, op in 0..3, 0 <= start <= len(x)");
         goto done;
     }
+    if (have_g && hco_parse_parts(gobj, "sweep", item, n, &gbufs, &gparts, &ng) < 0) goto done;
     if (hco_check(&x, "sweep", "x", item, -1, "") || hco_check(&y, "sweep", "y", item, n, AS_X) ||
-        (have_g && hco_check(&g, "sweep", "g", item, n, AS_X)) ||
         (have_u && (hco_check(&u, "sweep", "u", item, n, AS_X) || hco_check(&uo, "sweep", "uo", item, n, AS_X))) ||
         hco_check(&idx, "sweep", "idx", 8, -1, "") || hco_check(&val, "sweep", "val", item, -1, ""))
         goto done;
     int64_t cap = idx.len / 8 < val.len / item ? idx.len / 8 : val.len / item, count, stop;
+    const int big = (n - start) * item >= hco_stream_min;
     Py_BEGIN_ALLOW_THREADS
+    const hco_part *gp = have_g ? gparts : NULL;
     if (item == 4)
-        count = hco_sweep_f32((const float *)x.buf, have_g ? (const float *)g.buf : NULL, (float *)y.buf, start, n,
-                              op, (int32_t)key, (int64_t *)idx.buf, (float *)val.buf, cap, &stop,
-                              have_u ? (const float *)u.buf : NULL, (float)mu, have_u ? (float *)uo.buf : NULL);
+        count = hco_sweep_parts_f32((const float *)x.buf, gp, ng, (float *)y.buf, start, n, op, (int32_t)key,
+                                    (int64_t *)idx.buf, (float *)val.buf, cap, &stop,
+                                    have_u ? (const float *)u.buf : NULL, (float)mu, have_u ? (float *)uo.buf : NULL,
+                                    big);
     else
-        count = hco_sweep_f64((const double *)x.buf, have_g ? (const double *)g.buf : NULL, (double *)y.buf, start,
-                              n, op, (int64_t)key, (int64_t *)idx.buf, (double *)val.buf, cap, &stop,
-                              have_u ? (const double *)u.buf : NULL, mu, have_u ? (double *)uo.buf : NULL);
+        count = hco_sweep_parts_f64((const double *)x.buf, gp, ng, (double *)y.buf, start, n, op, (int64_t)key,
+                                    (int64_t *)idx.buf, (double *)val.buf, cap, &stop,
+                                    have_u ? (const double *)u.buf : NULL, mu, have_u ? (double *)uo.buf : NULL, big);
     Py_END_ALLOW_THREADS
     res = Py_BuildValue("(LL)", (long long)count, (long long)stop);
 done:
-    if (have_g == 2) PyBuffer_Release(&g);
+    hco_release_parts(gbufs, gparts, ng);
     if (have_u) PyBuffer_Release(&u);
     if (have_uo) PyBuffer_Release(&uo);
     PyBuffer_Release(&x);

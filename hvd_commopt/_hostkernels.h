@@ -25,12 +25,47 @@ void hco_fence(void);
    "<fn>: <what> must be a contiguous buffer of <item>-byte items<longer>" and -1. */
 int hco_check(Py_buffer *b, const char *fn, const char *what, Py_ssize_t item, Py_ssize_t n, const char *longer);
 
-/* The candidate sweep of _hostkernels.c in the SIMD path chosen at run time. */
-int64_t hco_sweep_f32(const float *x, const float *g, float *y, int64_t i, int64_t n, int op, int32_t key,
-                      int64_t *idx, float *val, int64_t cap, int64_t *stop, const float *u, float mu, float *uo);
-int64_t hco_sweep_f64(const double *x, const double *g, double *y, int64_t i, int64_t n, int op, int64_t key,
-                      int64_t *idx, double *val, int64_t cap, int64_t *stop, const double *u, double mu,
-                      double *uo);
+/* The candidate sweep of _hostkernels.c in the SIMD path chosen at run time, over [i, n): g is read
+   at j - goff (a part of the addend that starts at position goff; 0 for a whole buffer), `big`:
+   write y and uo with streaming stores where they are 32-byte aligned (big | 2: and leave the
+   sfence to the caller, who calls hco_fence after its last sweep). */
+int64_t hco_sweep_f32(const float *x, const float *g, int64_t goff, float *y, int64_t i, int64_t n, int op,
+                      int32_t key, int64_t *idx, float *val, int64_t cap, int64_t *stop, const float *u, float mu,
+                      float *uo, int big);
+int64_t hco_sweep_f64(const double *x, const double *g, int64_t goff, double *y, int64_t i, int64_t n, int op,
+                      int64_t key, int64_t *idx, double *val, int64_t cap, int64_t *stop, const double *u, double mu,
+                      double *uo, int big);
+
+/* A part of the addend g: positions [start, end) of the buffer, read from buf[0 .. end - start).
+   The parts of one call cover [0, n) in order (the gradients of a bucket, not copied into it). */
+typedef struct {
+    int64_t start, end;
+    const void *buf;
+} hco_part;
+
+/* The part holding position p (0 <= p < n), searching on from part q (the sample is ascending). */
+static inline int hco_part_at(const hco_part *gp, int np, int64_t p, int q) {
+    if (p < gp[q].start) q = 0;
+    while (q < np - 1 && gp[q].end <= p) q++;
+    return q;
+}
+
+/* g given as None, one buffer (one part, at least n items), or a tuple of (start, buffer) pairs
+   covering [0, n) in order: the parts and their acquired buffers (*np of them, released with
+   hco_release_parts even on error); -1 with a ValueError naming `fn` when they do not fit. */
+int hco_parse_parts(PyObject *gobj, const char *fn, Py_ssize_t item, Py_ssize_t n, Py_buffer **bufs, hco_part **parts,
+                    int *np);
+void hco_release_parts(Py_buffer *bufs, hco_part *parts, int np);
+
+/* The sweep over [i, n) with the addend read part by part (gp NULL: no addend); a part whose y does
+   not start on a 32-byte boundary is swept in two calls, so that the rest of it streams; one
+   sfence at the end. */
+int64_t hco_sweep_parts_f32(const float *x, const hco_part *gp, int np, float *y, int64_t i, int64_t n, int op,
+                            int32_t key, int64_t *idx, float *val, int64_t cap, int64_t *stop, const float *u,
+                            float mu, float *uo, int big);
+int64_t hco_sweep_parts_f64(const double *x, const hco_part *gp, int np, double *y, int64_t i, int64_t n, int op,
+                            int64_t key, int64_t *idx, double *val, int64_t cap, int64_t *stop, const double *u,
+                            double mu, double *uo, int big);
 
 /* _hostkernels_topk.c */
 PyObject *topk(PyObject *self, PyObject *args);

@@ -16,7 +16,8 @@
  *    4*j_lo + 16 of the sample, or every element after max_retries (lo = 0: the sums only);
  * 3. the k-th key v among the candidates: the same value, and the same choice of the sample's hi
  *    where ExactTopK takes it (exactly k candidates >= hi, or more >= hi but fewer > hi), so the
- *    threshold it reports is the same;
+ *    threshold it reports is the same; otherwise quickselect runs on the part that holds v, as
+ *    ExactTopK's steps do: the band < hi when fewer than k keys are >= hi, else the keys > hi;
  * 4. the selection: keys > v and the lowest-index ties == v, k in all, ascending, into vals/idx.
  *
  * Keys are the bit patterns of |y| with every NaN one key above +Inf (docs/selection.md#order), so
@@ -69,21 +70,22 @@ typedef struct {
 HCO_KTH(kth_i32, int32_t)
 HCO_KTH(kth_i64, int64_t)
 
-#define HCO_TOPK(NAME, FT, KT, KTH, MASK, INF, SWEEP)                                            \
+#define HCO_TOPK(NAME, FT, KT, KTH, MASK, INF, PSWEEP)                                            \
     static inline KT NAME##_key(FT v) {                                                         \
         KT b;                                                                                   \
         memcpy(&b, &v, sizeof b);                                                               \
         b &= (KT)(MASK);                                                                        \
         return b > (KT)(INF) ? (KT)(INF) + 1 : b;                                               \
     }                                                                                           \
-    static void NAME(const FT *x, const FT *g, FT *y, const FT *u, FT mu, FT *uo, int64_t n, int64_t k, \
-                     const int64_t *sidx, int64_t m, int64_t j_lo, int64_t j_hi, int max_retries, FT *vals, \
-                     int64_t *oidx, hco_topk_res *res) {                                        \
+    static void NAME(const FT *x, const hco_part *gp, int np, FT *y, const FT *u, FT mu, FT *uo, int64_t n, \
+                     int64_t k, const int64_t *sidx, int64_t m, int64_t j_lo, int64_t j_hi, int max_retries, \
+                     FT *vals, int64_t *oidx, hco_topk_res *res) {                              \
         KT *sk = NULL, *ck = NULL, lo = 0, hi = 0, v;                                           \
         int64_t *ci = NULL, c = 0, cap = 0;                                                     \
         FT *cv = NULL;                                                                          \
-        int have_hi = 0, all = 0;                                                               \
-        if (!g) y = (FT *)x; /* no addend: the sum is x itself, nothing is written */          \
+        int have_hi = 0, all = 0, q = 0;                                                        \
+        const int big = n * (int64_t)sizeof(FT) >= hco_stream_min;                             \
+        if (!gp) y = (FT *)x; /* no addend: the sum is x itself, nothing is written */         \
         /* 1. the bracket from the sample */                                                    \
         if (m > 0) {                                                                            \
             if (!(sk = malloc((size_t)m * sizeof(KT)))) goto oom;                               \
@@ -94,12 +96,16 @@ HCO_KTH(kth_i64, int64_t)
                     goto out;                                                                   \
                 }                                                                               \
                 FT s = x[p];                                                                    \
-                if (u) {                                                                        \
-                    FT a = u[p] * mu;                                                           \
-                    a = a + g[p];                                                               \
-                    s = s + a;                                                                  \
-                } else if (g) {                                                                 \
-                    s = s + g[p];                                                               \
+                if (gp) {                                                                       \
+                    q = hco_part_at(gp, np, p, q);                                              \
+                    FT gv = ((const FT *)gp[q].buf)[p - gp[q].start];                           \
+                    if (u) {                                                                    \
+                        FT a = u[p] * mu;                                                       \
+                        a = a + gv;                                                             \
+                        s = s + a;                                                              \
+                    } else {                                                                    \
+                        s = s + gv;                                                             \
+                    }                                                                           \
                 }                                                                               \
                 sk[j] = NAME##_key(s);                                                          \
             }                                                                                   \
@@ -112,12 +118,12 @@ HCO_KTH(kth_i64, int64_t)
         /* 2. the sweep: the sums, and the candidates key >= lo; lower lo while fewer than k */ \
         for (;;) {                                                                              \
             if (lo == 0) { /* every element qualifies: the sums only (an lt-0 sweep keeps none) */ \
-                if (g) {                                                                        \
+                if (gp) {                                                                       \
                     int64_t di[64], stop;                                                       \
                     FT dv[64];                                                                  \
-                    SWEEP(x, g, y, 0, n, 3, 0, di, dv, 64, &stop, u, mu, uo);                   \
+                    PSWEEP(x, gp, np, y, 0, n, 3, 0, di, dv, 64, &stop, u, mu, uo, big);        \
                 }                                                                               \
-                x = y, g = NULL, u = NULL;                                                      \
+                x = y, gp = NULL, u = NULL;                                                     \
                 all = 1, c = n;                                                                 \
                 break;                                                                          \
             }                                                                                   \
@@ -134,10 +140,10 @@ HCO_KTH(kth_i64, int64_t)
                     cv = nv, cap = want;                                                        \
                 }                                                                               \
                 int64_t stop;                                                                   \
-                c += SWEEP(x, g, y, start, n, 0, lo, ci + c, cv + c, cap - c, &stop, u, mu, uo); \
+                c += PSWEEP(x, gp, np, y, start, n, 0, lo, ci + c, cv + c, cap - c, &stop, u, mu, uo, big); \
                 start = stop; /* short of n: the buffers were full (fewer than 32 free) */      \
             }                                                                                   \
-            x = y, g = NULL, u = NULL; /* the sums are in y */                                  \
+            x = y, gp = NULL, u = NULL; /* the sums are in y */                                 \
             if (c >= k) {                                                                       \
                 all = c == n;                                                                   \
                 break;                                                                          \
@@ -168,8 +174,13 @@ HCO_KTH(kth_i64, int64_t)
         }                                                                                       \
         if (have_hi && (a == k || (a > k && above < k))) {                                      \
             v = hi;                                                                             \
+        } else if (have_hi) { /* the k-th lies in the band < hi (a < k) or among the keys > hi */ \
+            res->above = a > k;                                                                 \
+            int64_t b = 0, r = a < k ? k - a : k;                                               \
+            for (int64_t j = 0; j < c; j++)                                                     \
+                ck[b] = ck[j], b += a < k ? ck[j] < hi : ck[j] > hi; /* no branch to mispredict */ \
+            v = KTH(ck, b, b - r);                                                              \
         } else {                                                                                \
-            res->above = have_hi && a > k;                                                      \
             v = KTH(ck, c, c - k);                                                              \
         }                                                                                       \
         /* 4. keys > v and the lowest-index ties, k in all, ascending */                        \
@@ -205,15 +216,16 @@ HCO_KTH(kth_i64, int64_t)
         free(cv);                                                                               \
     }
 
-HCO_TOPK(topk_f32, float, int32_t, kth_i32, 0x7FFFFFFF, 0x7F800000, hco_sweep_f32)
-HCO_TOPK(topk_f64, double, int64_t, kth_i64, 0x7FFFFFFFFFFFFFFFLL, 0x7FF0000000000000LL, hco_sweep_f64)
+HCO_TOPK(topk_f32, float, int32_t, kth_i32, 0x7FFFFFFF, 0x7F800000, hco_sweep_parts_f32)
+HCO_TOPK(topk_f64, double, int64_t, kth_i64, 0x7FFFFFFFFFFFFFFFLL, 0x7FF0000000000000LL, hco_sweep_parts_f64)
 
 PyObject *topk(PyObject *self, PyObject *args) {
-    Py_buffer x, y, vals, idx, g = {0}, u = {0}, uo = {0}, sx = {0};
+    Py_buffer x, y, vals, idx, u = {0}, uo = {0}, sx = {0}, *gbufs = NULL;
+    hco_part *gparts = NULL;
     PyObject *gobj, *uobj, *uoobj, *sobj, *res = NULL;
     double mu;
     Py_ssize_t k, j_lo, j_hi;
-    int max_retries, got_g = 0, got_u = 0, got_uo = 0, got_s = 0;
+    int max_retries, ng = 0, got_u = 0, got_uo = 0, got_s = 0;
     if (!PyArg_ParseTuple(args, "y*Ow*OdOnOnniw*w*", &x, &gobj, &y, &uobj, &mu, &uoobj, &k, &sobj, &j_lo, &j_hi,
                           &max_retries, &vals, &idx))
         return NULL;
@@ -222,12 +234,9 @@ PyObject *topk(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "topk: x must hold float32 or float64, 1 <= k <= len(x), j_lo >= 1");
         goto done;
     }
-    if (gobj != Py_None) {
-        if (PyObject_GetBuffer(gobj, &g, PyBUF_C_CONTIGUOUS) < 0) goto done;
-        got_g = 1;
-    }
+    if (gobj != Py_None && hco_parse_parts(gobj, "topk", item, n, &gbufs, &gparts, &ng) < 0) goto done;
     if (uobj != Py_None) {
-        if (!got_g || uoobj == Py_None) {
+        if (gobj == Py_None || uoobj == Py_None) {
             PyErr_SetString(PyExc_ValueError, "topk: the momentum form needs g, u and uo");
             goto done;
         }
@@ -244,23 +253,21 @@ PyObject *topk(PyObject *self, PyObject *args) {
     }
     const char *as_x = " at least as long as x", *k_long = " holding at least k items";
     if (hco_check(&x, "topk", "x", item, -1, "") || hco_check(&y, "topk", "y", item, n, as_x) ||
-        (got_g && hco_check(&g, "topk", "g", item, n, as_x)) ||
         (got_u && (hco_check(&u, "topk", "u", item, n, as_x) || hco_check(&uo, "topk", "uo", item, n, as_x))) ||
         hco_check(&vals, "topk", "vals", item, k, k_long) || hco_check(&idx, "topk", "idx", 8, k, k_long))
         goto done;
     hco_topk_res r = {0};
     r.finite = -1;
+    const hco_part *gp = gobj != Py_None ? gparts : NULL;
     Py_BEGIN_ALLOW_THREADS
     if (item == 4)
-        topk_f32((const float *)x.buf, got_g ? (const float *)g.buf : NULL, (float *)y.buf,
-                 got_u ? (const float *)u.buf : NULL, (float)mu, got_u ? (float *)uo.buf : NULL, n, k,
-                 got_s ? (const int64_t *)sx.buf : NULL, m, j_lo, j_hi, max_retries, (float *)vals.buf,
-                 (int64_t *)idx.buf, &r);
+        topk_f32((const float *)x.buf, gp, ng, (float *)y.buf, got_u ? (const float *)u.buf : NULL, (float)mu,
+                 got_u ? (float *)uo.buf : NULL, n, k, got_s ? (const int64_t *)sx.buf : NULL, m, j_lo, j_hi,
+                 max_retries, (float *)vals.buf, (int64_t *)idx.buf, &r);
     else
-        topk_f64((const double *)x.buf, got_g ? (const double *)g.buf : NULL, (double *)y.buf,
-                 got_u ? (const double *)u.buf : NULL, mu, got_u ? (double *)uo.buf : NULL, n, k,
-                 got_s ? (const int64_t *)sx.buf : NULL, m, j_lo, j_hi, max_retries, (double *)vals.buf,
-                 (int64_t *)idx.buf, &r);
+        topk_f64((const double *)x.buf, gp, ng, (double *)y.buf, got_u ? (const double *)u.buf : NULL, mu,
+                 got_u ? (double *)uo.buf : NULL, n, k, got_s ? (const int64_t *)sx.buf : NULL, m, j_lo, j_hi,
+                 max_retries, (double *)vals.buf, (int64_t *)idx.buf, &r);
     Py_END_ALLOW_THREADS
     if (r.error == 1)
         PyErr_NoMemory();
@@ -272,7 +279,7 @@ PyObject *topk(PyObject *self, PyObject *args) {
         res = Py_BuildValue("(LLiiiii)", (long long)r.v, (long long)r.c, r.retries, r.full, r.above, r.ties,
                             r.finite);
 done:
-    if (got_g) PyBuffer_Release(&g);
+    hco_release_parts(gbufs, gparts, ng);
     if (got_u) PyBuffer_Release(&u);
     if (got_uo) PyBuffer_Release(&uo);
     if (got_s) PyBuffer_Release(&sx);

@@ -5,11 +5,17 @@ from typing import Sequence
 
 import numpy as np
 
+from .compress.grad_parts import GradParts
 from .dtypes import float32_to_half, half_to_float32, numpy_dtype
 from .select_kernels import (np_abs_where, np_add_abs_where, np_add_momentum_abs_where, np_kth_largest_abs,
                              native_sweep, np_fused_topk, np_scale_add, np_scatter_sum, np_stream_store)
 
 __all__ = ["NumpyOps", "numpy_dtype"]
+
+
+def _parts(g: GradParts):
+    """A bucket's unpacked gradients as ``(start, array)`` for the native kernels (its buffer once packed)."""
+    return g.buf if g.is_packed else tuple((off, np.asarray(p).reshape(-1)) for off, p in g.parts)
 
 
 class NumpyOps:
@@ -139,6 +145,8 @@ class NumpyOps:
     def add_abs_where(self, acc, g, op, thr, out=None): return np_add_abs_where(acc, g, op, thr, out)
 
     def add_momentum_abs_where(self, acc, u, mu, g, u_out, op, thr, out=None):
+        if isinstance(g, GradParts):  # read where they are (docs/selection.md#grad-parts), or packed here
+            g = _parts(g) if native_sweep() else g.pack()
         return np_add_momentum_abs_where(acc, u, mu, g, u_out, op, thr, out)
 
     def scatter_sum(self, buf, idx, vals, scale):
@@ -148,7 +156,14 @@ class NumpyOps:
         finite = np_scatter_sum(buf, idx, vals, scale, sums)
         return None if finite is None else (buf, sums, finite)
 
+    @property
+    def reads_grad_parts(self) -> bool:
+        """fused_topk and add_momentum_abs_where read unpacked gradients (docs/selection.md#grad-parts)."""
+        return native_sweep()
+
     def fused_topk(self, t, k, sidx, j_lo, j_hi, max_retries, g, u, mu, u_out, out):
+        if isinstance(g, GradParts):
+            g = _parts(g)
         return np_fused_topk(t, k, sidx, j_lo, j_hi, max_retries, g, u, mu, u_out, out)
 
     def kth_largest_abs(self, t, k): return np_kth_largest_abs(t, k)

@@ -140,6 +140,17 @@ def _native_for(first: np.ndarray, *others: np.ndarray) -> bool:
                     for a in (first, *others)))
 
 
+def _parts_for(x: np.ndarray, parts: tuple) -> bool:
+    """Whether ``parts``, ``(start, array)`` pairs, cover ``x`` in order with contiguous arrays of
+    its dtype (the native top-k's addend in parts)."""
+    at = 0
+    for start, a in parts:
+        if start != at or a.dtype != x.dtype or not a.flags.c_contiguous or a.ndim != 1:
+            return False
+        at += a.size
+    return at == x.size and bool(parts)
+
+
 def native_sweep() -> bool:
     """True when the candidate sweep runs in the native extension (built, and not turned off)."""
     return _native_on
@@ -294,10 +305,15 @@ def np_fused_topk(x: np.ndarray, k: int, sidx: np.ndarray | None, j_lo: int, j_h
     call (docs/selection.md#native-topk): ``(acc, values, indices, v, candidates, retries,
     full_fallbacks, above_fallback, ties, finite)`` with acc the sums (into ``out`` when given, x
     intact; else into x) and finite None where unknown. None, nothing done, where it does not apply
-    (native kernels off, dtypes, sizes, layout): the caller's own route."""
+    (native kernels off, dtypes, sizes, layout): the caller's own route.
+
+    ``g`` may also be a tuple of ``(start, array)`` parts that cover x in order (a bucket's
+    gradients read where they are, docs/selection.md#grad-parts): the same sums, bit for bit."""
     y = x if g is None or out is None else out
-    arrays = (x, y, *(() if g is None else (g,)), *(() if u is None else (u, u_out)))
+    arrays = (x, y, *(() if g is None or isinstance(g, tuple) else (g,)), *(() if u is None else (u, u_out)))
     if not (_native_for(*arrays) and (sidx is None or (sidx.dtype == np.int64 and sidx.flags.c_contiguous))):
+        return None
+    if isinstance(g, tuple) and not _parts_for(x, g):
         return None
     vals, idx = np.empty(k, dtype=x.dtype), np.empty(k, dtype=np.int64)
     v, c, retries, full, above, ties, finite = _native.topk(x, g, y, u, float(mu), u_out, int(k), sidx, int(j_lo),
@@ -321,12 +337,17 @@ def np_add_momentum_abs_where(acc: np.ndarray, u: np.ndarray, mu: float, g: np.n
                               op: str, thr: float, out: np.ndarray | None = None):
     """``u' = u*mu + g`` into ``u_out`` (which may be u) and ``add_abs_where(acc, u')`` in one
     sweep where the native kernel runs (docs/selection.md#native-sweep); returns (the sum, u',
-    indices, values), bit-identical to :func:`np_scale_add` then :func:`np_add_abs_where`."""
+    indices, values), bit-identical to :func:`np_scale_add` then :func:`np_add_abs_where`. ``g``
+    may be a tuple of ``(start, array)`` parts covering acc (docs/selection.md#grad-parts)."""
     acc = _np_float(acc)
     y = acc if out is None else out.reshape(-1)
     plan = threshold_plan(op, thr, np_key_of(acc.dtype), NP_KEYS[acc.dtype][2])
-    if plan not in (ALL, NONE) and _native_for(acc, u, g, u_out, y):
+    parts = isinstance(g, tuple)  # (start, array) parts of g (docs/selection.md#grad-parts)
+    if (plan not in (ALL, NONE) and _native_for(acc, u, u_out, y)
+            and (_parts_for(acc, g) if parts else _native_for(acc, g))):
         return (y, u_out, *_native_run(acc, plan, g, y, (u, float(mu), u_out)))
+    if parts:
+        g = np.concatenate([a.reshape(-1) for _, a in g]) if g else np.empty(0, acc.dtype)
     u_new = np_scale_add(u_out, u, mu, g)
     y, idx, vals = np_add_abs_where(acc, u_new, op, thr, out)
     return y, u_new, idx, vals

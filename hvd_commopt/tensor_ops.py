@@ -151,7 +151,9 @@ class TensorOps(Protocol):
         into ``out`` with t intact when given) in one native call: ``(acc, values, indices, v,
         candidates, retries, full_fallbacks, above_fallback, ties, finite)``. None where the
         adapter has no such call for these tensors (ExactTopK's own steps run;
-        docs/selection.md#native-topk). Optional: ExactTopK asks for it with getattr."""
+        docs/selection.md#native-topk). Optional: ExactTopK asks for it with getattr. An adapter
+        whose ``reads_grad_parts`` is true also takes ``g`` as a bucket's unpacked gradients
+        (a ``GradParts``, docs/selection.md#grad-parts), read where they are."""
         ...
 
     def kth_largest_abs(self, t: Tensor, k: int) -> float:

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import torch
 
+from hvd_commopt.compress.grad_parts import GradParts
 from hvd_commopt.select_kernels import (ALL, NONE, RANDOM_ACCESS_MIN, native_sweep, np_add_momentum_abs_where,
                                         np_all_none, np_fused_topk, np_kth_largest_abs, np_scale_add, np_scatter_add,
                                         np_scatter_sum, np_stream_store, np_sweep, np_take, np_zero_at, threshold_plan)
@@ -46,6 +47,12 @@ def _index_host(t, idx) -> bool:
     return (idx.numel() >= RANDOM_ACCESS_MIN and t.device.type == "cpu" and idx.device.type == "cpu"
             and idx.dtype == torch.int64 and t.dtype in _INDEX_HOST and not t.requires_grad
             and t.is_contiguous() and idx.is_contiguous())
+
+
+def _host_parts(parts, dtype):
+    """Unpacked gradients as (start, array), or None (docs/selection.md#grad-parts)."""
+    ok = not parts.is_packed and all(_host_ok(p) and p.dtype == dtype for _, p in parts.parts)
+    return tuple((off, p.detach().view(-1).numpy()) for off, p in parts.parts) if ok else None
 
 
 def _host_same(*ts) -> bool:
@@ -313,13 +320,17 @@ class TorchOps:
         return res, idx, vals
 
     def add_momentum_abs_where(self, acc, u, mu, g, u_out, op, thr, out=None):
+        parts = g if isinstance(g, GradParts) else None  # unpacked: read where they are, or packed here
+        host = None if parts is None or not self.reads_grad_parts else _host_parts(parts, acc.dtype)
+        g = g if parts is None else parts.buf if host is not None else parts.pack()
         flat = acc.detach().view(-1)
         dst = flat if out is None else out.detach().view(-1)
         ts = (flat, u.detach().view(-1), g.detach().view(-1), u_out.detach().view(-1), dst)
         if not (self.host_kernels and _host_same(*ts) and flat.dtype != torch.float16):
             return None  # the core makes u' and calls add_abs_where (compress/addend.py)
         a, uu, gg, uo, d = (t.numpy() for t in ts)
-        _, _, idx, vals = np_add_momentum_abs_where(a, uu, mu, gg, uo, op, thr, None if out is None else d)
+        _, _, idx, vals = np_add_momentum_abs_where(a, uu, mu, gg if host is None else host, uo, op, thr,
+                                                    None if out is None else d)
         return (acc if out is None else out), u_out, torch.from_numpy(idx), torch.from_numpy(vals)
 
     def scatter_sum(self, buf, idx, vals, scale):
@@ -332,13 +343,24 @@ class TorchOps:
                                 vals.reshape(-1).contiguous().numpy(), scale, sums.numpy())
         return None if finite is None else (buf, sums, finite)
 
+    @property
+    def reads_grad_parts(self) -> bool:
+        """fused_topk and add_momentum_abs_where read unpacked gradients (docs/selection.md#grad-parts)."""
+        return self.host_kernels and native_sweep()
+
     def fused_topk(self, t, k, sidx, j_lo, j_hi, max_retries, g, u, mu, u_out, out):
         out = out if g is not None else None  # no addend: the sum is t itself, out is not written
+        parts = g if isinstance(g, GradParts) else None
+        g = g if parts is None else parts.buf  # for the checks below; the values come from the parts
         ts = [a for a in (t, g, u, u_out, out) if a is not None]
         if not (self.host_kernels and native_sweep() and _host_same(*ts) and t.dtype != torch.float16
                 and (sidx is None or (sidx.device.type == "cpu" and sidx.dtype == torch.int64))):
             return None
         arr = [None if a is None else a.detach().view(-1).numpy() for a in (t, g, u, u_out, out)]
+        if parts is not None and not parts.is_packed:  # read where they are (docs/selection.md#grad-parts)
+            arr[1] = _host_parts(parts, t.dtype)
+            if arr[1] is None:
+                return None
         r = np_fused_topk(arr[0], k, None if sidx is None else sidx.numpy(), j_lo, j_hi, max_retries,
                           arr[1], arr[2], mu, arr[3], arr[4])
         if r is None:

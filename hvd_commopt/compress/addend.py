@@ -17,18 +17,29 @@ from __future__ import annotations
 
 from typing import Any
 
+from .grad_parts import GradParts
+
 __all__ = ["MomentumAddend", "made", "gather", "add_abs_where", "slice_of", "made_by_slices", "fused_parts",
            "made_in_pass"]
 
 
 class MomentumAddend:
-    """``u*mu + g``, to be written into ``out`` (which may be ``u``) by whichever pass makes it."""
+    """``u*mu + g``, to be written into ``out`` (which may be ``u``) by whichever pass makes it.
 
-    __slots__ = ("u", "mu", "g", "out", "made")
+    ``g`` may be a bucket's :class:`~hvd_commopt.compress.grad_parts.GradParts`: the native top-k
+    reads them in place (:func:`fused_parts`); any other reader of ``g`` packs them first."""
+
+    __slots__ = ("u", "mu", "_g", "out", "made")
 
     def __init__(self, u: Any, mu: float, g: Any, out: Any):
-        self.u, self.mu, self.g, self.out = u, float(mu), g, out
+        self.u, self.mu, self._g, self.out = u, float(mu), g, out
         self.made: Any = None
+
+    @property
+    def g(self) -> Any:
+        if isinstance(self._g, GradParts):
+            self._g = self._g.pack()
+        return self._g
 
     def make(self, ops: Any) -> Any:
         """``u'`` (made now unless a fused pass already made it)."""
@@ -77,7 +88,8 @@ def add_abs_where(ops: Any, acc: Any, addend: Any, op: str, thr: float, out: Any
     """``TensorOps.add_abs_where`` of ``acc`` and ``addend``; a momentum addend not made yet is
     made in the same pass where the adapter can (``add_momentum_abs_where``), else first."""
     if isinstance(addend, MomentumAddend) and addend.made is None:
-        fused = ops.add_momentum_abs_where(acc, addend.u, addend.mu, addend.g, addend.out, op, thr, out)
+        g = addend._g if getattr(ops, "reads_grad_parts", False) else addend.g  # GradParts: read in place
+        fused = ops.add_momentum_abs_where(acc, addend.u, addend.mu, g, addend.out, op, thr, out)
         if fused is not None:
             acc, addend.made, idx, vals = fused
             return acc, idx, vals
@@ -86,9 +98,11 @@ def add_abs_where(ops: Any, acc: Any, addend: Any, op: str, thr: float, out: Any
 
 def fused_parts(ops: Any, addend: Any) -> tuple[Any, Any, float, Any]:
     """``(g, u, mu, u_out)`` for a kernel that adds ``u*mu + g`` (u None: just ``g``; g None: no
-    addend) in its pass: a momentum addend not made yet goes as its parts, to be made there."""
+    addend) in its pass: a momentum addend not made yet goes as its parts, to be made there; its
+    ``g`` stays a :class:`GradParts` where the adapter's kernel reads those (``ops.reads_grad_parts``)."""
     if isinstance(addend, MomentumAddend) and addend.made is None:
-        return addend.g, addend.u, addend.mu, addend.out
+        g = addend._g if getattr(ops, "reads_grad_parts", False) else addend.g
+        return g, addend.u, addend.mu, addend.out
     return made(ops, addend), None, 0.0, None
 
 

@@ -39,19 +39,17 @@ scaled for that variant.
 from __future__ import annotations
 
 import math
-import zlib
 from typing import Any, Sequence
-
-import numpy as np
 
 from ..buckets import Bucket
 from ..errors import ConfigError
 from ..tensor_ops import TensorOps
-from . import addend as addend_ops
 from .addend import MomentumAddend
+from .dgc_select import sampled_select
 from .error_feedback import Generations, TensorStore
+from .grad_parts import GradParts
 from .nonfinite import check_policy
-from .selection import Selection, sum_into
+from .selection import Selection
 from .topk import Density, SparseCompressor, check_density
 
 __all__ = ["DGCCompressor", "DGCMemory", "warmup_ratio"]
@@ -115,6 +113,7 @@ class DGCCompressor(SparseCompressor):
         self.steps_per_epoch = None if steps_per_epoch is None else int(steps_per_epoch)
         self.seed = int(seed)
         self._epoch: int | None = None
+        self.guesses: dict[str, float] = {}  # bucket -> where its next sweep starts (speed only; dgc_select)
 
     # -- schedule -----------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -158,6 +157,12 @@ class DGCCompressor(SparseCompressor):
         return stride, num_samples, int(math.ceil(num_samples * ratio))
 
     # -- selection ----------------------------------------------------------------------------
+    @property
+    def reads_parts(self) -> bool:
+        """The exact and the sampled selection read the gradient in their sweep (the sampled one
+        from its second step on: docs/dgc.md#sample-from-sums; docs/selection.md#grad-parts)."""
+        return self.selection.mode in ("exact", "sampled")
+
     def select(self, ops: TensorOps, acc: Any, bucket: Bucket | None = None, step: int = 0) -> tuple[Any, Any]:
         vals, idx, _ = self.selection.select_acc(ops, acc, self.k_for(ops.numel(acc), bucket, step), bucket, step,
                                                  None)
@@ -184,62 +189,9 @@ class DGCCompressor(SparseCompressor):
         """(values, indices, acc) of DGC's sampled-threshold selection of ``acc`` (+ ``addend``:
         the sum made during the first threshold sweep, into ``out`` with acc intact when given,
         bit-identical to adding first; docs/selection.md#fused-ef). Appends to ``finite`` whether
-        the sum is finite, read off the first sweep (docs/selection.md#finite-sweep)."""
-        n = ops.numel(acc)
-        ratio = self.ratio(bucket, n, step)
-        k = self.k_for(n, bucket, step)
-        name = bucket.name if bucket is not None else ""
-        if k >= n:
-            if addend is not None:
-                acc = sum_into(ops, acc, addend, out)
-            idx = ops.arange(n, like=acc)
-            if finite is not None:
-                finite.append(None)
-            return ops.gather(acc, idx), idx, acc
-        stride, num_samples, top_k_samples = self.sampling(n, ratio)
-        if num_samples >= n:
-            if addend is not None:
-                acc, addend = sum_into(ops, acc, addend, out), None
-            samples = acc
-        else:
-            rng = np.random.Generator(np.random.PCG64([self.seed & 0xFFFFFFFF, zlib.crc32(name.encode()), int(step)]))
-            if self.strided_sample:
-                sidx = np.arange(int(rng.integers(0, stride)), n, stride, dtype=np.int64)
-            else:
-                sidx = rng.integers(0, n, size=num_samples, dtype=np.int64)
-            sidx = ops.from_numpy(sidx, like=acc)
-            samples = ops.gather(acc, sidx)
-            if addend is not None:  # the same sums as the sweep will make
-                samples = ops.add(samples, addend_ops.gather(ops, addend, sidx))
-        thr = ops.kth_largest_abs(samples, top_k_samples)  # the smallest |x| of the samples' top-k
-        if addend is not None:
-            acc, idx, swept = addend_ops.add_abs_where(ops, acc, addend, "ge", thr, out)
-        else:
-            idx, swept = ops.abs_where(acc, "ge", thr)
-        if finite is not None:  # every NaN/Inf is in the sweep unless thr is NaN (then acc has one)
-            finite.append(False if math.isnan(thr) else ops.all_finite(swept))
-        count = ops.numel(idx)
-        if n > num_samples:  # adaptation (the reference's loop, from GRACE's DGC)
-            for _ in range(self.max_adaptation_iters):
-                if count > k:
-                    if count > k * self.upper:
-                        if self.resample:  # exact top-k among the selected
-                            _, pos = ops.topk_abs(ops.gather(acc, idx), k)
-                            idx = ops.gather(idx, pos)
-                            count = k
-                            break
-                        thr *= self.upper
-                    else:
-                        break
-                elif count < self.lower * k:
-                    thr *= self.lower
-                else:
-                    break
-                idx, _ = ops.abs_where(acc, "ge", thr)
-                count = ops.numel(idx)
-        if count > k:
-            idx = ops.slice(idx, 0, k)
-        return ops.gather(acc, idx), idx, acc
+        the sum is finite, read off the first sweep (docs/selection.md#finite-sweep). The steps are
+        in :mod:`hvd_commopt.compress.dgc_select`."""
+        return sampled_select(self, ops, acc, bucket, step, addend, out, finite)
 
     def config(self) -> dict:
         return {**super().config(), "sample_ratio": self.sample_ratio, "strided_sample": self.strided_sample,
@@ -298,6 +250,12 @@ class DGCMemory:
         self._skipped: set[str] = set()
 
     enabled = True  # a memory that takes part in the fused selection (select_with_memory)
+
+    @property
+    def reads_parts(self) -> bool:
+        """:meth:`compensate_select` hands a bucket's unpacked gradients (:class:`GradParts`) to the
+        selection as they are: no clipping or Nesterov pass reads them first (docs/selection.md#grad-parts)."""
+        return self.clip_norm is None and not self.nesterov
 
     def snapshot(self, ops: TensorOps, name: str, like: Any, step: int) -> None:
         """Keep ``u`` and ``v`` before round ``step`` (for :meth:`rollback`); no copy: the round
@@ -372,15 +330,16 @@ class DGCMemory:
         sums in the same order (Nesterov's ``(v + u) + g`` adds ``u`` first, then fuses ``+ g``).
         """
         self._check_bound()
-        g = self._clip(ops, flat)
-        v_old = self._buffer(self._v, ops, name, g)
+        g = self._clip(ops, flat if self.reads_parts or not isinstance(flat, GradParts) else flat.pack())
+        like = g.buf if isinstance(g, GradParts) else g  # unpacked gradients: only the selection reads them
+        v_old = self._buffer(self._v, ops, name, like)
         if self.nesterov:
             u = self._momentum(ops, name, g)
             vals, idx, v = select(ops.add(self._snaps[1].writable(ops, name, v_old), u), g)
         else:
             # u' = mu*u + g is made in the selection's pass where the host kernel can
             # (compress/addend.py), into the buffer _momentum would use
-            u_old = self._buffer(self._u, ops, name, g)
+            u_old = self._buffer(self._u, ops, name, like)
             ubuf = self._snaps[0].free(ops, name, u_old)
             if ubuf is None:
                 ubuf = ops.empty(ops.numel(u_old), ops.dtype_name(u_old), like=u_old)

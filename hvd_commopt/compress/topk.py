@@ -163,6 +163,12 @@ class SparseCompressor:
         sel = getattr(self, "selection", None)
         return sel is not None and sel.mode == "exact"
 
+    @property
+    def reads_parts(self) -> bool:
+        """The selection reads a bucket's gradient once, in the native top-k's pass, which can read
+        the unpacked gradients (the exact top-k of the whole bucket; docs/selection.md#grad-parts)."""
+        return self.sends_k and not getattr(self, "layerwise", False)
+
     def count(self, numel: int, bucket: Bucket | None, step: int) -> int:
         """The density's count before the floor: ``int(numel*density)``."""
         return int(numel * self.density(bucket, numel))

@@ -1,11 +1,12 @@
 """CommEngine: the one object the adapters talk to.
 
 Wait-free backpropagation with tensor fusion: gradients are copied into their bucket's fusion
-buffer as they become ready; a bucket is handed to its reducer the moment it is complete, so its
-collective runs on the progress thread while backward continues. Buckets are launched strictly
-in plan order (a bucket that completes early waits for its predecessors), which keeps the
-sequence of collectives identical on every rank without Horovod's per-cycle negotiation; the
-plan follows backward order, so in practice nothing waits.
+buffer as they become ready (or, where the reducer's selection reads them in place, kept as they
+are until the bucket launches: docs/selection.md#grad-parts); a bucket is handed to its reducer the
+moment it is complete, so its collective runs on the progress thread while backward continues.
+Buckets are launched strictly in plan order (a bucket that completes early waits for its
+predecessors), which keeps the sequence of collectives identical on every rank without Horovod's
+per-cycle negotiation; the plan follows backward order, so in practice nothing waits.
 
 Per step, adapters call :meth:`grad_ready` from their gradient hooks, then :meth:`run_step`
 (``optimizer.step()``), whatever the schedule. The step itself belongs to the scheduler
@@ -30,6 +31,7 @@ from .. import timeline as _timeline
 from ..buckets import Bucket, TensorSpec, build_buckets
 from ..comm.communicator import Communicator
 from ..compress.base import Compressor
+from ..compress.grad_parts import GradParts
 from ..errors import ConfigError, HvdCommoptError
 from ..fusion.threshold import validate_plan
 from ..host import GradientCapture, ScheduleHost
@@ -269,8 +271,15 @@ class CommEngine:
         i = bucket.index
         flat = rnd.flats[i]
         if flat is None:
-            flat = self._pool.take(bucket, tensor)
-        rnd.flats[i] = self.ops.copy_into(flat, offset, tensor)
+            flat = rnd.flats[i] = self._pool.take(bucket, tensor)
+            reads = getattr(rnd.reducer, "reads_parts", None)
+            if reads is not None and reads(bucket, self.ops):  # docs/selection.md#grad-parts
+                rnd.parts[i] = []
+        parts = rnd.parts.get(i)
+        if parts is None:
+            rnd.flats[i] = self.ops.copy_into(flat, offset, tensor)
+        else:  # read where it is by the selection when the bucket launches
+            parts.append((offset, tensor))
         rnd.arrived[i].add(name)
 
     def _launch_ready(self, rnd: Round) -> None:
@@ -278,8 +287,14 @@ class CommEngine:
             b = self._buckets[rnd.next_launch]
             if len(rnd.arrived[b.index]) != len(b.names):
                 break
+            flat = rnd.flats[b.index]
+            parts = rnd.parts.pop(b.index, None)
+            if parts is not None:
+                flat = GradParts(self.ops, flat, parts)
             with _timeline.span(f"compress+launch {b.name}", "compress"):
-                rnd.pending[b.index] = rnd.reducer.start(b, rnd.info, rnd.flats[b.index], self.ctx)
+                rnd.pending[b.index] = rnd.reducer.start(b, rnd.info, flat, self.ctx)
+            if parts is not None:
+                rnd.flats[b.index] = flat.buf  # packed into (a new tensor, where copy_into makes one)
             rnd.next_launch += 1
 
     def missing(self) -> list[str]:

@@ -34,6 +34,8 @@ class Round:
         reducer: how its buckets are reduced (chosen by the scheduler when it opened).
         flats: per bucket, the fusion buffer (None until the first member arrives).
         arrived: per bucket, the member names packed so far.
+        parts: bucket index -> ``(offset, gradient)`` of its members, for a bucket whose reducer
+            reads the gradients where they are (not packed; docs/selection.md#grad-parts).
         pending: bucket index -> the started reduction.
         next_launch: buckets are launched strictly in plan order; the next one to launch.
         hyper: the wrapped optimizer's hyper-parameters when the round closed (set by the
@@ -45,6 +47,7 @@ class Round:
     flats: list[Any]
     arrived: list[set] = field(default_factory=list)
     pending: dict[int, Pending] = field(default_factory=dict)
+    parts: dict[int, list] = field(default_factory=dict)
     next_launch: int = 0
     hyper: Any = None
 

@@ -34,8 +34,9 @@ from typing import Any
 
 from ..buckets import Bucket
 from ..compress import nonfinite
+from ..compress.grad_parts import GradParts
 from ..compress.memory import Memory
-from ..compress.selection import folds_finite, select_with_memory
+from ..compress.selection import folds_finite, fused_with, select_with_memory
 from ..compress.topk import SparseCompressor
 from ..errors import ConfigError
 from .base import Pending, ReduceContext, Reducer, RoundInfo
@@ -163,22 +164,45 @@ class SparseReducer(Reducer):
         (docs/topk.md#dense-1d)."""
         return self.compressor.dense_1d and len(spec.shape) <= 1
 
+    def selection_reads_parts(self, bucket: Bucket, ops: Any) -> bool:
+        """Whether :meth:`select` reads ``bucket``'s gradients in place, so that a subclass whose
+        ``start`` takes them unpacked (a :class:`GradParts`) may say so with ``reads_parts``
+        (docs/selection.md#grad-parts): the exact top-k of the bucket with a memory that passes them
+        to its pass, on an adapter whose native top-k reads them. Any other path packs them first."""
+        return (bool(getattr(ops, "reads_grad_parts", False)) and bucket.dtype in ("float32", "float64")
+                and not bucket.dense and fused_with(self.compressor, self.memory)
+                and bool(getattr(self.memory, "reads_parts", False))
+                and bool(getattr(self.compressor, "reads_parts", False)))
+
     def select(self, bucket: Bucket, rnd: RoundInfo, flat: Any, ctx: ReduceContext) -> Pending | tuple[Any, Any, int]:
         """The prologue: the bucket sent whole (a started dense :class:`Pending`) when its k is
-        its size, else ``(values, indices, n)`` of this rank's selection, the memory updated."""
+        its size, else ``(values, indices, n)`` of this rank's selection, the memory updated.
+        ``flat`` may be the bucket's unpacked gradients (:class:`GradParts`, when
+        :meth:`reads_parts` said so): the fused selection reads them, any other path packs them."""
         ops = ctx.ops
-        flat = prescaled(flat, ctx)
+        parts = flat if isinstance(flat, GradParts) else None
+        if parts is not None:
+            flat = parts.buf  # size, dtype and device only, until packed
         n = ops.numel(flat)
-        self.memory.snapshot(ops, bucket.name, flat, rnd.step)
-        self.compressor.snapshot(bucket.name, rnd.step)  # threshold reuse's state, beside the memory's
         k = self.compressor.k_for(n, bucket, rnd.step)
         whole = self.dense_when_full and k >= n
-        if not whole and folds_finite(self.compressor, self.memory):
+        fold = not whole and folds_finite(self.compressor, self.memory)
+        if parts is not None and not (fold and ctx.prescale == 1.0 and getattr(self.memory, "reads_parts", False)):
+            flat, parts = parts.pack(), None
+        flat = prescaled(flat, ctx)
+        self.memory.snapshot(ops, bucket.name, flat, rnd.step)
+        self.compressor.snapshot(bucket.name, rnd.step)  # threshold reuse's state, beside the memory's
+        if fold:
             # the selection's pass tells whether flat is finite (docs/selection.md#finite-sweep);
             # a non-finite step is selected, then the memory rolled back: it never keeps it
             verdict: list = []
-            vals, idx = select_with_memory(self.compressor, self.memory, ops, bucket, rnd.step, flat, verdict)
-            if (verdict and verdict[0]) or ops.all_finite(flat):  # unknown, or finite values overflowed
+            vals, idx = select_with_memory(self.compressor, self.memory, ops, bucket, rnd.step,
+                                           flat if parts is None else parts, verdict)
+            if verdict and verdict[0]:
+                return vals, idx, n
+            if parts is not None:
+                flat = parts.pack()  # the gradients are intact: the pass wrote u' and v' elsewhere
+            if ops.all_finite(flat):  # unknown, or finite values overflowed
                 return vals, idx, n
             self.rollback(bucket, rnd, ctx)
             finite = False

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..buckets import Bucket
+from ..compress import grad_parts
 from ..compress.error_feedback import ErrorFeedback
 from ..compress.memory import Memory
 from ..compress.topk import SparseCompressor
@@ -85,12 +86,17 @@ class SparseAllgather(SparseReducer):
                          dense_when_full)
 
     # -- the Reducer interface ----------------------------------------------------------------
+    def reads_parts(self, bucket: Bucket, ops: Any) -> bool:
+        """The engine may hand :meth:`start` this bucket's gradients unpacked (docs/selection.md#grad-parts)."""
+        return self.selection_reads_parts(bucket, ops)
+
     def start(self, bucket: Bucket, rnd: RoundInfo, flat: Any, ctx: ReduceContext) -> Pending:
         ops, comm = ctx.ops, ctx.comm
         sel = self.select(bucket, rnd, flat, ctx)
         if isinstance(sel, Pending):
             return sel
         vals, idx, n = sel
+        flat = grad_parts.like(flat)  # unpacked gradients (reads_parts): their buffer is free all the same
         name = rnd.wire(bucket)
         if comm.size == 1:
             return Pending(name, _Sparse("local", vals, idx, n, flat))
