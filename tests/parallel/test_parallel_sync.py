@@ -47,10 +47,14 @@ def test_rank_skipping_a_step_times_out_naming_it_and_the_job_ends():
     assert "rank 1 is idle" in out, out
 
 
-def test_rank_skipping_a_step_over_gloo_is_named_by_the_mpi_control_plane():
-    # Gloo carries the gradients; the timeout's diagnosis travels over MPI (docs/backends.md#control-plane)
+@pytest.mark.parametrize("lane", ["0", "65536"])
+def test_rank_skipping_a_step_over_gloo_is_named_by_the_mpi_control_plane(lane):
+    # Gloo carries the gradients; the timeout's diagnosis travels over MPI (docs/backends.md#control-plane).
+    # With the MPI lane the gradient (10 floats) crosses MPI instead (docs/backends.md#small-on-mpi):
+    # a blocking MPI call that only the abort can end
     proc = run_mpi(3, [sys.executable, str(ROOT / "tests/parallel/mpi_errors.py"), "skip_step"], timeout=280,
-                   env={"HVD_COMMOPT_TIMEOUT": "5", "HVD_COMMOPT_BACKEND": "gloo"}, check=False)
+                   env={"HVD_COMMOPT_TIMEOUT": "5", "HVD_COMMOPT_BACKEND": "gloo",
+                        "HVD_COMMOPT_MPI_SMALL_BYTES": lane}, check=False)
     ended = time.time()
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out
