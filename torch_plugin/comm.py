@@ -273,23 +273,19 @@ class TorchDistBackend(Backend):
         return self._start_on_caller("allgather", name, deadline, gather(), done)
 
     def allgather(self, buf, name, deadline):
-        if self._lane is not None and buf.device.type == "cpu":
+        lane = self._lane if buf.device.type == "cpu" else None
+        if lane is not None:
             # the sizes over MPI; the largest decides the data's transport alike on every rank
-            lane = self._lane
             counts = self._on_lane("allgather", name, lambda: lane.counts(buf.numel()))
             if lane.takes_sizes(counts, buf.element_size()):
                 return self._on_lane("allgather", name, lambda: lane.allgatherv(buf, counts)), counts
-            buf, dtype = _movable(buf.reshape(-1))
-            return self._gather_padded(buf, dtype, counts, name, deadline)
         buf, dtype = _movable(buf.reshape(-1))
-        n = torch.tensor([buf.numel()], dtype=torch.int64, device=buf.device)
-        counts = [torch.zeros_like(n) for _ in range(self.size)]
-        self._run("allgather", name, deadline, lambda: dist.all_gather(counts, n, group=self._pg, async_op=True))
-        counts = [int(c) for c in torch.cat(counts).tolist()]  # one device sync, not one per rank
-        return self._gather_padded(buf, dtype, counts, name, deadline)
-
-    def _gather_padded(self, buf, dtype, counts, name, deadline):
-        """The allgather of ``buf`` given every rank's count: each part padded to the largest."""
+        if lane is None:
+            n = torch.tensor([buf.numel()], dtype=torch.int64, device=buf.device)
+            counts = [torch.zeros_like(n) for _ in range(self.size)]
+            self._run("allgather", name, deadline, lambda: dist.all_gather(counts, n, group=self._pg, async_op=True))
+            counts = [int(c) for c in torch.cat(counts).tolist()]  # one device sync, not one per rank
+        # each rank's part padded to the largest
         m = max(counts)
         if buf.numel() == m:
             padded = buf.contiguous()

@@ -35,8 +35,7 @@ import torch
 __all__ = ["MPILane", "REDUCE_DTYPES"]
 
 # dtypes MPI sums natively (halves have no MPI sum; they stay on Gloo)
-REDUCE_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.int32: np.int32,
-                 torch.int64: np.int64, torch.uint8: np.uint8, torch.int8: np.int8}
+REDUCE_DTYPES = (torch.float32, torch.float64, torch.int32, torch.int64, torch.uint8, torch.int8)
 
 
 def _host(t: torch.Tensor) -> np.ndarray:
