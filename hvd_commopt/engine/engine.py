@@ -15,6 +15,9 @@ step counter, decides which reducer each round uses and when a round is applied,
 rounds through the narrow port this engine offers it (:meth:`close_round`, :meth:`finish_round`,
 :meth:`release_round`, :meth:`abandon_round`, :attr:`buckets`, :attr:`names`). This module
 imports nothing from the schedule package: the scheduler is seen through :class:`StepScheduler`.
+The calls that hand the step to the scheduler (:meth:`run_step`, :meth:`synchronize`,
+:meth:`drain`, checkpoints, ...) and its wiring are the base class's,
+:class:`~hvd_commopt.engine.step_api.StepApi`; this module keeps the buckets and the rounds.
 
 Rounds: a step's gradients form a :class:`~hvd_commopt.engine.rounds.Round` with its own fusion
 buffers (from a pool), so delayed schedules can keep several rounds in flight.
@@ -23,8 +26,7 @@ from __future__ import annotations
 
 import threading
 import time
-from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 from .. import env
 from .. import timeline as _timeline
@@ -34,7 +36,7 @@ from ..compress.base import Compressor
 from ..compress.grad_parts import GradParts
 from ..errors import ConfigError, HvdCommoptError
 from ..fusion.threshold import validate_plan
-from ..host import GradientCapture, ScheduleHost
+from ..host import GradientCapture
 from ..reduce import make_reducer
 from ..reduce.base import Average, ReduceContext, Reducer, RoundInfo, check_op
 from ..tensor_ops import TensorOps
@@ -43,16 +45,16 @@ from .buffer_pool import BufferPool
 from .ports import StepScheduler, own_reducer
 from .relayout import relayout_state
 from .rounds import ReducedGrads, Round
-from .settings import DERIVED, engine_settings, plan_setting
+from .settings import DERIVED, engine_settings
 from .specs import verify_same_settings, verify_same_tensors
-from .state import engine_state, load_engine_state
 from .stats import StepStats
+from .step_api import StepApi
 from .tuner import FusionTuner
 
 __all__ = ["CommEngine", "StepScheduler"]
 
 
-class CommEngine:
+class CommEngine(StepApi):
     """Buckets, fusion buffers, rounds and reduction; the step runs in the attached scheduler.
 
     Build it with :func:`hvd_commopt.build_engine` (which also builds and attaches the scheduler
@@ -72,7 +74,7 @@ class CommEngine:
         fusion: bucketing strategy: "threshold" (default, ``fusion_threshold``), "none" (one
             tensor per bucket), or planned from a profile of the first steps: "mgwfbp",
             "optimal", "auto" (see :mod:`hvd_commopt.engine.tuner`; synchronous schedule only).
-        fusion_options: :class:`~hvd_commopt.engine.tuner.FusionOptions` or a dict of its fields.
+        fusion_options: :class:`~hvd_commopt.engine.fusion_options.FusionOptions` or a dict of its fields.
     """
 
     def __init__(self, comm: Communicator, ops: TensorOps, *, compression: Compressor | Reducer | None = None,
@@ -107,30 +109,6 @@ class CommEngine:
         self.held_parts: dict[int, dict] = {}
         self.tuner = FusionTuner(fusion, comm, threshold_bytes=self.fusion_threshold, reducer=self.reducer,
                                  ops=ops, options=fusion_options)
-
-    # -- wiring -------------------------------------------------------------------------------
-    def attach_scheduler(self, scheduler: StepScheduler) -> None:
-        """Set the scheduler (done by :func:`hvd_commopt.build_engine`)."""
-        self.scheduler = scheduler
-
-    def _sched(self) -> StepScheduler:
-        if self.scheduler is None:
-            raise HvdCommoptError("this CommEngine has no scheduler: build it with hvd_commopt.build_engine(...)")
-        return self.scheduler
-
-    def attach_host(self, host: ScheduleHost) -> None:
-        """Give the scheduler the adapter's :class:`~hvd_commopt.host.ScheduleHost`."""
-        self._sched().attach(host)
-
-    @property
-    def host(self) -> ScheduleHost | None:
-        """The host attached to the scheduler (None before one is)."""
-        return self._sched().host_or_none
-
-    @property
-    def step(self) -> int:
-        """Completed optimizer steps (the counter lives in the scheduler: one counter, one place)."""
-        return self._sched().step
 
     # -- registration -------------------------------------------------------------------------
     def register(self, specs: Sequence[TensorSpec], backward_order: Sequence[str] | None = None,
@@ -355,7 +333,8 @@ class CommEngine:
             stats.bytes_sent += pending.bytes_sent
             stats.bytes_received += pending.bytes_received
             stats.comm_seconds += comm_s
-        if len(finite) < len(self._buckets):  # the step is skipped whole: no bucket's memory keeps it (docs/wrapper.md#nonfinite-step)
+        # the step is skipped whole: no bucket's memory keeps it (docs/wrapper.md#nonfinite-step)
+        if len(finite) < len(self._buckets):
             for b in finite:
                 rnd.reducer.rollback(b, rnd.info, self.ctx)
             out.sparse.clear()
@@ -381,88 +360,7 @@ class CommEngine:
             rnd.pending.clear()
             self.release_round(rnd)
 
-    # -- the step (the adapter's optimizer.step()) ----------------------------------------------
-    def run_step(self, closure: Callable[[], Any] | None = None) -> Any:
-        """Everything ``optimizer.step()`` does, under any schedule; returns the closure's loss.
-
-        The scheduler runs the step (reduce, apply, advance the counter); then a planned fusion
-        strategy may switch to its new plan (same step on every rank).
-        """
-        sched = self._sched()
-        self.held_parts = {}  # the state moves on: a loaded checkpoint's parts are stale
-        with self._lock, _timeline.span(f"{sched.name} step", "update"):
-            loss = sched.on_step(closure, self._sync_on_step)
-            new_plan = self.tuner.step_end()  # same step on every rank; the plan comes from rank 0
-            if new_plan is not None:
-                # broadcast, so equal by construction; checked (one digest) because unequal
-                # plans corrupt memory: docs/cross-rank-check.md#later-plans
-                verify_same_settings(self.comm, {"bucket plan": plan_setting(
-                    new_plan, f"fusion={self.tuner.strategy!r} planned differently on some rank")},
-                    what="fusion plan")
-                self.set_plan(new_plan)
-            return loss
-
-    def synchronize(self) -> dict[str, Any]:
-        """Horovod's ``optimizer.synchronize()``: finish reducing this step's gradients now and
-        return them (the scheduler also hands them to the host). Synchronous schedule only."""
-        with self._lock:
-            return self._sched().synchronize()
-
-    def reduce_step(self, grads: dict[str, Any] | None = None) -> dict[str, Any]:
-        """One step for callers that apply the reduced gradients themselves (TensorFlow's tape,
-        tests): the step runs with a :class:`~hvd_commopt.host.GradientCapture` host and the
-        reduced gradients come back. ``grads``: the local gradients of tensors whose hook did not
-        fire (default: none; they take part as zeros)."""
-        if self.host is not self._capture:
-            self.attach_host(self._capture)
-        self._capture.set_grads(grads or {})
-        self.run_step()
-        return self._capture.take()
-
-    @contextmanager
-    def skip_synchronize(self) -> Iterator[None]:
-        """Within the block, ``run_step`` applies the gradients the framework holds without
-        reducing them (after an explicit :meth:`synchronize`, e.g. to clip; Horovod's contract)."""
-        self._sync_on_step = False
-        try:
-            yield
-        finally:
-            self._sync_on_step = True
-
-    # -- lifecycle ------------------------------------------------------------------------------
-    def _between_steps(self, what: str) -> None:
-        if self.in_flight:
-            raise HvdCommoptError(f"{what} called between backward() and step(): this step's gradients are "
-                                  f"half-sent; call it after optimizer.step()")
-
-    def drain(self) -> None:
-        """Wait for and apply every round still in flight (value-neutral; see the scheduler)."""
-        with self._lock:
-            self._between_steps("drain()")
-            self._sched().drain()
-
-    def finalize(self) -> None:
-        """End of training: drain in-flight rounds and leave the model at the global model."""
-        with self._lock:
-            self._between_steps("finalize()")
-            self._sched().finalize()
-
-    @contextmanager
-    def use_global_weights(self) -> Iterator[None]:
-        """Within the block, the model holds the global replica (drained first), e.g. to evaluate
-        it; under schedules whose model is the global model the block changes nothing."""
-        self.drain()
-        sched = self._sched()
-        replica = sched.global_weights()
-        if replica is None:
-            yield
-            return
-        saved = sched.swap_in_weights(replica)
-        try:
-            yield
-        finally:
-            sched.swap_in_weights(saved)
-
+    # -- dropping a step mid-way (the other lifecycle calls are StepApi's) -------------------------
     def abandon(self) -> None:
         """Drop this step's packed gradients (e.g. load_state_dict mid-step). Waits for any
         launched collectives first, so every rank's stream of collectives stays aligned."""
@@ -470,23 +368,3 @@ class CommEngine:
             if self._round is not None:
                 self.abandon_round(self._round)
             self._reset_step()
-
-    # -- checkpoint ---------------------------------------------------------------------------
-    def state_dict(self, rank_local: dict | None = None) -> dict:
-        """Step counter, schedule state, and every rank's per-rank state (residuals, DGC memory,
-        local weights, the schedule's local state, ``rank_local`` from the adapter) gathered into
-        rank 0's result (docs/wrapper.md#checkpoints). **A collective: call it on every rank**
-        (then save rank 0's), between steps. A schedule that keeps rounds in flight across steps
-        drains them first (value-neutral), so no pending collective is saved."""
-        return engine_state(self, self._sched(), rank_local)
-
-    def load_state_dict(self, state: dict) -> dict:
-        """Restore a checkpoint from :meth:`state_dict` (rank 0's, or this rank's own); this rank
-        takes its own part. Returns what the adapter gave as ``rank_local`` when saving ({} when
-        the per-rank state was reset: another world size, docs/wrapper.md#checkpoints)."""
-        return load_engine_state(self, self._sched(), state)
-
-    @property
-    def fusion_report(self) -> dict | None:
-        """The bucketing in use and, for planned strategies, predicted vs measured iteration time."""
-        return self.tuner.report

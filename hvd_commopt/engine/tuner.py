@@ -6,9 +6,13 @@ Papers: MG-WFBP (Shi, Chu, Li, INFOCOM 2019 / TPDS 2021; docs/mgwfbp.md#mgwfbp),
 * ``"threshold"``: Horovod's fusion threshold (``fusion_threshold`` bytes); ``"none"``: one
   tensor per bucket (WFBP). Static, nothing is measured.
 * ``"mgwfbp"``: the reference greedy (docs/mgwfbp.md#greedy); OMGS (docs/lags-omgs.md#omgs) when the reducer sparsifies.
-* ``"optimal"``: the exact DP of the same model (docs/mgwfbp.md#exact-dp; the Pareto DP of docs/lags-omgs.md#omgs-exact-dp when sparse).
+* ``"optimal"``: the exact DP of the same model (docs/mgwfbp.md#exact-dp; the Pareto DP of
+  docs/lags-omgs.md#omgs-exact-dp when sparse).
 * ``"auto"``: every candidate of :func:`~hvd_commopt.fusion.auto.candidate_plans`, keeping the
   one the simulator predicts fastest.
+
+The knobs are :class:`~hvd_commopt.engine.fusion_options.FusionOptions`; verbose mode prints the
+report with :func:`~hvd_commopt.engine.fusion_report.format_report` (both importable from here too).
 
 How the engine drives a :class:`FusionTuner` (a state machine; no thread of its own):
 ``register()`` calls :meth:`~FusionTuner.initial_plan`, every ``grad_ready`` calls
@@ -47,13 +51,11 @@ Choices:
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import statistics
 import sys
 import time
-from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 from .. import env
 from ..calibrate import calibrate
@@ -68,79 +70,14 @@ from ..fusion.pricing import PER_LAYER_DENSITY, fit_select_cost
 from ..fusion.threshold import plan_bucket_cap, plan_per_tensor, plan_single, plan_threshold, validate_plan
 from ..reduce.base import Reducer
 from ..reduce.dense import DenseAllreduce
+from .fusion_options import FIRST_BUCKET_BYTES, FusionOptions
+from .fusion_report import format_report
 from .profiler import Profile, StepProfiler
 
 __all__ = ["FusionTuner", "FusionOptions", "STRATEGIES", "PLANNED", "format_report"]
 
 STRATEGIES = ("threshold", "none", "mgwfbp", "optimal", "auto")
 PLANNED = ("mgwfbp", "optimal", "auto")
-
-
-# DDP's first bucket (torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES): the last layers' small
-# gradients go out while backward still runs instead of waiting for a 25 MiB bucket to fill
-# (docs/wrapper.md#first-bucket).
-FIRST_BUCKET_BYTES = 1024 * 1024
-
-
-@dataclass(frozen=True)
-class FusionOptions:
-    """Knobs of the planned strategies (``DistributedOptimizer(fusion_options=...)``, a dict works).
-
-    Attributes:
-        warmup_steps: steps run before profiling (allocation, first-touch); >= 0.
-        profile_steps: steps whose gradient-ready times are recorded; >= 1 (MG-WFBP uses 50).
-        measure_steps: steps timed with the new plan for the report; 0 = report without it.
-        cost_model: a :class:`CostModel`, its ``to_dict()``, or the path of the JSON written by
-            ``python -m hvd_commopt.calibrate --out`` (read on rank 0); None = calibrate.
-        calibrate: keyword arguments of :func:`hvd_commopt.calibrate.calibrate` (sizes, repeats,
-            warmup, statistic, ...).
-        select_s: sparse reducers: OMGS's top-k cost coefficient; None = fit it on rank 0.
-        resolution_s: sparse ``optimal``: the Pareto DP's resolution (0 = exact; see
-            :func:`~hvd_commopt.fusion.exact.plan_optimal`).
-        verbose: print the report once on rank 0; None = ``HVD_COMMOPT_VERBOSE``.
-        first_bucket_bytes: ``"threshold"`` fusion of a dense reducer: cap of the first bucket
-            (the last layers' gradients), so communication starts early in backward; None =
-            DDP's 1 MiB (docs/wrapper.md#first-bucket), 0 = no separate cap.
-        plan_file: pin the plan (docs/lags-omgs.md#pinned-plan): a JSON path. If it exists, rank 0
-            reads it and every rank uses its plan as is (no profiling: two runs bucket alike);
-            otherwise the plan is made as usual and rank 0 writes it there.
-    """
-
-    warmup_steps: int = 2
-    profile_steps: int = 10
-    measure_steps: int = 10
-    cost_model: Any = None
-    calibrate: Mapping[str, Any] | None = None
-    select_s: float | None = None
-    resolution_s: float = 1e-6
-    verbose: bool | None = None
-    first_bucket_bytes: int | None = None
-    plan_file: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.warmup_steps < 0 or self.profile_steps < 1 or self.measure_steps < 0:
-            raise ConfigError(f"fusion options need warmup_steps >= 0, profile_steps >= 1 and "
-                              f"measure_steps >= 0; got {self.warmup_steps}, {self.profile_steps}, "
-                              f"{self.measure_steps}")
-        if self.cost_model is not None and not isinstance(self.cost_model, (CostModel, Mapping, str)):
-            raise ConfigError(f"cost_model must be a CostModel, its to_dict(), or a JSON path; got "
-                              f"{type(self.cost_model).__name__}")
-
-    @classmethod
-    def coerce(cls, value: Any, **overrides: Any) -> FusionOptions:
-        """``value`` (None, a dict of fields, or FusionOptions) with ``overrides`` that are not None."""
-        if value is None:
-            value = {}
-        if isinstance(value, cls):
-            value = {f.name: getattr(value, f.name) for f in dataclasses.fields(cls)}
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"fusion_options must be a dict or FusionOptions, got {type(value).__name__}")
-        value = {**value, **{k: v for k, v in overrides.items() if v is not None}}
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(value) - known)
-        if unknown:
-            raise ConfigError(f"unknown fusion option(s) {unknown}; valid: {sorted(known)}")
-        return cls(**value)
 
 
 def _load_cost_model(spec: Any) -> CostModel:
@@ -441,30 +378,3 @@ class FusionTuner:
         """Rank 0's profile the plan was made from (None on other ranks and before planning).
         ``profile.to_json()`` is the input format of ``python -m hvd_commopt.plan``."""
         return self._profile
-
-
-def _mib(n: float) -> str:
-    return f"{n / 2**20:.2f}" if n >= 2**14 else f"{n / 2**20:.4f}"
-
-
-def format_report(rep: Mapping[str, Any]) -> str:
-    """The report as a few lines of text (what verbose mode prints)."""
-    sizes = rep.get("bucket_bytes", [])
-    shown = ", ".join(_mib(b) for b in sizes[:12]) + (", ..." if len(sizes) > 12 else "")
-    lines = [f"hvd_commopt fusion: strategy={rep['strategy']} -> {rep['chosen']}: {rep['buckets']} bucket(s), "
-             f"MiB [{shown}]"]
-    if "predicted_s" in rep:
-        meas = rep.get("measured_s")
-        err = rep.get("prediction_error")
-        lines.append(f"  iteration: predicted {rep['predicted_s'] * 1e3:.2f} ms, measured "
-                     + (f"{meas * 1e3:.2f} ms over {rep['measured_steps']} steps ({err:+.1%})"
-                        if meas is not None else "n/a"))
-        th = rep["threshold"]
-        lines.append(f"  threshold plan ({th['buckets']} bucket(s)): predicted {th['predicted_s'] * 1e3:.2f} ms, "
-                     f"measured {th['measured_s'] * 1e3:.2f} ms while profiling")
-        cands = ", ".join(f"{k} {v * 1e3:.2f}" for k, v in rep["candidates_s"].items())
-        lines.append(f"  predicted ms: {cands}")
-        p = rep["profile"]
-        lines.append(f"  profile (rank 0, {p['steps']} steps): {p['tensors']} tensors, forward {p['forward_s'] * 1e3:.2f} ms, "
-                     f"backward {p['backward_s'] * 1e3:.2f} ms; {rep['comm']}")
-    return "\n".join(lines)
