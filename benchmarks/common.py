@@ -63,14 +63,25 @@ def time_blocks(steps: dict[str, Callable[[], None]], blocks: int, n: int,
                 barrier: Callable[[], None] | None = None) -> dict[str, list[float]]:
     """Per variant, the median seconds per step of each of ``blocks`` blocks of ``n`` steps,
     after one untimed call of each (allocations, first-touch). The variants take turns block by
-    block, so a disturbance on the shared machine falls on all of them alike."""
+    block, so a disturbance on the shared machine falls on all of them alike, in
+    :func:`block_order`."""
     for s in steps.values():
         s()
     samples: dict[str, list[float]] = {k: [] for k in steps}
-    for _ in range(blocks):
-        for k, s in steps.items():
-            samples[k].append(time_steps(s, n, barrier=barrier))
+    for b in range(blocks):
+        for k in block_order(list(steps), b):
+            samples[k].append(time_steps(steps[k], n, barrier=barrier))
     return samples
+
+
+def block_order(names: list[str], block: int) -> list[str]:
+    """The order of the variants in block ``block``: as given in even blocks, reversed in odd
+    ones. In a fixed order a variant inherits the state its predecessor leaves (caches, the
+    allocator, the peers' threads): on loopback the first sparse variant after ``compute`` ran
+    about 0.9 ms slower per step than the same code later in the block
+    (benchmarks/README.md#block-order). Reversing every other block gives each variant each
+    neighbour on both sides."""
+    return names if block % 2 == 0 else names[::-1]
 
 
 def machine_info() -> dict:

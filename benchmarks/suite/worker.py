@@ -5,7 +5,8 @@
 
 Why interleaved blocks: the machine is shared and noisy; running variant A's block, then B's,
 then A's again lets the noise of any minute hit every variant alike, and the median over blocks
-drops the outliers. The compute-only bound is a variant like the others, measured in the same
+drops the outliers. Every other block runs the variants in reverse (``block_order``), so no
+variant always follows the same one. The compute-only bound is a variant like the others, measured in the same
 job. A block's time includes draining rounds a delayed schedule keeps in flight, so no variant's
 communication spills into the next one's block. Per variant and rank the worker also reads the
 emulated link's tx byte counter around each block (bytes that really crossed the shaped link)
@@ -33,7 +34,7 @@ import torch.nn.functional as F
 from hvd_commopt import select_kernels, timeline
 from torch_plugin.comm import PAIR_SUM_MAX_BYTES
 
-from ..common import ROOT
+from ..common import ROOT, block_order
 
 from . import variants as V
 from .rankenv import RankEnv, setup
@@ -162,7 +163,10 @@ def run(args: argparse.Namespace) -> dict:
     for name in failed:
         runners.pop(name)
     for b in range(args.blocks):
-        for name, r in list(runners.items()):
+        for name in block_order(list(runners), b):
+            if name not in runners:
+                continue
+            r = runners[name]
             try:
                 times, acct, link, total_ns = run_steps(r, args.steps, args.block_warmup)
             except Exception as e:  # noqa: BLE001

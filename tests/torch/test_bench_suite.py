@@ -147,3 +147,11 @@ def test_ddp_baseline_has_ddps_default_buckets_and_ddp_nofirst_has_none() -> Non
     lines = dict(ln.split(" ", 1) for ln in out.stdout.splitlines())
     assert lines["ddp"] == "[1062952, 11119616]"  # the same buckets as our S-SGD's (docs/wrapper.md#first-bucket)
     assert lines["ddp_nofirst"] == "[12182568]"
+
+
+def test_blocks_alternate_the_variants_order() -> None:
+    """Every other block runs the variants in reverse, so no variant always follows the same one."""
+    from benchmarks.common import block_order
+    names = ["compute", "ddp", "topk"]
+    assert [block_order(names, b) for b in range(3)] == [names, names[::-1], names]
+    assert names == ["compute", "ddp", "topk"]  # the caller's list is not reordered in place
