@@ -327,11 +327,10 @@ class CommEngine(StepApi):
             if pending.support is not None:
                 out.sparse[b.index] = (b, *pending.support)
             comm_s = sum(h.comm_seconds for h in pending.handles)
-            stats.per_bucket[b.name] = {"bytes_sent": pending.bytes_sent,
-                                        "bytes_received": pending.bytes_received,
-                                        "comm_seconds": comm_s}
-            stats.bytes_sent += pending.bytes_sent
-            stats.bytes_received += pending.bytes_received
+            sent, received = pending.bytes_sent, pending.bytes_received  # sums over the handles: once
+            stats.per_bucket[b.name] = {"bytes_sent": sent, "bytes_received": received, "comm_seconds": comm_s}
+            stats.bytes_sent += sent
+            stats.bytes_received += received
             stats.comm_seconds += comm_s
         # the step is skipped whole: no bucket's memory keeps it (docs/wrapper.md#nonfinite-step)
         if len(finite) < len(self._buckets):
