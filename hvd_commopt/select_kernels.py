@@ -135,9 +135,13 @@ _native_on = _native is not None
 def _native_for(first: np.ndarray, *others: np.ndarray) -> bool:
     """Whether the native kernels may take these arrays: on, float32/float64, one dtype and one
     size, contiguous."""
-    return (_native_on and first.dtype in _NATIVE_DTYPES
-            and all(a.dtype == first.dtype and a.size == first.size and a.flags.c_contiguous
-                    for a in (first, *others)))
+    if not (_native_on and first.dtype in _NATIVE_DTYPES and first.flags.c_contiguous):
+        return False
+    dt, n = first.dtype, first.size
+    for a in others:  # a loop, not a generator over a new tuple: several calls per bucket and step
+        if a.dtype != dt or a.size != n or not a.flags.c_contiguous:
+            return False
+    return True
 
 
 def _parts_for(x: np.ndarray, parts: tuple) -> bool:

@@ -128,6 +128,9 @@ class TorchDistBackend(Backend):
         self._pg = dist.new_group(backend="cpu:gloo,cuda:nccl" if kind == "nccl" else kind, timeout=self._timeout)
         self._device = torch.device("cuda", torch.cuda.current_device()) if kind == "nccl" else torch.device("cpu")
         self._local_rank, self._local_size = launch.local_rank, launch.local_size
+        # a group's rank and size never change: read once, not per collective (the sparse
+        # reducers ask for the size once per bucket and step)
+        self._rank, self._size = dist.get_rank(self._pg), dist.get_world_size(self._pg)
         # small CPU collectives over the MPI control plane's transport (docs/backends.md#small-on-mpi)
         self._lane = MPILane.open(self._control, env.mpi_small_bytes(chosen)) if kind == "gloo" else None
 
@@ -150,9 +153,9 @@ class TorchDistBackend(Backend):
         return self._control
 
     @property
-    def rank(self): return dist.get_rank(self._pg)
+    def rank(self): return self._rank
     @property
-    def size(self): return dist.get_world_size(self._pg)
+    def size(self): return self._size
     @property
     def local_rank(self): return self._local_rank
     @property
@@ -351,6 +354,7 @@ class TorchDistBackend(Backend):
             return None
         sub = copy.copy(self)
         sub._pg, sub._owns_world = pg, False
+        sub._rank, sub._size = dist.get_rank(pg), dist.get_world_size(pg)  # the set's, not the world's
         sub._lane = None  # the lane spans the world; a set's collectives stay on its Gloo group
         return sub
 

@@ -35,7 +35,15 @@ _CMP = {"ge": torch.ge, "gt": torch.gt, "le": torch.le, "lt": torch.lt}
 
 def _host_ok(t) -> bool:
     """The NumPy kernels can run on t's own memory (zero-copy ``Tensor.numpy()``)."""
-    return t.device.type == "cpu" and t.dtype in _HOST_DTYPES and t.is_contiguous()
+    return t.is_cpu and t.dtype in _HOST_DTYPES and t.is_contiguous()  # is_cpu: no device object made
+
+
+def _flat_np(t):
+    """``t.detach().view(-1).numpy()`` minus the ops that change nothing (~0.5 us each, several
+    per bucket and step): no detach when autograd does not track t, no view when t is flat."""
+    if t.requires_grad:
+        t = t.detach()
+    return (t if t.dim() == 1 else t.view(-1)).numpy()
 
 
 _INDEX_HOST = _HOST_DTYPES + (torch.int64, torch.int32)
@@ -44,15 +52,21 @@ _INDEX_HOST = _HOST_DTYPES + (torch.int64, torch.int32)
 def _index_host(t, idx) -> bool:
     """A scattered read or write of ``t`` at ``idx`` may run in the native kernels on their memory
     (docs/selection.md#random-access)."""
-    return (idx.numel() >= RANDOM_ACCESS_MIN and t.device.type == "cpu" and idx.device.type == "cpu"
+    return (idx.numel() >= RANDOM_ACCESS_MIN and t.is_cpu and idx.is_cpu
             and idx.dtype == torch.int64 and t.dtype in _INDEX_HOST and not t.requires_grad
             and t.is_contiguous() and idx.is_contiguous())
 
 
 def _host_parts(parts, dtype):
     """Unpacked gradients as (start, array), or None (docs/selection.md#grad-parts)."""
-    ok = not parts.is_packed and all(_host_ok(p) and p.dtype == dtype for _, p in parts.parts)
-    return tuple((off, p.detach().view(-1).numpy()) for off, p in parts.parts) if ok else None
+    if parts.is_packed:
+        return None
+    out = []
+    for off, p in parts.parts:  # a loop, not two generators: once per bucket and step
+        if not (p.dtype == dtype and _host_ok(p)):
+            return None
+        out.append((off, _flat_np(p)))
+    return tuple(out)
 
 
 def _host_same(*ts) -> bool:
@@ -111,7 +125,7 @@ class TorchOps:
     def flatten(self, t): return t.reshape(-1)
     def reshape(self, t, shape: Sequence[int]): return t.view(tuple(shape))
     def slice(self, t, start, stop): return t[start:stop]
-    def cat(self, ts): return torch.cat([x.reshape(-1) for x in ts])
+    def cat(self, ts): return torch.cat([x if x.dim() == 1 else x.reshape(-1) for x in ts])
 
     def copy_into(self, dst, offset, src):
         # once per gradient per step (the engine's packing): a narrow view and no no_grad()
@@ -121,11 +135,11 @@ class TorchOps:
                 dst[offset:offset + src.numel()].copy_(src.reshape(-1))
             return dst
         part = dst.narrow(0, offset, src.numel())
-        if (src.dtype == dst.dtype and _host_ok(dst) and src.is_contiguous() and src.device.type == "cpu"
-                and part.numel() * part.element_size() >= _STREAM_MIN_BYTES
-                and np_stream_store(part.numpy(), src.reshape(-1).numpy())):
+        flat = src if src.dim() == 1 else src.reshape(-1)
+        if (part.numel() * part.element_size() >= _STREAM_MIN_BYTES and src.dtype == dst.dtype and _host_ok(dst)
+                and src.is_contiguous() and src.is_cpu and np_stream_store(part.numpy(), flat.numpy())):
             return dst
-        part.copy_(src.reshape(-1))
+        part.copy_(flat)
         return dst
 
     def clone(self, t): return t.detach().clone()
@@ -138,7 +152,7 @@ class TorchOps:
         return _USE_COUNT(t.untyped_storage()._cdata) <= 2
 
     def zero_(self, t):
-        if (not t.requires_grad and t.device.type == "cpu" and t.is_contiguous()
+        if (not t.requires_grad and t.is_cpu and t.is_contiguous()
                 and t.numel() * t.element_size() >= _STREAM_MIN_BYTES
                 and np_stream_store(t.view(-1).view(torch.uint8).numpy())):
             return t
@@ -148,11 +162,13 @@ class TorchOps:
     def cast(self, t, dtype):
         return t.to(TORCH_DTYPES[dtype])
 
-    def as_bytes(self, t):
+    def as_bytes(self, t):  # a flat contiguous tensor as it is: its bytes are a view (one op, not four)
+        if t.dim() == 1 and not t.requires_grad and t.is_contiguous():
+            return t.view(torch.uint8)
         return t.detach().reshape(-1).contiguous().view(torch.uint8)
 
     def from_bytes(self, b, dtype):
-        b = b.reshape(-1).contiguous()
+        b = (b if b.dim() == 1 else b.reshape(-1)).contiguous()
         dt = TORCH_DTYPES[dtype]
         if (b.storage_offset() * b.element_size()) % dt.itemsize:  # view(dtype) wants an aligned start
             b = b.clone()
@@ -171,8 +187,7 @@ class TorchOps:
 
     def scale_add_into(self, dst, t, factor, g):
         if self.host_kernels and _host_same(t, g, dst) and t.dtype != torch.float16:
-            np_scale_add(dst.detach().view(-1).numpy(), t.detach().view(-1).numpy(), factor,
-                         g.detach().view(-1).numpy())
+            np_scale_add(_flat_np(dst), _flat_np(t), factor, _flat_np(g))
             return dst
         return self.add(self.scale_into(dst, t, factor), g)
 
@@ -242,7 +257,7 @@ class TorchOps:
         return t.reshape(-1).index_select(0, idx.reshape(-1))
 
     def scatter_add(self, dst, idx, vals):
-        if (_index_host(dst, idx) and vals.dtype == dst.dtype and vals.device.type == "cpu"
+        if (_index_host(dst, idx) and vals.dtype == dst.dtype and vals.is_cpu
                 and not vals.requires_grad and vals.is_contiguous()
                 and np_scatter_add(dst.view(-1).numpy(), idx.view(-1).numpy(), vals.view(-1).numpy())):
             return dst
@@ -335,12 +350,12 @@ class TorchOps:
 
     def scatter_sum(self, buf, idx, vals, scale):
         if not (native_sweep() and _host_ok(buf) and buf.dtype in (torch.float32, torch.float64)
-                and not buf.requires_grad and vals.dtype == buf.dtype and vals.device.type == "cpu"
-                and not vals.requires_grad and idx.device.type == "cpu" and idx.dtype == torch.int64):
+                and not buf.requires_grad and vals.dtype == buf.dtype and vals.is_cpu
+                and not vals.requires_grad and idx.is_cpu and idx.dtype == torch.int64):
             return None
         sums = torch.empty(idx.numel(), dtype=vals.dtype)
-        finite = np_scatter_sum(buf.view(-1).numpy(), idx.reshape(-1).contiguous().numpy(),
-                                vals.reshape(-1).contiguous().numpy(), scale, sums.numpy())
+        finite = np_scatter_sum(_flat_np(buf), _flat_np(idx.contiguous()), _flat_np(vals.contiguous()), scale,
+                                sums.numpy())
         return None if finite is None else (buf, sums, finite)
 
     @property
@@ -352,11 +367,13 @@ class TorchOps:
         out = out if g is not None else None  # no addend: the sum is t itself, out is not written
         parts = g if isinstance(g, GradParts) else None
         g = g if parts is None else parts.buf  # for the checks below; the values come from the parts
-        ts = [a for a in (t, g, u, u_out, out) if a is not None]
-        if not (self.host_kernels and native_sweep() and _host_same(*ts) and t.dtype != torch.float16
-                and (sidx is None or (sidx.device.type == "cpu" and sidx.dtype == torch.int64))):
+        if not (self.host_kernels and native_sweep() and _host_ok(t) and t.dtype != torch.float16
+                and (sidx is None or (sidx.is_cpu and sidx.dtype == torch.int64))):
             return None
-        arr = [None if a is None else a.detach().view(-1).numpy() for a in (t, g, u, u_out, out)]
+        dt = t.dtype  # every other one on the host, of t's dtype (_host_same, without building a list)
+        if not all(a is None or (a.dtype == dt and _host_ok(a)) for a in (g, u, u_out, out)):
+            return None
+        arr = [None if a is None else _flat_np(a) for a in (t, g, u, u_out, out)]
         if parts is not None and not parts.is_packed:  # read where they are (docs/selection.md#grad-parts)
             arr[1] = _host_parts(parts, t.dtype)
             if arr[1] is None:
@@ -392,8 +409,8 @@ class TorchOps:
         return float(torch.linalg.vector_norm(t, dtype=acc))
 
     def to_numpy(self, t):
-        t = t.detach()
-        if t.device.type != "cpu":
+        t = t.detach() if t.requires_grad else t
+        if not t.is_cpu:
             t = t.cpu()
         if t.dtype == torch.bfloat16:  # NumPy has no bf16: carry the bit patterns as uint16
             return t.view(torch.int16).numpy().view(np.uint16)

@@ -97,13 +97,13 @@ class SparseSGD:
     def _members(self, bucket: Any, idx: Any, vals: Any, stepped: set[int]) -> list[np.ndarray] | None:
         """The bucket's parameters as flat NumPy views, when the native update can write them and
         the optimizer steps every one of them (``stepped``: ids of its parameters)."""
-        if not (isinstance(idx, torch.Tensor) and isinstance(vals, torch.Tensor) and idx.device.type == "cpu"
-                and vals.device.type == "cpu" and idx.dtype == torch.int64 and self._verified_for(vals.dtype)):
+        if not (isinstance(idx, torch.Tensor) and isinstance(vals, torch.Tensor) and idx.is_cpu
+                and vals.is_cpu and idx.dtype == torch.int64 and self._verified_for(vals.dtype)):
             return None
         out = []
         for name in bucket.names:
             p = self.params.get(name)
-            if (p is None or id(p) not in stepped or p.dtype != vals.dtype or p.device.type != "cpu"
+            if (p is None or id(p) not in stepped or p.dtype != vals.dtype or not p.is_cpu
                     or not p.is_contiguous()):
                 return None
             out.append(p.detach().view(-1).numpy())

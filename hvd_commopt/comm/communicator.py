@@ -156,6 +156,8 @@ class Communicator:
 
     def wait(self, handle: Handle) -> Any:
         """Wait for ``handle`` at most the communicator's timeout; then fail naming the missing ranks."""
+        if handle.poll():  # done already (most buckets, by the time the step waits): its result or
+            return handle.wait(0)  # error as below, without the sliced wait (once per bucket and step)
         # A backend that enforces the deadline itself names the missing ranks exactly; give it a
         # moment to do so before this thread diagnoses on its own.
         limit = self.timeout_s + (2.0 if self.backend.enforces_deadline else 0.0)
