@@ -9,9 +9,11 @@ import numpy as np
 import torch
 
 from hvd_commopt.compress.grad_parts import GradParts
-from hvd_commopt.select_kernels import (ALL, NONE, RANDOM_ACCESS_MIN, native_sweep, np_add_momentum_abs_where,
+from hvd_commopt.select_kernels import (ALL, NONE, native_sweep, np_add_momentum_abs_where,
                                         np_all_none, np_fused_topk, np_kth_largest_abs, np_scale_add, np_scatter_add,
                                         np_scatter_sum, np_stream_store, np_sweep, np_take, np_zero_at, threshold_plan)
+
+from .host_arrays import flat_np, host_ok, host_parts, host_same, index_host
 
 __all__ = ["TorchOps", "TORCH_DTYPES"]
 
@@ -26,52 +28,10 @@ _USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)  # private; without i
 # float dtype -> (key dtype, +Inf key): |x| as its bit pattern (hvd_commopt.select_kernels)
 _KEYS = {torch.float32: (torch.int32, 0x7F800000), torch.float64: (torch.int64, 0x7FF0000000000000),
          torch.float16: (torch.int16, 0x7C00), torch.bfloat16: (torch.int16, 0x7F80)}
-_HOST_DTYPES = (torch.float32, torch.float64, torch.float16)
 # Below this many bytes a copy or fill stays ATen's (a Python call costs more than it saves);
 # above it the host kernel streams the stores (docs/selection.md#streaming-stores).
 _STREAM_MIN_BYTES = 1 << 20
 _CMP = {"ge": torch.ge, "gt": torch.gt, "le": torch.le, "lt": torch.lt}
-
-
-def _host_ok(t) -> bool:
-    """The NumPy kernels can run on t's own memory (zero-copy ``Tensor.numpy()``)."""
-    return t.is_cpu and t.dtype in _HOST_DTYPES and t.is_contiguous()  # is_cpu: no device object made
-
-
-def _flat_np(t):
-    """``t.detach().view(-1).numpy()`` minus the ops that change nothing (~0.5 us each, several
-    per bucket and step): no detach when autograd does not track t, no view when t is flat."""
-    if t.requires_grad:
-        t = t.detach()
-    return (t if t.dim() == 1 else t.view(-1)).numpy()
-
-
-_INDEX_HOST = _HOST_DTYPES + (torch.int64, torch.int32)
-
-
-def _index_host(t, idx) -> bool:
-    """A scattered read or write of ``t`` at ``idx`` may run in the native kernels on their memory
-    (docs/selection.md#random-access)."""
-    return (idx.numel() >= RANDOM_ACCESS_MIN and t.is_cpu and idx.is_cpu
-            and idx.dtype == torch.int64 and t.dtype in _INDEX_HOST and not t.requires_grad
-            and t.is_contiguous() and idx.is_contiguous())
-
-
-def _host_parts(parts, dtype):
-    """Unpacked gradients as (start, array), or None (docs/selection.md#grad-parts)."""
-    if parts.is_packed:
-        return None
-    out = []
-    for off, p in parts.parts:  # a loop, not two generators: once per bucket and step
-        if not (p.dtype == dtype and _host_ok(p)):
-            return None
-        out.append((off, _flat_np(p)))
-    return tuple(out)
-
-
-def _host_same(*ts) -> bool:
-    """Every one of ``ts`` is :func:`_host_ok`, all of one dtype (a fused host kernel's inputs)."""
-    return all(_host_ok(t) and t.dtype == ts[0].dtype for t in ts)
 
 
 def _key_of(dtype):
@@ -136,7 +96,7 @@ class TorchOps:
             return dst
         part = dst.narrow(0, offset, src.numel())
         flat = src if src.dim() == 1 else src.reshape(-1)
-        if (part.numel() * part.element_size() >= _STREAM_MIN_BYTES and src.dtype == dst.dtype and _host_ok(dst)
+        if (part.numel() * part.element_size() >= _STREAM_MIN_BYTES and src.dtype == dst.dtype and host_ok(dst)
                 and src.is_contiguous() and src.is_cpu and np_stream_store(part.numpy(), flat.numpy())):
             return dst
         part.copy_(flat)
@@ -186,8 +146,8 @@ class TorchOps:
     def add(self, a, b): return a.add_(b)
 
     def scale_add_into(self, dst, t, factor, g):
-        if self.host_kernels and _host_same(t, g, dst) and t.dtype != torch.float16:
-            np_scale_add(_flat_np(dst), _flat_np(t), factor, _flat_np(g))
+        if self.host_kernels and host_same(t, g, dst) and t.dtype != torch.float16:
+            np_scale_add(flat_np(dst), flat_np(t), factor, flat_np(g))
             return dst
         return self.add(self.scale_into(dst, t, factor), g)
 
@@ -250,21 +210,21 @@ class TorchOps:
         return t[idx], idx
 
     def gather(self, t, idx):  # index_select: same values as t[idx], 5-8x cheaper on CPU
-        if _index_host(t, idx):
+        if index_host(t, idx):
             got = np_take(t.reshape(-1).numpy(), idx.reshape(-1).numpy())  # allocates only when it runs
             if got is not None:
                 return torch.from_numpy(got)
         return t.reshape(-1).index_select(0, idx.reshape(-1))
 
     def scatter_add(self, dst, idx, vals):
-        if (_index_host(dst, idx) and vals.dtype == dst.dtype and vals.is_cpu
+        if (index_host(dst, idx) and vals.dtype == dst.dtype and vals.is_cpu
                 and not vals.requires_grad and vals.is_contiguous()
                 and np_scatter_add(dst.view(-1).numpy(), idx.view(-1).numpy(), vals.view(-1).numpy())):
             return dst
         return dst.index_add_(0, idx, vals)
 
     def index_fill(self, t, idx, value):
-        if (value == 0 and math.copysign(1.0, value) > 0 and _index_host(t, idx)
+        if (value == 0 and math.copysign(1.0, value) > 0 and index_host(t, idx)
                 and np_zero_at(t.view(-1).numpy(), idx.view(-1).numpy())):
             return t
         return t.index_fill_(0, idx, value)
@@ -305,7 +265,7 @@ class TorchOps:
         if t.dtype not in _KEYS:
             raise TypeError(f"abs_where: a floating tensor is needed, got {t.dtype}")
         plan = threshold_plan(op, thr, _key_of(t.dtype), _KEYS[t.dtype][1])
-        if self.host_kernels and _host_ok(t):
+        if self.host_kernels and host_ok(t):
             x = t.numpy()
             idx, vals = np_all_none(x, plan) if plan in (ALL, NONE) else np_sweep(x, plan)
             return torch.from_numpy(idx), torch.from_numpy(vals)
@@ -317,7 +277,7 @@ class TorchOps:
         flat = acc.detach().view(-1)
         res = acc if out is None else out
         dst = flat if out is None else out.detach().view(-1)
-        if self.host_kernels and _host_same(flat, g, dst):
+        if self.host_kernels and host_same(flat, g, dst):
             plan = threshold_plan(op, thr, _key_of(flat.dtype), _KEYS[flat.dtype][1])
             x, y = flat.numpy(), dst.numpy()
             if plan in (ALL, NONE):
@@ -336,12 +296,12 @@ class TorchOps:
 
     def add_momentum_abs_where(self, acc, u, mu, g, u_out, op, thr, out=None):
         parts = g if isinstance(g, GradParts) else None  # unpacked: read where they are, or packed here
-        host = None if parts is None or not self.reads_grad_parts else _host_parts(parts, acc.dtype)
+        host = None if parts is None or not self.reads_grad_parts else host_parts(parts, acc.dtype)
         g = g if parts is None else parts.buf if host is not None else parts.pack()
         flat = acc.detach().view(-1)
         dst = flat if out is None else out.detach().view(-1)
         ts = (flat, u.detach().view(-1), g.detach().view(-1), u_out.detach().view(-1), dst)
-        if not (self.host_kernels and _host_same(*ts) and flat.dtype != torch.float16):
+        if not (self.host_kernels and host_same(*ts) and flat.dtype != torch.float16):
             return None  # the core makes u' and calls add_abs_where (compress/addend.py)
         a, uu, gg, uo, d = (t.numpy() for t in ts)
         _, _, idx, vals = np_add_momentum_abs_where(a, uu, mu, gg if host is None else host, uo, op, thr,
@@ -349,12 +309,12 @@ class TorchOps:
         return (acc if out is None else out), u_out, torch.from_numpy(idx), torch.from_numpy(vals)
 
     def scatter_sum(self, buf, idx, vals, scale):
-        if not (native_sweep() and _host_ok(buf) and buf.dtype in (torch.float32, torch.float64)
+        if not (native_sweep() and host_ok(buf) and buf.dtype in (torch.float32, torch.float64)
                 and not buf.requires_grad and vals.dtype == buf.dtype and vals.is_cpu
                 and not vals.requires_grad and idx.is_cpu and idx.dtype == torch.int64):
             return None
         sums = torch.empty(idx.numel(), dtype=vals.dtype)
-        finite = np_scatter_sum(_flat_np(buf), _flat_np(idx.contiguous()), _flat_np(vals.contiguous()), scale,
+        finite = np_scatter_sum(flat_np(buf), flat_np(idx.contiguous()), flat_np(vals.contiguous()), scale,
                                 sums.numpy())
         return None if finite is None else (buf, sums, finite)
 
@@ -367,15 +327,15 @@ class TorchOps:
         out = out if g is not None else None  # no addend: the sum is t itself, out is not written
         parts = g if isinstance(g, GradParts) else None
         g = g if parts is None else parts.buf  # for the checks below; the values come from the parts
-        if not (self.host_kernels and native_sweep() and _host_ok(t) and t.dtype != torch.float16
+        if not (self.host_kernels and native_sweep() and host_ok(t) and t.dtype != torch.float16
                 and (sidx is None or (sidx.is_cpu and sidx.dtype == torch.int64))):
             return None
-        dt = t.dtype  # every other one on the host, of t's dtype (_host_same, without building a list)
-        if not all(a is None or (a.dtype == dt and _host_ok(a)) for a in (g, u, u_out, out)):
+        dt = t.dtype  # every other one on the host, of t's dtype (host_same, without building a list)
+        if not all(a is None or (a.dtype == dt and host_ok(a)) for a in (g, u, u_out, out)):
             return None
-        arr = [None if a is None else _flat_np(a) for a in (t, g, u, u_out, out)]
+        arr = [None if a is None else flat_np(a) for a in (t, g, u, u_out, out)]
         if parts is not None and not parts.is_packed:  # read where they are (docs/selection.md#grad-parts)
-            arr[1] = _host_parts(parts, t.dtype)
+            arr[1] = host_parts(parts, t.dtype)
             if arr[1] is None:
                 return None
         r = np_fused_topk(arr[0], k, None if sidx is None else sidx.numpy(), j_lo, j_hi, max_retries,
@@ -389,7 +349,7 @@ class TorchOps:
         n, k = t.numel(), int(k)
         if not 1 <= k <= n:
             raise ValueError(f"kth_largest_abs: k={k} outside [1, {n}]")
-        if self.host_kernels and _host_ok(t):
+        if self.host_kernels and host_ok(t):
             return np_kth_largest_abs(t.numpy(), k)
         kd, inf_key = _KEYS[t.dtype]
         kk = int(torch.kthvalue(t.abs().view(kd).clamp_max(inf_key + 1), n - k + 1).values)
