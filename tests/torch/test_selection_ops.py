@@ -528,12 +528,12 @@ def test_scale_add_into_is_scale_into_then_add(variant):
 def test_torch_index_ops_on_host_memory_equal_atens(dtype):
     """docs/selection.md#random-access: gather, scatter_add and index_fill(0) of large index sets run
     in the native kernels; the bits are ATen's index_select / index_add_ / index_fill_."""
-    import torch_plugin.ops as tops
+    from hvd_commopt.select_kernels import RANDOM_ACCESS_MIN
     g = torch.Generator().manual_seed(9)
     x = (torch.randn(40_000, generator=g) * 50).to(dtype)
     idx = torch.randint(0, x.numel(), (6000,), generator=g)
     ops = TorchOps()
-    assert idx.numel() >= tops.RANDOM_ACCESS_MIN
+    assert idx.numel() >= RANDOM_ACCESS_MIN
     bits = {torch.float32: torch.int32, torch.float64: torch.int64, torch.float16: torch.int16,
             torch.int64: torch.int64}[dtype]
     assert torch.equal(ops.gather(x, idx).view(bits), x.index_select(0, idx).view(bits))
