@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import statistics
 import sys
 import time
@@ -31,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import relaunch_under_mpirun, table  # noqa: E402
+from benchmarks.common import block_order, relaunch_under_mpirun, table  # noqa: E402
 
 FIELDS = ("main", "hooks", "step", "wall")
 
@@ -102,15 +103,14 @@ def main() -> None:
         for _ in range(3):
             s()
     per_block: dict[str, dict[str, list[float]]] = {k: {f: [] for f in FIELDS} for k in steps}
-    for _ in range(args.blocks):
-        for k, s in steps.items():
+    for b in range(args.blocks):
+        for k in block_order(list(steps), b):
             comm.barrier()
-            rows = [s() for _ in range(args.steps)]
+            rows = [steps[k]() for _ in range(args.steps)]
             for f in FIELDS:
                 per_block[k][f].append(statistics.fmean(r[f] for r in rows))
     med = {k: {f: statistics.median(v[f]) for f in FIELDS} for k, v in per_block.items()}
     if hco.rank() == 0:
-        import os
         backend = os.environ.get("HVD_COMMOPT_BACKEND", "default")
         print(f"\ndeep_mlp ({layers} weight layers), batch 32, {hco.size()} ranks, one thread each, loopback, "
               f"backend {backend}; median of {args.blocks} blocks x {args.steps} steps, rank 0, per step (ms)")
