@@ -52,6 +52,10 @@ def host_parts(parts, dtype):
     return tuple(out)
 
 
-def host_same(*ts) -> bool:
-    """Every one of ``ts`` is :func:`host_ok`, all of one dtype (a fused host kernel's inputs)."""
-    return all(host_ok(t) and t.dtype == ts[0].dtype for t in ts)
+def host_same(first, *others) -> bool:
+    """``first`` and every one of ``others`` that is not None are :func:`host_ok`, all of one dtype
+    (a fused host kernel's inputs; its optional ones are None)."""
+    if not host_ok(first):
+        return False
+    dt = first.dtype
+    return all(a is None or (a.dtype == dt and host_ok(a)) for a in others)

@@ -34,6 +34,11 @@ _STREAM_MIN_BYTES = 1 << 20
 _CMP = {"ge": torch.ge, "gt": torch.gt, "le": torch.le, "lt": torch.lt}
 
 
+def _flat(t):
+    """``t.reshape(-1)`` without the call when t is flat already (several per bucket and step)."""
+    return t if t.dim() == 1 else t.reshape(-1)
+
+
 def _key_of(dtype):
     kd = _KEYS[dtype][0]
     return lambda thr: int(torch.tensor(thr, dtype=dtype).abs().view(kd))
@@ -85,7 +90,7 @@ class TorchOps:
     def flatten(self, t): return t.reshape(-1)
     def reshape(self, t, shape: Sequence[int]): return t.view(tuple(shape))
     def slice(self, t, start, stop): return t[start:stop]
-    def cat(self, ts): return torch.cat([x if x.dim() == 1 else x.reshape(-1) for x in ts])
+    def cat(self, ts): return torch.cat([_flat(x) for x in ts])
 
     def copy_into(self, dst, offset, src):
         # once per gradient per step (the engine's packing): a narrow view and no no_grad()
@@ -95,7 +100,7 @@ class TorchOps:
                 dst[offset:offset + src.numel()].copy_(src.reshape(-1))
             return dst
         part = dst.narrow(0, offset, src.numel())
-        flat = src if src.dim() == 1 else src.reshape(-1)
+        flat = _flat(src)
         if (part.numel() * part.element_size() >= _STREAM_MIN_BYTES and src.dtype == dst.dtype and host_ok(dst)
                 and src.is_contiguous() and src.is_cpu and np_stream_store(part.numpy(), flat.numpy())):
             return dst
@@ -128,7 +133,7 @@ class TorchOps:
         return t.detach().reshape(-1).contiguous().view(torch.uint8)
 
     def from_bytes(self, b, dtype):
-        b = (b if b.dim() == 1 else b.reshape(-1)).contiguous()
+        b = _flat(b).contiguous()
         dt = TORCH_DTYPES[dtype]
         if (b.storage_offset() * b.element_size()) % dt.itemsize:  # view(dtype) wants an aligned start
             b = b.clone()
@@ -327,11 +332,8 @@ class TorchOps:
         out = out if g is not None else None  # no addend: the sum is t itself, out is not written
         parts = g if isinstance(g, GradParts) else None
         g = g if parts is None else parts.buf  # for the checks below; the values come from the parts
-        if not (self.host_kernels and native_sweep() and host_ok(t) and t.dtype != torch.float16
+        if not (self.host_kernels and native_sweep() and host_same(t, g, u, u_out, out) and t.dtype != torch.float16
                 and (sidx is None or (sidx.is_cpu and sidx.dtype == torch.int64))):
-            return None
-        dt = t.dtype  # every other one on the host, of t's dtype (host_same, without building a list)
-        if not all(a is None or (a.dtype == dt and host_ok(a)) for a in (g, u, u_out, out)):
             return None
         arr = [None if a is None else flat_np(a) for a in (t, g, u, u_out, out)]
         if parts is not None and not parts.is_packed:  # read where they are (docs/selection.md#grad-parts)

@@ -32,6 +32,8 @@ from torch.optim import optimizer as _optim
 
 from hvd_commopt.select_kernels import native_sweep, np_sparse_axpy
 
+from .host_arrays import flat_np
+
 __all__ = ["SparseSGD"]
 
 _DTYPES = (torch.float32, torch.float64)
@@ -106,7 +108,7 @@ class SparseSGD:
             if (p is None or id(p) not in stepped or p.dtype != vals.dtype or not p.is_cpu
                     or not p.is_contiguous()):
                 return None
-            out.append(p.detach().view(-1).numpy())
+            out.append(flat_np(p))
         return out
 
     def step(self, sparse: dict, lr: float) -> bool:
