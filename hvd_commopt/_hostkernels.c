@@ -441,6 +441,16 @@ static PyObject *set_stream_min(PyObject *self, PyObject *arg) {
     return PyLong_FromSsize_t(prev == PY_SSIZE_T_MAX ? -1 : prev);
 }
 
+static PyObject *set_sums_first_max(PyObject *self, PyObject *arg) {
+    /* topk makes the sums of buffers of up to this many bytes in a pass of their own before the
+       sample (-1: never); returns the previous setting (tests and benchmarks compare the routes). */
+    Py_ssize_t v = PyNumber_AsSsize_t(arg, PyExc_OverflowError);
+    if (v == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t prev = hco_sums_first_max;
+    hco_sums_first_max = v < 0 ? -1 : v;
+    return PyLong_FromSsize_t(prev);
+}
+
 static PyObject *set_simd(PyObject *self, PyObject *arg) {
     /* For tests: 0 forces the portable path, 1 the AVX2 one where the CPU has it. Returns the
        path now in use ("avx2" or "portable"). */
@@ -467,6 +477,7 @@ static PyMethodDef methods[] = {
      "topk(x, g, y, u, mu, uo, k, sidx, j_lo, j_hi, max_retries, vals, idx) -> (v_key, c, retries, full, above, ties, "
      "finite)"},
     {"set_stream_min", set_stream_min, METH_O, "set_stream_min(bytes) -> previous (-1: never stream)"},
+    {"set_sums_first_max", set_sums_first_max, METH_O, "set_sums_first_max(bytes) -> previous (-1: never)"},
     {"set_simd", set_simd, METH_O, "set_simd(on) -> 'avx2' | 'portable' (for tests)"},
     {NULL, NULL, 0, NULL}};
 

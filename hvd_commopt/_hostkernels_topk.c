@@ -8,9 +8,11 @@
  * layer whose one pass takes 5 µs, so with one bucket per layer the calls, not the memory, set the
  * step time. Here:
  *
+ * 0. a buffer of at most sums_first_max bytes (one that stays in cache): the sums y (and uo) in a
+ *    pass of their own, so that steps 1 and 2 read them warm (docs/selection.md#native-topk);
  * 1. the sample sums s_j = x[p] + a[p] at the positions sidx (a = u*mu + g, or g, or nothing: the
  *    same roundings as the sweep), their keys, and the bracket keys lo (sample rank j_lo) and hi
- *    (rank j_hi) by quickselect; no sample (sidx None): lo = 0;
+ *    (rank j_hi) by histogram bin, then quickselect in the bin; no sample (sidx None): lo = 0;
  * 2. the sweep of _hostkernels.c (the very code sweep() runs, so the sums y and uo are its bits):
  *    y = x + a, candidates key(y) >= lo into growing buffers; fewer than k: lo from rank
  *    4*j_lo + 16 of the sample, or every element after max_retries (lo = 0: the sums only);
@@ -28,6 +30,8 @@
  */
 #include "_hostkernels.h"
 #include <stdlib.h>
+
+Py_ssize_t hco_sums_first_max = 384 << 10; /* bytes: buffers up to this size get their sums first */
 
 typedef struct {
     int64_t v, c;
@@ -70,7 +74,26 @@ typedef struct {
 HCO_KTH(kth_i32, int32_t)
 HCO_KTH(kth_i64, int64_t)
 
-#define HCO_TOPK(NAME, FT, KT, KTH, MASK, INF, PSWEEP)                                            \
+/* The r-th smallest (0-based) of the non-negative keys a[0..n), a left as it is (the retries select
+   in it again): a histogram of the keys' top 11 bits finds the bin that holds rank r, and the
+   quickselect runs on that bin's keys only, copied to tmp (n items). On a sample of 2048 keys the
+   quickselect alone took ~7 µs per rank, most of it mispredicted branches; the two counting passes
+   have none. */
+#define HCO_RANK(NAME, KT, SHIFT, KTH)                                                           \
+    static KT NAME(const KT *a, int64_t n, int64_t r, KT *tmp) {                                 \
+        uint32_t h[2048];                                                                       \
+        memset(h, 0, sizeof h);                                                                 \
+        for (int64_t j = 0; j < n; j++) h[a[j] >> (SHIFT)]++;                                   \
+        int64_t below = 0, b = 0;                                                               \
+        while (below + h[b] <= r) below += h[b++]; /* r < n: the bin exists */                  \
+        int64_t c = 0;                                                                          \
+        for (int64_t j = 0; j < n; j++) tmp[c] = a[j], c += (a[j] >> (SHIFT)) == b;             \
+        return KTH(tmp, c, r - below);                                                          \
+    }
+HCO_RANK(rank_i32, int32_t, 20, kth_i32)
+HCO_RANK(rank_i64, int64_t, 52, kth_i64)
+
+#define HCO_TOPK(NAME, FT, KT, KTH, RANK, MASK, INF, PSWEEP)                                            \
     static inline KT NAME##_key(FT v) {                                                         \
         KT b;                                                                                   \
         memcpy(&b, &v, sizeof b);                                                               \
@@ -86,9 +109,17 @@ HCO_KTH(kth_i64, int64_t)
         int have_hi = 0, all = 0, q = 0;                                                        \
         const int big = n * (int64_t)sizeof(FT) >= hco_stream_min;                             \
         if (!gp) y = (FT *)x; /* no addend: the sum is x itself, nothing is written */         \
+        if (gp && m > 0 && n * (int64_t)sizeof(FT) <= hco_sums_first_max) {                    \
+            /* a buffer that stays in cache: the sums first, then the sample and the candidates \
+               read them warm (the sample from cold x, g, u is a cache miss per position) */    \
+            int64_t di[64], stop;                                                               \
+            FT dv[64];                                                                          \
+            PSWEEP(x, gp, np, y, 0, n, 3, 0, di, dv, 64, &stop, u, mu, uo, big);                \
+            x = y, gp = NULL, u = NULL;                                                         \
+        }                                                                                       \
         /* 1. the bracket from the sample */                                                    \
         if (m > 0) {                                                                            \
-            if (!(sk = malloc((size_t)m * sizeof(KT)))) goto oom;                               \
+            if (!(sk = malloc((size_t)m * 2 * sizeof(KT)))) goto oom; /* the keys, RANK's tmp */ \
             for (int64_t j = 0; j < m; j++) {                                                   \
                 int64_t p = sidx[j];                                                            \
                 if (p < 0 || p >= n) {                                                          \
@@ -109,9 +140,9 @@ HCO_KTH(kth_i64, int64_t)
                 }                                                                               \
                 sk[j] = NAME##_key(s);                                                          \
             }                                                                                   \
-            if (j_lo <= m) lo = KTH(sk, m, m - j_lo);                                           \
+            if (j_lo <= m) lo = RANK(sk, m, m - j_lo, sk + m);                                  \
             if (j_hi >= 1) {                                                                    \
-                hi = KTH(sk, m, m - j_hi);                                                      \
+                hi = RANK(sk, m, m - j_hi, sk + m);                                             \
                 have_hi = 1;                                                                    \
             }                                                                                   \
         }                                                                                       \
@@ -154,7 +185,7 @@ HCO_KTH(kth_i64, int64_t)
                 res->full++;                                                                    \
                 lo = 0;                                                                         \
             } else {                                                                            \
-                lo = KTH(sk, m, m - j_lo);                                                      \
+                lo = RANK(sk, m, m - j_lo, sk + m);                                             \
             }                                                                                   \
         }                                                                                       \
         res->c = c;                                                                             \
@@ -216,8 +247,8 @@ HCO_KTH(kth_i64, int64_t)
         free(cv);                                                                               \
     }
 
-HCO_TOPK(topk_f32, float, int32_t, kth_i32, 0x7FFFFFFF, 0x7F800000, hco_sweep_parts_f32)
-HCO_TOPK(topk_f64, double, int64_t, kth_i64, 0x7FFFFFFFFFFFFFFFLL, 0x7FF0000000000000LL, hco_sweep_parts_f64)
+HCO_TOPK(topk_f32, float, int32_t, kth_i32, rank_i32, 0x7FFFFFFF, 0x7F800000, hco_sweep_parts_f32)
+HCO_TOPK(topk_f64, double, int64_t, kth_i64, rank_i64, 0x7FFFFFFFFFFFFFFFLL, 0x7FF0000000000000LL, hco_sweep_parts_f64)
 
 PyObject *topk(PyObject *self, PyObject *args) {
     Py_buffer x, y, vals, idx, u = {0}, uo = {0}, sx = {0}, *gbufs = NULL;

@@ -120,6 +120,38 @@ def test_each_simd_path_equals_the_framework_route(simd):
             _assert_routes_agree(SELECTORS["default"], x, g, u, k, "momentum", True)
 
 
+@pytest.mark.parametrize("sums_first", [-1, 1 << 30], ids=["sample_first", "sums_first"])
+def test_both_orders_of_the_native_call_equal_the_framework_route(sums_first):
+    """A buffer that fits in cache gets its sums in a pass of their own before the sample
+    (docs/selection.md#native-topk); forced both ways, every size, dtype and addend agrees."""
+    prev = select_kernels._native.set_sums_first_max(sums_first)
+    try:
+        for selector in ("default", "lo_too_high", "no_retries", "low_bracket"):
+            for case, n, dtype, addend in (("normal", 70_000, np.float32, "momentum"),
+                                           ("ties", 50_000, np.float64, "plain"),
+                                           ("nan", 120_000, np.float32, "momentum")):
+                x, g, u = _data(case, n, dtype, seed=5)
+                for k in (1, n // 100, n // 20):
+                    for use_out in (False, True):
+                        _assert_routes_agree(SELECTORS[selector], x, g, u, k, addend, use_out)
+    finally:
+        select_kernels._native.set_sums_first_max(prev)
+
+
+@pytest.mark.parametrize("keys", ["spread", "one_bin", "two_bins"])
+def test_the_sample_bracket_by_histogram_bins(keys):
+    """The bracket's ranks come from the bin of the keys' top bits that holds them, then a
+    quickselect in that bin: samples whose keys fill one bin, or two, give the exact ranks."""
+    rng = np.random.default_rng(11)
+    n = 200_000
+    x = {"spread": rng.standard_normal(n) * np.exp(rng.standard_normal(n) * 4),
+         "one_bin": 1.0 + rng.random(n) * 0.2,
+         "two_bins": np.where(rng.random(n) < 0.5, 1.0, 4.0) + rng.random(n) * 0.01}[keys].astype(np.float32)
+    for k in (1, 200, 2_000, 20_000):
+        _assert_routes_agree(SELECTORS["default"], x, x * 0, x * 0, k, "plain", False)
+        _assert_routes_agree(SELECTORS["lo_too_high"], x, x * 0, x * 0, k, "none", False)
+
+
 def test_the_native_call_declines_what_it_cannot_take():
     """float16, mixed dtypes, or the native kernels turned off: None, nothing written."""
     x = np.ones(40_000, np.float16)
