@@ -109,6 +109,12 @@ HCO_RANK(rank_i64, int64_t, 52, kth_i64)
         int have_hi = 0, all = 0, q = 0;                                                        \
         const int big = n * (int64_t)sizeof(FT) >= hco_stream_min;                             \
         if (!gp) y = (FT *)x; /* no addend: the sum is x itself, nothing is written */         \
+        for (int64_t j = 0; j < m; j++) { /* before anything is written */                     \
+            if (sidx[j] < 0 || sidx[j] >= n) {                                                  \
+                res->error = 3;                                                                 \
+                goto out;                                                                       \
+            }                                                                                   \
+        }                                                                                       \
         if (gp && m > 0 && n * (int64_t)sizeof(FT) <= hco_sums_first_max) {                    \
             /* a buffer that stays in cache: the sums first, then the sample and the candidates \
                read them warm (the sample from cold x, g, u is a cache miss per position) */    \
@@ -121,11 +127,7 @@ HCO_RANK(rank_i64, int64_t, 52, kth_i64)
         if (m > 0) {                                                                            \
             if (!(sk = malloc((size_t)m * 2 * sizeof(KT)))) goto oom; /* the keys, RANK's tmp */ \
             for (int64_t j = 0; j < m; j++) {                                                   \
-                int64_t p = sidx[j];                                                            \
-                if (p < 0 || p >= n) {                                                          \
-                    res->error = 3;                                                             \
-                    goto out;                                                                   \
-                }                                                                               \
+                int64_t p = sidx[j]; /* in range: checked above */                              \
                 FT s = x[p];                                                                    \
                 if (gp) {                                                                       \
                     q = hco_part_at(gp, np, p, q);                                              \

@@ -166,9 +166,15 @@ def test_the_native_call_declines_what_it_cannot_take():
 
 
 def test_a_sample_position_outside_the_buffer_is_an_error():
+    """Refused before anything is written, on the sums-first route too."""
     x = np.ones(1000, np.float32)
     with pytest.raises(ValueError, match="sample position"):
         select_kernels.np_fused_topk(x, 10, np.array([5, 1000], np.int64), 1, 0, 2)
+    g, u = np.full(1000, 2.0, np.float32), np.full(1000, 3.0, np.float32)
+    uo, y = np.zeros_like(u), np.zeros_like(x)
+    with pytest.raises(ValueError, match="sample position"):
+        select_kernels.np_fused_topk(x, 10, np.array([5, -1], np.int64), 1, 0, 2, g=g, u=u, mu=0.9, u_out=uo, out=y)
+    assert not uo.any() and not y.any()
 
 
 @pytest.mark.parametrize("n", [1, 2, 17, 4096, 100_000])
