@@ -100,6 +100,14 @@ HCO_RANK(rank_i64, int64_t, 52, kth_i64)
         b &= (KT)(MASK);                                                                        \
         return b > (KT)(INF) ? (KT)(INF) + 1 : b;                                               \
     }                                                                                           \
+    /* y = x + g (or + u*mu + g, made into uo) over [0, n), no candidates (an lt-0 sweep keeps \
+       none); nothing to do without an addend (y is then x) */                                 \
+    static void NAME##_sums(const FT *x, const hco_part *gp, int np, FT *y, const FT *u, FT mu, FT *uo, \
+                            int64_t n, int big) {                                               \
+        int64_t di[64], stop;                                                                   \
+        FT dv[64];                                                                              \
+        if (gp) PSWEEP(x, gp, np, y, 0, n, 3, 0, di, dv, 64, &stop, u, mu, uo, big);            \
+    }                                                                                           \
     static void NAME(const FT *x, const hco_part *gp, int np, FT *y, const FT *u, FT mu, FT *uo, int64_t n, \
                      int64_t k, const int64_t *sidx, int64_t m, int64_t j_lo, int64_t j_hi, int max_retries, \
                      FT *vals, int64_t *oidx, hco_topk_res *res) {                              \
@@ -118,9 +126,7 @@ HCO_RANK(rank_i64, int64_t, 52, kth_i64)
         if (gp && m > 0 && n * (int64_t)sizeof(FT) <= hco_sums_first_max) {                    \
             /* a buffer that stays in cache: the sums first, then the sample and the candidates \
                read them warm (the sample from cold x, g, u is a cache miss per position) */    \
-            int64_t di[64], stop;                                                               \
-            FT dv[64];                                                                          \
-            PSWEEP(x, gp, np, y, 0, n, 3, 0, di, dv, 64, &stop, u, mu, uo, big);                \
+            NAME##_sums(x, gp, np, y, u, mu, uo, n, big);                                       \
             x = y, gp = NULL, u = NULL;                                                         \
         }                                                                                       \
         /* 1. the bracket from the sample */                                                    \
@@ -150,12 +156,8 @@ HCO_RANK(rank_i64, int64_t, 52, kth_i64)
         }                                                                                       \
         /* 2. the sweep: the sums, and the candidates key >= lo; lower lo while fewer than k */ \
         for (;;) {                                                                              \
-            if (lo == 0) { /* every element qualifies: the sums only (an lt-0 sweep keeps none) */ \
-                if (gp) {                                                                       \
-                    int64_t di[64], stop;                                                       \
-                    FT dv[64];                                                                  \
-                    PSWEEP(x, gp, np, y, 0, n, 3, 0, di, dv, 64, &stop, u, mu, uo, big);        \
-                }                                                                               \
+            if (lo == 0) { /* every element qualifies: the sums only */                        \
+                NAME##_sums(x, gp, np, y, u, mu, uo, n, big);                                   \
                 x = y, gp = NULL, u = NULL;                                                     \
                 all = 1, c = n;                                                                 \
                 break;                                                                          \

@@ -41,6 +41,11 @@ class MomentumAddend:
             self._g = self._g.pack()
         return self._g
 
+    def g_for(self, ops: Any) -> Any:
+        """``g`` as ``ops``' fused kernels take it: a :class:`GradParts` left unpacked where they
+        read those in place (``ops.reads_grad_parts``), else packed."""
+        return self._g if getattr(ops, "reads_grad_parts", False) else self.g
+
     def make(self, ops: Any) -> Any:
         """``u'`` (made now unless a fused pass already made it)."""
         if self.made is None:
@@ -88,8 +93,7 @@ def add_abs_where(ops: Any, acc: Any, addend: Any, op: str, thr: float, out: Any
     """``TensorOps.add_abs_where`` of ``acc`` and ``addend``; a momentum addend not made yet is
     made in the same pass where the adapter can (``add_momentum_abs_where``), else first."""
     if isinstance(addend, MomentumAddend) and addend.made is None:
-        g = addend._g if getattr(ops, "reads_grad_parts", False) else addend.g  # GradParts: read in place
-        fused = ops.add_momentum_abs_where(acc, addend.u, addend.mu, g, addend.out, op, thr, out)
+        fused = ops.add_momentum_abs_where(acc, addend.u, addend.mu, addend.g_for(ops), addend.out, op, thr, out)
         if fused is not None:
             acc, addend.made, idx, vals = fused
             return acc, idx, vals
@@ -101,8 +105,7 @@ def fused_parts(ops: Any, addend: Any) -> tuple[Any, Any, float, Any]:
     addend) in its pass: a momentum addend not made yet goes as its parts, to be made there; its
     ``g`` stays a :class:`GradParts` where the adapter's kernel reads those (``ops.reads_grad_parts``)."""
     if isinstance(addend, MomentumAddend) and addend.made is None:
-        g = addend._g if getattr(ops, "reads_grad_parts", False) else addend.g
-        return g, addend.u, addend.mu, addend.out
+        return addend.g_for(ops), addend.u, addend.mu, addend.out
     return made(ops, addend), None, 0.0, None
 
 
