@@ -335,13 +335,15 @@ class TorchOps:
         if not (self.host_kernels and native_sweep() and host_same(t, g, u, u_out, out) and t.dtype != torch.float16
                 and (sidx is None or (sidx.is_cpu and sidx.dtype == torch.int64))):
             return None
-        arr = [None if a is None else flat_np(a) for a in (t, g, u, u_out, out)]
         if parts is not None and not parts.is_packed:  # read where they are (docs/selection.md#grad-parts)
-            arr[1] = host_parts(parts, t.dtype)
-            if arr[1] is None:
+            gh = host_parts(parts, t.dtype)
+            if gh is None:
                 return None
+        else:
+            gh = None if g is None else flat_np(g)
+        arr = [None if a is None else flat_np(a) for a in (t, u, u_out, out)]
         r = np_fused_topk(arr[0], k, None if sidx is None else sidx.numpy(), j_lo, j_hi, max_retries,
-                          arr[1], arr[2], mu, arr[3], arr[4])
+                          gh, arr[1], mu, arr[2], arr[3])
         if r is None:
             return None
         return (t if out is None else out, torch.from_numpy(r[1]), torch.from_numpy(r[2]), *r[3:])
