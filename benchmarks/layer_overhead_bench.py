@@ -2,6 +2,7 @@
 
     python -m benchmarks.layer_overhead_bench                  # re-launches itself on 2 local ranks
     HVD_COMMOPT_BACKEND=gloo HVD_COMMOPT_MPI_SMALL_BYTES=65536 python -m benchmarks.layer_overhead_bench
+    HVD_COMMOPT_BACKEND=gloo python -m benchmarks.layer_overhead_bench --variants ssgd,ddp   # dense, DDP
 
 The model is the suite's ``deep_mlp`` (48 weight layers of up to 65k elements, batch 32), one
 thread per rank, on loopback. Two variants, interleaved block by block so machine noise hits both
@@ -19,6 +20,12 @@ and the thread-time deltas between the two are summed. ``compute`` gets the same
 their cost is in both. The last line is ``(lags main CPU - compute main CPU) / layers``: the
 library's main-thread work per layer, in µs. Printed figures are medians over blocks of the
 per-block mean, on rank 0 (the ranks agree to a few %).
+
+``--variants`` adds the dense path: ``ssgd`` (the same SGD wrapped with the library's defaults) and
+``ddp`` (``DistributedDataParallel`` on a Gloo group of its own, its defaults). DDP's reducer hooks
+run inside autograd, not between the bracketing hooks, so its ``in hooks`` column is only the
+brackets' own cost and its work shows in ``main CPU``. On loopback both ranks share the two cores,
+so ``wall`` there is a rough parity check; ``main CPU`` is the per-rank work to compare.
 """
 from __future__ import annotations
 
@@ -35,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import block_order, relaunch_under_mpirun, table  # noqa: E402
 
 FIELDS = ("main", "hooks", "step", "wall")
+VARIANTS = ("compute", "lags", "ssgd", "ddp")
 
 
 def _hook_pair(params, acc: dict) -> tuple[list, list]:
@@ -56,7 +64,13 @@ def main() -> None:
     p.add_argument("--blocks", type=int, default=5)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--density", type=float, default=0.01)
+    p.add_argument("--variants", default="compute,lags",
+                   help="comma-separated, from compute (always run), lags, ssgd, ddp")
     args = p.parse_args()
+    names = ["compute"] + [v for v in args.variants.split(",") if v and v != "compute"]
+    unknown = sorted(set(names) - set(VARIANTS))
+    if unknown:
+        p.error(f"unknown variant(s) {unknown}; choose from {', '.join(VARIANTS)}")
     relaunch_under_mpirun(args.ranks, sys.argv)
 
     import torch
@@ -73,9 +87,10 @@ def main() -> None:
     y = torch.randint(0, 10, (32,))
     layers = sum(1 for q in base.parameters() if q.dim() > 1)
     steps, accs = {}, {}
-    for name in ("compute", "lags"):
+    for name in names:
         m = copy.deepcopy(base)
         params = list(m.parameters())
+        fwd = m
         acc = accs[name] = {"hooks": 0.0}
         before, after = _hook_pair(params, acc)
         for q, h in zip(params, before):
@@ -84,14 +99,27 @@ def main() -> None:
         if name == "lags":
             opt = hco.DistributedOptimizer(opt, named_parameters=m.named_parameters(),
                                            compression=hco.Compression.topk(args.density), fusion_threshold=0)
+        elif name == "ssgd":  # the library's defaults: dense, DDP's bucket rule
+            opt = hco.DistributedOptimizer(opt, named_parameters=m.named_parameters())
+        elif name == "ddp":  # its own Gloo group, DDP's defaults (1 MiB first bucket, then 25 MiB)
+            import datetime
+
+            import torch.distributed as dist
+            from torch.nn.parallel import DistributedDataParallel
+
+            from hvd_commopt import env
+            from torch_plugin.rendezvous import init_default_group
+            if not dist.is_initialized():  # the library ran on MPI: DDP needs a default group
+                init_default_group("gloo", env.detect_launch(), datetime.timedelta(minutes=2), True)
+            fwd = DistributedDataParallel(m, process_group=dist.new_group(backend="gloo"))
         for q, h in zip(params, after):
             q.register_post_accumulate_grad_hook(h)
 
-        def step(m=m, opt=opt, acc=acc):
+        def step(fwd=fwd, opt=opt, acc=acc):
             acc["hooks"] = 0.0
             w0, c0 = time.perf_counter(), time.thread_time()
             opt.zero_grad()
-            F.cross_entropy(m(x), y).backward()
+            F.cross_entropy(fwd(x), y).backward()
             c1 = time.thread_time()
             opt.step()
             c2 = time.thread_time()
@@ -116,10 +144,11 @@ def main() -> None:
               f"backend {backend}; median of {args.blocks} blocks x {args.steps} steps, rank 0, per step (ms)")
         print(table(["variant", "main CPU", "in hooks", "in step()", "wall"],
                     [[k] + [med[k][f] * 1e3 for f in FIELDS] for k in med]))
-        extra = (med["lags"]["main"] - med["compute"]["main"]) / layers * 1e6
-        hooks = (med["lags"]["hooks"] - med["compute"]["hooks"]) / layers * 1e6
-        print(f"(lags - compute) main CPU per layer: {extra:.0f} us (hooks {hooks:.0f} us, "
-              f"the rest {extra - hooks:.0f} us)", flush=True)
+        for k in names[1:]:
+            extra = (med[k]["main"] - med["compute"]["main"]) / layers * 1e6
+            hooks = (med[k]["hooks"] - med["compute"]["hooks"]) / layers * 1e6
+            print(f"({k} - compute) main CPU per layer: {extra:.0f} us (hooks {hooks:.0f} us, "
+                  f"the rest {extra - hooks:.0f} us)", flush=True)
     comm.barrier()
 
 
