@@ -109,8 +109,10 @@ def main() -> None:
 
             from hvd_commopt import env
             from torch_plugin.rendezvous import init_default_group
-            if not dist.is_initialized():  # the library ran on MPI: DDP needs a default group
-                init_default_group("gloo", env.detect_launch(), datetime.timedelta(minutes=2), True)
+            if not dist.is_initialized():  # the library ran on MPI: DDP needs a default group, whose
+                # rendezvous goes over that MPI backend (the control plane init_default_group expects)
+                init_default_group("gloo", env.detect_launch(), datetime.timedelta(minutes=2),
+                                   runtime.communicator().backend)
             fwd = DistributedDataParallel(m, process_group=dist.new_group(backend="gloo"))
         for q, h in zip(params, after):
             q.register_post_accumulate_grad_hook(h)
