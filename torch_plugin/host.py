@@ -18,6 +18,7 @@ import torch
 from hvd_commopt import env as _env
 from hvd_commopt import timeline as _timeline
 
+from ._compat import is_view
 from .sparse_update import SparseSGD
 
 __all__ = ["TorchScheduleHost"]
@@ -89,7 +90,7 @@ class TorchScheduleHost:
                     try:
                         old = p.grad
                         p.grad = g
-                        if old is not None and old._base is None:
+                        if old is not None and not is_view(old):
                             replaced.append(old)
                         continue
                     except RuntimeError:

@@ -23,7 +23,7 @@ TORCH_DTYPES = {
     "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool, "uint16": torch.uint16,
 }
 _NAMES = {v: k for k, v in TORCH_DTYPES.items()}
-_USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)  # private; without it no buffer is reused
+from ._compat import storage_exclusive  # noqa: E402 - torch._C._storage_Use_Count, with its fallback
 
 # float dtype -> (key dtype, +Inf key): |x| as its bit pattern (hvd_commopt.select_kernels)
 _KEYS = {torch.float32: (torch.int32, 0x7F800000), torch.float64: (torch.int64, 0x7FF0000000000000),
@@ -110,11 +110,7 @@ class TorchOps:
     def clone(self, t): return t.detach().clone()
 
     def exclusive(self, t):
-        # references to the storage: t's own, the temporary Python storage object's, and one per
-        # other tensor on it (views: .grad handed out by the engine, docs/wrapper.md#grad-views)
-        if _USE_COUNT is None:
-            return False
-        return _USE_COUNT(t.untyped_storage()._cdata) <= 2
+        return storage_exclusive(t)  # no other tensor on t's storage (docs/wrapper.md#grad-views)
 
     def zero_(self, t):
         if (not t.requires_grad and t.is_cpu and t.is_contiguous()

@@ -39,6 +39,7 @@ from hvd_commopt.errors import ConfigError, HvdCommoptError
 from hvd_commopt.process_sets import registry
 from hvd_commopt.reduce import Average, Sum
 
+from ._compat import repoint_lr_scheduler_step
 from .devices import check_devices
 from .host import TorchScheduleHost
 from .ops import TorchOps
@@ -258,22 +259,6 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     optimizer.__class__ = cls
     optimizer._hco_setup(named, engine)
     optimizer._parameter_names = {p: n for n, p in named}  # Horovod's attribute
-    _repoint_lr_scheduler_wrapper(optimizer, cls)
+    # an LR scheduler built before wrapping left a step that bypasses ours: re-point it
+    repoint_lr_scheduler_step(optimizer, base, cls.step)
     return optimizer
-
-
-def _repoint_lr_scheduler_wrapper(optimizer: torch.optim.Optimizer, cls: type) -> None:
-    """An LR scheduler built before wrapping left an instance-level ``step`` that calls the base
-    class's step directly; re-point it at ours so gradients are still reduced."""
-    inst_step = optimizer.__dict__.get("step")
-    if inst_step is None or not getattr(inst_step, "_wrapped_by_lr_sched", False):
-        return
-    ref = weakref.ref(optimizer)
-
-    def step(*args, **kwargs):
-        opt = ref()
-        opt._opt_called = True
-        return cls.step(opt, *args, **kwargs)
-
-    step._wrapped_by_lr_sched = True
-    optimizer.step = step

@@ -28,10 +28,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.optim import optimizer as _optim
 
 from hvd_commopt.select_kernels import native_sweep, np_sparse_axpy
 
+from ._compat import step_hooks_registered
 from .host_arrays import flat_np
 
 __all__ = ["SparseSGD"]
@@ -71,9 +71,7 @@ class SparseSGD:
         opt = self.opt
         if getattr(opt, "_hco_base", None) is not torch.optim.SGD:
             return None
-        if (opt._optimizer_step_pre_hooks or opt._optimizer_step_post_hooks
-                or getattr(_optim, "_global_optimizer_pre_hooks", None)
-                or getattr(_optim, "_global_optimizer_post_hooks", None)):
+        if step_hooks_registered(opt):
             return None
         lr = None
         for i, group in enumerate(opt.param_groups):

@@ -8,16 +8,16 @@ unbiased variance, as torch.nn.BatchNorm does. Evaluation uses the running stati
 from __future__ import annotations
 
 import torch
-from torch.nn.modules.batchnorm import _BatchNorm
 
 from hvd_commopt.reduce import Sum
 
+from ._compat import BatchNormBase
 from .functions import allreduce
 
 __all__ = ["SyncBatchNorm"]
 
 
-class SyncBatchNorm(_BatchNorm):
+class SyncBatchNorm(BatchNormBase):  # torch's _BatchNorm, through _compat
     """Drop-in for torch.nn.BatchNorm1d/2d/3d (inputs of 2 to 5 dimensions, channels in dim 1)."""
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True,
@@ -31,8 +31,9 @@ class SyncBatchNorm(_BatchNorm):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         self._check_input_dim(input)
-        if not (self.training or not self.track_running_stats):
-            return super().forward(input)
+        if not (self.training or not self.track_running_stats):  # eval: the running statistics
+            return torch.nn.functional.batch_norm(input, self.running_mean, self.running_var, self.weight,
+                                                  self.bias, False, 0.0, self.eps)
         dims = [0] + list(range(2, input.dim()))
         count = torch.full((1,), input.numel() // input.shape[1], dtype=input.dtype, device=input.device)
         local = torch.cat([input.sum(dims), (input * input).sum(dims), count])
