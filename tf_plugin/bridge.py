@@ -47,16 +47,9 @@ import tensorflow as tf
 
 from hvd_commopt.errors import ConfigError
 
+from ._compat import in_xla_context
+
 __all__ = ["host_call", "in_xla_context"]
-
-
-def in_xla_context() -> bool:
-    """True while tracing a function that XLA will compile."""
-    try:
-        from tensorflow.python.ops import control_flow_util  # noqa: PLC0415 - private, optional
-        return bool(control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))
-    except Exception:  # noqa: BLE001 - private API moved: assume not
-        return False
 
 
 def host_call(fn: Callable[..., Sequence[Any]], inputs: Sequence[Any], out_dtypes: Sequence[tf.DType],

@@ -19,6 +19,7 @@ import numpy as np
 
 from hvd_commopt import runtime
 
+from ._compat import learning_rate_variable
 from .functions import broadcast_variables
 
 __all__ = ["BroadcastGlobalVariablesCallback", "MetricAverageCallback", "LearningRateScheduleCallback",
@@ -86,8 +87,8 @@ class MetricAverageCallback(keras.callbacks.Callback):
 
 
 def _lr_variable(optimizer):
-    lr = getattr(optimizer, "_learning_rate", None)
-    if lr is None or not hasattr(lr, "assign"):
+    lr = learning_rate_variable(optimizer)
+    if lr is None:
         raise ValueError("the learning-rate callbacks need an optimizer created with a float learning_rate "
                          "(a Keras variable), not a LearningRateSchedule")
     return lr

@@ -28,6 +28,7 @@ from typing import Any, Sequence
 import numpy as np
 import tensorflow as tf
 
+from ._compat import learning_rate_variable
 from .ops import _t
 
 __all__ = ["KerasScheduleHost"]
@@ -95,8 +96,7 @@ class KerasScheduleHost:
         return old
 
     def _lr_var(self):
-        lr = getattr(self.opt, "_learning_rate", None)
-        return lr if hasattr(lr, "assign") else None
+        return learning_rate_variable(self.opt)
 
     def hyper(self) -> dict:
         lr = self._lr_var()

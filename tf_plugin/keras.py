@@ -27,6 +27,7 @@ from hvd_commopt.engine.args import check_backward_passes
 from hvd_commopt.errors import ConfigError
 from hvd_commopt.reduce import Average
 
+from ._compat import built_variables
 from .aggregation import LocalAggregation
 from .functions import _comm
 from .host import KerasScheduleHost
@@ -44,7 +45,7 @@ class _DistributedOptimizerMixin:
         if self._hco_bypass or len(grads) == 0:
             return self._hco_base.apply(self, grads, trainable_variables)
         variables = (list(trainable_variables) if trainable_variables is not None
-                     else list(getattr(self, "_trainable_variables", [])))
+                     else built_variables(self))
         if not self.built:
             with tf.name_scope(self.name):
                 self.build(variables)

@@ -15,6 +15,7 @@ import tensorflow as tf
 from hvd_commopt.errors import ConfigError
 from hvd_commopt.reduce import Sum
 
+from ._compat import batch_norm_moments_hook, batch_norm_reduction_axes
 from .functions import _comm, allreduce
 
 __all__ = ["SyncBatchNormalization"]
@@ -25,12 +26,16 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
     ``process_set``/``communicator``; TF1's ``fused=`` is accepted and ignored)."""
 
     def __init__(self, *args, process_set=None, communicator=None, **kwargs):
+        if not batch_norm_moments_hook():
+            raise ConfigError("SyncBatchNormalization: this Keras BatchNormalization does not take its moments from "
+                              "the method SyncBatchNormalization overrides (Keras 3's _moments); use Keras 3 "
+                              "(docs/versions.md#supported-versions)")
         kwargs.pop("fused", None)
         super().__init__(*args, **kwargs)
         self._hco_process_set = process_set
         self._hco_communicator = communicator
 
-    def _moments(self, inputs, mask):
+    def _moments(self, inputs, mask):  # Keras' hook: its presence is checked in __init__ (_compat)
         comm = _comm(self._hco_communicator, self._hco_process_set)
         if comm.size == 1:
             return super()._moments(inputs, mask)
@@ -39,7 +44,7 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
         x = tf.convert_to_tensor(inputs)
         dtype = tf.float32 if x.dtype in (tf.float16, tf.bfloat16) else x.dtype
         x = tf.cast(x, dtype)
-        axes = list(self._reduction_axes)
+        axes = batch_norm_reduction_axes(self, x)
         count = tf.cast(tf.reduce_prod(tf.gather(tf.shape(x), axes)), dtype)
         s = tf.reshape(tf.reduce_sum(x, axes), [-1])
         sq = tf.reshape(tf.reduce_sum(tf.square(x), axes), [-1])
