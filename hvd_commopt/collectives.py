@@ -23,6 +23,7 @@ from typing import Any, Callable, Sequence
 
 from .buckets import Bucket, TensorSpec
 from .comm.communicator import Communicator
+from .comm.handle import Handle
 from .compress.base import Compressor
 from .compress.user import UserCompressor, as_user_compressor
 from .engine.specs import verify_same_tensors
@@ -120,6 +121,7 @@ def _allreduce_payload(comm: Communicator, ops: TensorOps, flat: Tensor, dtype: 
             return Work(lambda: ops.cast(inner.wait(), dtype), inner._handles)
         floating = dtype in _FLOATING
         flat = (ops.scale(flat, pre) if pre != 1.0 else flat) if floating else _int_scale(ops, flat, pre, dtype)
+        handles: tuple[Handle, ...]
         if comm.size == 1:
             handles, get = (), (lambda: flat)
         else:

@@ -89,9 +89,10 @@ def _whole_bytes(value: object, what: str) -> int:
     if isinstance(value, bool) or not ok:
         raise ConfigError(f"{what} is not a whole number of bytes: pass an int, e.g. fusion_threshold="
                           f"25 * 1024 * 1024 (25 MiB), or 0 to send each tensor on its own")
-    if value < 0:
+    whole = int(value)  # type: ignore[call-overload]  # an Integral or a whole Real, checked above
+    if whole < 0:
         raise ConfigError(f"{what} is negative: pass a number of bytes >= 0 (0 sends each tensor on its own)")
-    return int(value)
+    return whole
 
 
 def collective_timeout_s(explicit: float | datetime.timedelta | None = None) -> float:

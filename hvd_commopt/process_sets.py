@@ -106,7 +106,7 @@ class _SetCommunicator(Communicator):
         self._closed = False
 
     @property
-    def _broken(self):  # type: ignore[override]
+    def _broken(self):
         return self._parent._broken
 
     def _submit(self, op, name, fn, args, traffic):
@@ -232,7 +232,7 @@ def registry(comm: Communicator) -> ProcessSetRegistry:
     reg = getattr(comm, "_process_set_registry", None)
     if reg is None:
         reg = ProcessSetRegistry(comm)
-        comm._process_set_registry = reg
+        comm._process_set_registry = reg  # type: ignore[attr-defined]  # kept on the communicator it belongs to
     return reg
 
 

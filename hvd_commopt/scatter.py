@@ -65,7 +65,7 @@ def scatter_rows(d0: int, size: int) -> list[int]:
     return [d0 // size + (1 if r < d0 % size else 0) for r in range(size)]
 
 
-def _my_part(ops: TensorOps, red: Tensor, shape: tuple, rank: int, size: int) -> Tensor:
+def _my_part(ops: TensorOps, red: Tensor, shape: Sequence[int], rank: int, size: int) -> Tensor:
     rows = scatter_rows(shape[0], size)
     row = math.prod(shape[1:])
     start = sum(rows[:rank]) * row

@@ -31,7 +31,7 @@ __all__ = ["OPS", "ALL", "NONE", "threshold_plan", "np_abs_where", "np_add_abs_w
            "np_fused_topk"]
 
 try:  # built by setup.py when a C compiler is there (optional: the NumPy sweep stands in)
-    from . import _hostkernels as _native
+    from . import _hostkernels as _native  # type: ignore[attr-defined]  # the C extension: no stub
 except ImportError:  # pragma: no cover - an install without the compiled extension
     _native = None
 
@@ -46,7 +46,7 @@ OPS = ("ge", "gt", "le", "lt")
 # denormals-are-zero mode. Equal to IEEE comparison of |x| whenever DAZ is off.
 
 # numpy dtype -> (key dtype, abs mask, +Inf key)
-NP_KEYS = {
+NP_KEYS: dict[np.dtype, tuple[np.dtype, int, int]] = {
     np.dtype(np.float32): (np.dtype(np.int32), 0x7FFFFFFF, 0x7F800000),
     np.dtype(np.float64): (np.dtype(np.int64), 0x7FFFFFFFFFFFFFFF, 0x7FF0000000000000),
     np.dtype(np.float16): (np.dtype(np.int16), 0x7FFF, 0x7C00),
@@ -348,7 +348,7 @@ def np_add_momentum_abs_where(acc: np.ndarray, u: np.ndarray, mu: float, g: np.n
     plan = threshold_plan(op, thr, np_key_of(acc.dtype), NP_KEYS[acc.dtype][2])
     parts = isinstance(g, tuple)  # (start, array) parts of g (docs/selection.md#grad-parts)
     if (plan not in (ALL, NONE) and _native_for(acc, u, u_out, y)
-            and (_parts_for(acc, g) if parts else _native_for(acc, g))):
+            and (_parts_for(acc, g) if parts else _native_for(acc, g))):  # type: ignore[arg-type]  # parts: g is a tuple
         return (y, u_out, *_native_run(acc, plan, g, y, (u, float(mu), u_out)))
     if parts:
         g = np.concatenate([a.reshape(-1) for _, a in g]) if g else np.empty(0, acc.dtype)

@@ -102,7 +102,7 @@ class Communicator:
                         f"({self._broken}). The job cannot continue; restart it."))
                     continue
                 handle._start()
-                self._complete(handle, lambda: fn(*args, deadline=time.monotonic() + self.timeout_s), traffic)
+                self._complete(handle, lambda: fn(*args, deadline=time.monotonic() + self.timeout_s), traffic)  # noqa: B023 - called in this iteration
             finally:
                 with self._order:
                     self._queued -= 1
@@ -367,7 +367,7 @@ class Communicator:
     def _host_allgather(self, data: np.ndarray, name: str, deadline: float):
         if self.backend.buffer_kind == "numpy":
             return self.backend.allgather(data, name, deadline)
-        return self.backend.allgather_host(data, name, deadline)  # native backends provide it
+        return self.backend.allgather_host(data, name, deadline)  # type: ignore[attr-defined]  # native backends provide it
 
     # -- lifecycle ----------------------------------------------------------------------------
     def check_rank(self, r: int, what: str) -> None:

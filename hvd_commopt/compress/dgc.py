@@ -62,7 +62,7 @@ def warmup_ratio(base: float, epoch: int, warmup_epochs: int,
         return base
     if isinstance(warmup_coeff, (list, tuple)):
         return float(warmup_coeff[epoch])
-    coeff = base ** (1.0 / (warmup_epochs + 1)) if warmup_coeff is None else float(warmup_coeff)
+    coeff = base ** (1.0 / (warmup_epochs + 1)) if warmup_coeff is None else float(warmup_coeff)  # type: ignore[arg-type]  # a Sequence was taken above
     return max(coeff ** (epoch + 1), base)
 
 

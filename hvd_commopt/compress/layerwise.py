@@ -81,7 +81,8 @@ class LayerwiseK:
             if finite is not None:
                 finite.append(ok)
             return v, i, self._acc(ops, r, target, addend, accs)
-        vals, idxs, accs, verdicts, parts = [], [], [], [], []
+        vals, idxs, accs, parts = [], [], [], []
+        verdicts: list[bool | None] = []
         for off, n, k in plan:
             part = ops.slice(target, off, off + n)
             a = None if addend is None else addend_ops.slice_of(ops, addend, off, off + n)

@@ -42,7 +42,8 @@ class _Plan:
     __slots__ = ("sidx", "groups")
 
     def __init__(self, exact: Any, members: tuple, ops: Any, like: Any):
-        pos, starts = [], {}
+        pos: list[np.ndarray] = []
+        starts: dict[tuple[int, int], list[tuple[int, int]]] = {}
         at = 0
         for j, (off, n, k) in enumerate(members):
             if 0 < k < n and n > exact.small_n:

@@ -26,13 +26,16 @@ Choices:
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping, Union
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Union
 
 from ..buckets import Bucket
 from ..errors import ConfigError
 from ..tensor_ops import TensorOps
 from .layerwise import LayerwiseK
 from .selection import Selection
+
+if TYPE_CHECKING:
+    from .dgc import DGCCompressor  # dgc imports this module
 
 __all__ = ["DensitySpec", "SparseCompressor", "TopKCompressor", "check_density"]
 
@@ -222,7 +225,7 @@ class TopKCompressor(SparseCompressor):
                  min_k: int = 1, dense_1d: bool = True, layerwise: bool = False):
         super().__init__(density, min_k, dense_1d)
         self.selection = Selection(selection, tau, band, sampled=self._sampled)
-        self._dgc = None
+        self._dgc: DGCCompressor | None = None
         if not isinstance(layerwise, bool):
             raise ConfigError(f"layerwise must be True (the top-k of each tensor of a bucket, LAGS-SGD's rule) or "
                               f"False (the top-k of the whole bucket), got {layerwise!r}")

@@ -26,7 +26,7 @@ def plan_setting(plan: Sequence[Sequence[int]], hint: str) -> Setting:
 
 def _schedule(scheduler: Any) -> Any:
     config = getattr(scheduler, "config", None)
-    if dataclasses.is_dataclass(config):
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
         return {"schedule": type(config).__name__, **dataclasses.asdict(config)}
     return repr(config)
 

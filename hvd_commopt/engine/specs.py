@@ -126,7 +126,8 @@ def verify_same_settings(comm: Communicator, settings: Mapping[str, Setting], wh
     mine = {k: (s.value, s.note, s.hint) for k, s in settings.items()}
     everyone = comm.allgather_object(mine, name="verify.settings")
     keys = list(dict.fromkeys(k for d in everyone for k in d))
-    lines, later = [], []
+    lines: list[str] = []
+    later: list[str] = []
     for key in keys:
         vals = [d.get(key, (None, None, ""))[0] for d in everyone]
         if len({_canon(v) for v in vals}) == 1:

@@ -14,7 +14,7 @@ What it reads of the engine it is part of: ``scheduler``, ``comm``, ``tuner``, `
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from .. import timeline as _timeline
 from ..errors import HvdCommoptError
@@ -24,12 +24,33 @@ from .settings import plan_setting
 from .specs import verify_same_settings
 from .state import engine_state, load_engine_state
 
+if TYPE_CHECKING:
+    import threading
+
+    from ..comm.communicator import Communicator
+    from ..host import GradientCapture
+    from .tuner import FusionTuner
+
 __all__ = ["StepApi"]
 
 
 class StepApi:
     """The scheduler's wiring and the per-step calls of :class:`~hvd_commopt.engine.CommEngine`
     (module docstring)."""
+
+    if TYPE_CHECKING:  # what it reads of the engine it is part of (set up by CommEngine.__init__)
+        scheduler: StepScheduler | None
+        comm: Communicator
+        tuner: FusionTuner
+        held_parts: dict[int, dict]
+        _lock: threading.RLock
+        _capture: GradientCapture
+        _sync_on_step: bool
+
+        @property
+        def in_flight(self) -> bool: ...
+
+        def set_plan(self, plan: Sequence[Sequence[int]]) -> None: ...
 
     # -- wiring -------------------------------------------------------------------------------
     def attach_scheduler(self, scheduler: StepScheduler) -> None:

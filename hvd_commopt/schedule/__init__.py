@@ -68,8 +68,8 @@ def build_scheduler(schedule: Any, port: RoundPort) -> Scheduler:
     if schedule is None:
         schedule = SyncConfig()
     reducer = port.reducer
-    dense = isinstance(reducer, DenseAllreduce)
-    uncompressed = dense and isinstance(reducer.compressor, NoneCompressor) and reducer.memory is None
+    uncompressed = (isinstance(reducer, DenseAllreduce) and isinstance(reducer.compressor, NoneCompressor)
+                    and reducer.memory is None)
     if isinstance(schedule, SyncConfig):
         return SyncScheduler(schedule, port)
     if isinstance(schedule, CDConfig):

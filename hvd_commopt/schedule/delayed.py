@@ -82,7 +82,7 @@ def digest(ops: Any, tensors: list) -> str:
 class DelayedScheduler(Scheduler):
     """OD-SGD (delay 1), SSD-SGD (delay k) and the delay-disabled replica path (delay 0)."""
 
-    rank_local_state = ("local",)  # the local optimizer's momentum; the replica is shared
+    rank_local_state: tuple[str, ...] = ("local",)  # the local optimizer's momentum; the replica is shared
     rank_local_weights = True      # the model holds w_loc
 
     def __init__(self, config: DelayConfig, port: RoundPort):
@@ -181,7 +181,7 @@ class DelayedScheduler(Scheduler):
             wd = cfg.local_weight_decay if cfg.local_weight_decay is not None else \
                 (host.param_hyper(n, "weight_decay", 0.0) or 0.0)
             glu = self._glu_dir.get(n) if self._glu_dir is not None else None
-            mom = {}
+            mom: dict[str, Any] = {}
             if cfg.local_momentum is None:
                 mom = dict(momentum=float(host.param_hyper(n, "momentum", 0.0) or 0.0),
                            dampening=float(host.param_hyper(n, "dampening", 0.0) or 0.0),

@@ -3,7 +3,6 @@
 docs/wrapper.md#nonfinite, docs/wrapper.md#checkpoints. Every rank runs these tests; a failure on
 any rank fails the job. Skipped at size 1.
 """
-import numpy as np
 import pytest
 import torch
 
