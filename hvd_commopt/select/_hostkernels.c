@@ -5,7 +5,7 @@
  *
  * One pass over x[start:]: y = x + g (g may be None: y is then x, or a copy of x), and every
  * position whose magnitude key (the bit pattern of |y| read as a signed integer, the order of
- * hvd_commopt/select_kernels.py) satisfies `key_of(y) op key` goes to idx (int64, ascending) and
+ * hvd_commopt/select/host_numpy.py) satisfies `key_of(y) op key` goes to idx (int64, ascending) and
  * val (y's value). op: 0 ge, 1 gt, 2 le, 3 lt. It stops early when idx/val could overflow and
  * says where: the caller continues from `stop` with fresh output buffers. The momentum form
  * (u given) makes the addend in the same pass: a = u*mu + g (two roundings) goes to uo, and
@@ -24,7 +24,7 @@
  * needs two. out may be t or g.
  *
  * Streaming stores (docs/selection.md#streaming-stores): a buffer of at least `stream_min` bytes
- * (set_stream_min; 1 MiB by default) is written with non-temporal stores, which skip the read
+ * (_set_stream_min; 1 MiB by default) is written with non-temporal stores, which skip the read
  * of each cache line a plain store makes first. The sweep's outputs (y, uo) and the step's
  * large zero fills and copies (stream_store) are not read again within the step, and a buffer
  * of megabytes would leave the cache before the next one anyway: the line read is pure cost,
@@ -431,7 +431,7 @@ done:
 }
 
 
-static PyObject *set_stream_min(PyObject *self, PyObject *arg) {
+static PyObject *_set_stream_min(PyObject *self, PyObject *arg) {
     /* Buffers of at least this many bytes are written with streaming stores (-1: never); returns
        the previous setting (benchmarks compare the two in one process). */
     Py_ssize_t v = PyNumber_AsSsize_t(arg, PyExc_OverflowError);
@@ -441,7 +441,7 @@ static PyObject *set_stream_min(PyObject *self, PyObject *arg) {
     return PyLong_FromSsize_t(prev == PY_SSIZE_T_MAX ? -1 : prev);
 }
 
-static PyObject *set_sums_first_max(PyObject *self, PyObject *arg) {
+static PyObject *_set_sums_first_max(PyObject *self, PyObject *arg) {
     /* topk makes the sums of buffers of up to this many bytes in a pass of their own before the
        sample (-1: never); returns the previous setting (tests and benchmarks compare the routes). */
     Py_ssize_t v = PyNumber_AsSsize_t(arg, PyExc_OverflowError);
@@ -451,7 +451,7 @@ static PyObject *set_sums_first_max(PyObject *self, PyObject *arg) {
     return PyLong_FromSsize_t(prev);
 }
 
-static PyObject *set_simd(PyObject *self, PyObject *arg) {
+static PyObject *_set_simd(PyObject *self, PyObject *arg) {
     /* For tests: 0 forces the portable path, 1 the AVX2 one where the CPU has it. Returns the
        path now in use ("avx2" or "portable"). */
     int want = PyObject_IsTrue(arg);
@@ -476,12 +476,12 @@ static PyMethodDef methods[] = {
     {"topk", topk, METH_VARARGS,
      "topk(x, g, y, u, mu, uo, k, sidx, j_lo, j_hi, max_retries, vals, idx) -> (v_key, c, retries, full, above, ties, "
      "finite)"},
-    {"set_stream_min", set_stream_min, METH_O, "set_stream_min(bytes) -> previous (-1: never stream)"},
-    {"set_sums_first_max", set_sums_first_max, METH_O, "set_sums_first_max(bytes) -> previous (-1: never)"},
-    {"set_simd", set_simd, METH_O, "set_simd(on) -> 'avx2' | 'portable' (for tests)"},
+    {"_set_stream_min", _set_stream_min, METH_O, "_set_stream_min(bytes) -> previous (-1: never stream)"},
+    {"_set_sums_first_max", _set_sums_first_max, METH_O, "_set_sums_first_max(bytes) -> previous (-1: never)"},
+    {"_set_simd", _set_simd, METH_O, "_set_simd(on) -> 'avx2' | 'portable' (for tests)"},
     {NULL, NULL, 0, NULL}};
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "hvd_commopt._hostkernels",
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "hvd_commopt.select._hostkernels",
                                     "Native host kernels: the selection sweep and the momentum's scale-add (docs/selection.md#native-sweep).",
                                     -1, methods};
 

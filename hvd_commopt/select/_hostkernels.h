@@ -15,7 +15,7 @@
 
 extern Py_ssize_t hco_stream_min; /* bytes: smaller buffers are written with plain stores */
 extern Py_ssize_t hco_sums_first_max; /* bytes: topk makes the sums of buffers up to this size first */
-extern int hco_use_avx2;          /* the AVX2 paths are in use (chosen at import, set_simd for tests) */
+extern int hco_use_avx2;          /* the AVX2 paths are in use (chosen at import, _set_simd for tests) */
 
 /* d = s byte for byte (s NULL: zero bytes); `stream`: with streaming stores where the CPU has
    them, `fence`: then ordered by an sfence before returning (else call hco_fence after the last). */
