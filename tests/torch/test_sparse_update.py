@@ -27,13 +27,13 @@ class Counter:
     def __init__(self, monkeypatch):
         self.n = 0
         self._lock = threading.Lock()
-        real = sparse_update.np_sparse_axpy
+        real = sparse_update.sparse_axpy
 
         def counting(*a, **k):
             with self._lock:
                 self.n += 1
             return real(*a, **k)
-        monkeypatch.setattr(sparse_update, "np_sparse_axpy", counting)
+        monkeypatch.setattr(sparse_update, "sparse_axpy", counting)
 
 
 def train(P, compression, make_opt=None, steps=6, closure=False, hook=False):
