@@ -40,7 +40,7 @@ setup(
     # C compiler still works and the NumPy kernels take its place.
     ext_modules=[Extension("hvd_commopt.select._hostkernels",
                            ["hvd_commopt/select/_hostkernels.c", "hvd_commopt/select/_hostkernels_index.c",
-                            "hvd_commopt/select/_hostkernels_topk.c"],
+                            "hvd_commopt/select/_hostkernels_topk.c", "hvd_commopt/select/_hostkernels_store.c"],
                            depends=["hvd_commopt/select/_hostkernels.h"],
                            extra_compile_args=["-O3", "-ffp-contract=off"], optional=True)],
     entry_points={"console_scripts": [

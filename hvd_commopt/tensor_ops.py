@@ -2,7 +2,9 @@
 
 Each adapter implements it with its framework's native ops (``torch.topk``, ``tf.math.top_k``);
 :class:`hvd_commopt.numpy_ops.NumpyOps` implements it for host arrays and is what the unit tests
-and the in-process backend use.
+and the in-process backend use. Tensor primitives only: the selection's own operations live behind
+:class:`hvd_commopt.select.kernels.SelectionKernels`, which runs on an adapter's ``host_view``
+(host memory) or on its primitives (``abs_keys``, ``compare``, ``nonzero``, ``kth_smallest``).
 
 Design choice: every method is *functional* — it returns its result, and callers always use the
 returned value. PyTorch implementations may work in place and return their argument (cheap);

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import math
-
 import numpy as np
 import tensorflow as tf
 
