@@ -29,6 +29,7 @@ _KEYS = {torch.float32: torch.int32, torch.float64: torch.int64, torch.float16: 
 # above it the host kernel streams the stores (docs/selection.md#streaming-stores).
 _STREAM_MIN_BYTES = 1 << 20
 _HOST_VIEW = (torch.float32, torch.float64, torch.float16, torch.int64, torch.int32)
+_SCALE_ADD = (torch.float32, torch.float64)  # scale_add_into's one host pass (float16: ATen's)
 _CMP = {"ge": torch.ge, "gt": torch.gt, "le": torch.le, "lt": torch.lt}
 
 
@@ -143,7 +144,7 @@ class TorchOps:
     def add(self, a, b): return a.add_(b)
 
     def scale_add_into(self, dst, t, factor, g):
-        if t.dtype != torch.float16 and g.dtype == t.dtype and dst.dtype == t.dtype:
+        if t.dtype in _SCALE_ADD and g.dtype == t.dtype and dst.dtype == t.dtype:
             d, x, y = self.host_view(dst), self.host_view(t), self.host_view(g)
             if d is not None and x is not None and y is not None:
                 host_memory.scale_add(d, x, factor, y)

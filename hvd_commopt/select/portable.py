@@ -65,12 +65,14 @@ class PortableKernels:
     def add_abs_where(self, acc, g, op, thr, out=None):
         ops = self.ops
         flat, g = ops.flatten(acc), ops.flatten(g)
+        dst = acc if out is None else out
         if out is None:
             s = ops.add(flat, g)
-            res = acc if ops.slices_are_views else s
         else:  # y + 1*x: the add's bits, into out (acc intact)
             s = ops.axpy_into(ops.flatten(out), flat, 1.0, g)
-            res = out if ops.slices_are_views else s
+        # a 1-D buffer of a framework with views was written in place (flatten is a view of it):
+        # hand back the buffer itself, else the sum
+        res = dst if ops.slices_are_views and len(ops.shape(dst)) == 1 else s
         return (res, *self.abs_where(s, op, thr))
 
     def add_momentum_abs_where(self, acc, u, mu, g, u_out, op, thr, out=None):
