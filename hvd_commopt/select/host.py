@@ -22,7 +22,6 @@ from . import host_native
 from .grad_parts import GradParts
 from .host_numpy import (ALL, NONE, NP_KEYS, np_add_momentum_abs_where, np_all_none, np_fused_topk, np_kth_largest_abs,
                          np_sweep, threshold_plan)
-from .kernels import SelectionKernels
 
 __all__ = ["HostKernels"]
 
@@ -32,7 +31,8 @@ _F16 = np.dtype(np.float16)
 class HostKernels:
     """:class:`~.kernels.SelectionKernels` on ``ops.host_view`` arrays (the module docstring)."""
 
-    def __init__(self, ops: Any, portable: SelectionKernels):
+    def __init__(self, ops: Any, portable: Any):
+        """``portable``: the kernels that take a call whose tensors have no host view."""
         self.ops, self._portable = ops, portable
         self._writes = bool(ops.slices_are_views)  # mutable tensors: views written in place
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 from typing import Any, Protocol, runtime_checkable
 
 from .grad_parts import GradParts
+from .host import HostKernels
+from .portable import PortableKernels
 
 __all__ = ["SelectionKernels", "kernels_for", "HOST_KERNELS"]
 
@@ -95,8 +97,6 @@ _PAIRS: dict[int, tuple[Any, Any, Any]] = {}  # id(ops) -> (ops, HostKernels, Po
 def _pair(ops: Any) -> tuple[Any, Any, Any]:
     entry = _PAIRS.get(id(ops))
     if entry is None or entry[0] is not ops:
-        from .host import HostKernels  # the implementations import this module (the protocol)
-        from .portable import PortableKernels
         portable = PortableKernels(ops)
         entry = _PAIRS[id(ops)] = (ops, HostKernels(ops, portable), portable)
     return entry

@@ -1,4 +1,4 @@
-"""Fast top-|x| selection, written once against TensorOps (docs/selection.md).
+"""Fast top-|x| selection, written once against TensorOps and the selection kernels (docs/selection.md).
 
 Three modes, chosen per compressor (``Compression.topk(density, selection=...)``, DGC too):
 

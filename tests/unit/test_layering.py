@@ -83,3 +83,44 @@ def test_the_adapters_ops_hold_no_selection_routes() -> None:
                 assert not node.module.startswith("hvd_commopt.select"), f"{f.name}: {node.module}"
             elif isinstance(node, ast.Import):
                 assert not any(a.name.startswith("hvd_commopt.select") for a in node.names), f.name
+
+
+def _module_imports(path: Path) -> set[str]:
+    """The hvd_commopt modules (dotted, under hvd_commopt) ``path`` imports, late imports included."""
+    pkg = list(path.relative_to(CORE).parts[:-1])
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg[: len(pkg) - node.level + 1]
+                mod = base + (node.module.split(".") if node.module else [])
+            elif node.module and node.module.startswith("hvd_commopt."):
+                mod = node.module.split(".")[1:]
+            else:
+                continue
+            names = [mod + [a.name] for a in node.names] if node.names else []
+            out |= {".".join(n) for n in names if (CORE.joinpath(*n).with_suffix(".py")).exists()}
+            out.add(".".join(mod))
+        elif isinstance(node, ast.Import):
+            out |= {a.name.split(".", 1)[1] for a in node.names if a.name.startswith("hvd_commopt.")}
+    return out
+
+
+def test_the_selection_package_has_no_import_circle() -> None:
+    """select/ and the host-memory kernels import each other's modules without a circle."""
+    files = list((CORE / "select").rglob("*.py")) + [CORE / "host_memory.py"]
+    name = {f: ".".join(f.relative_to(CORE).with_suffix("").parts) for f in files}
+    graph = {name[f]: {m for m in _module_imports(f) if m in name.values()} for f in files}
+    state: dict[str, int] = {}
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for n in graph.get(m, ()):
+            assert state.get(n) != 1, " -> ".join(path + [m, n])
+            if n not in state:
+                visit(n, path + [m])
+        state[m] = 2
+
+    for m in graph:
+        if m not in state:
+            visit(m, [])
