@@ -51,10 +51,10 @@ setup(
     },
     # The native selection sweep (docs/selection.md#native-sweep): optional, so an install without a
     # C compiler still works and the NumPy kernels take its place.
-    ext_modules=[Extension("hvd_commopt._hostkernels",
-                           ["hvd_commopt/_hostkernels.c", "hvd_commopt/_hostkernels_index.c",
-                            "hvd_commopt/_hostkernels_topk.c"],
-                           depends=["hvd_commopt/_hostkernels.h"],
+    ext_modules=[Extension("hvd_commopt.select._hostkernels",
+                           ["hvd_commopt/select/_hostkernels.c", "hvd_commopt/select/_hostkernels_index.c",
+                            "hvd_commopt/select/_hostkernels_topk.c", "hvd_commopt/select/_hostkernels_store.c"],
+                           depends=["hvd_commopt/select/_hostkernels.h"],
                            extra_compile_args=["-O3", "-ffp-contract=off"], optional=True)],
     entry_points={"console_scripts": [
         "hvd_commopt-run = hvd_commopt.run:main",

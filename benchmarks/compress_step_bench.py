@@ -36,6 +36,19 @@ VARIANTS = DEFAULT + ("dense_plain", "topk_plain", "dgc_plain", "topk_denseupd",
                       "dgc_plainres", "lags")
 
 
+def _with_attr(step, owner, name, value):
+    """``step`` run with ``owner.name = value`` in force (a module-level default or a method), put
+    back after the step."""
+    def run():
+        prev = getattr(owner, name)
+        setattr(owner, name, value)
+        try:
+            return step()
+        finally:
+            setattr(owner, name, prev)
+    return run
+
+
 def _with_setting(step, setter, value):
     """``step`` run with ``setter(value)`` in force; ``setter`` returns the previous setting, put
     back after the step."""
@@ -50,25 +63,21 @@ def _with_setting(step, setter, value):
 
 def _numpy_sweep(step):
     """``step`` with the NumPy kernels (every selection of a synchronous step ends within it)."""
-    from hvd_commopt import select_kernels
-    return _with_setting(step, select_kernels.use_native, False)
+    from hvd_commopt.select import host_native
+    return _with_attr(step, host_native, "USE_NATIVE", False)
 
 
 def _plain_result(step):
     """``step`` with the sparse result built by zero_ + scatter_add + gather, the path before the
-    one-pass build (docs/selection.md#scatter-sum): ``TorchOps.scatter_sum`` says "no such pass"."""
-    from torch_plugin.ops import TorchOps
-
-    def swap(method):
-        prev, TorchOps.scatter_sum = TorchOps.scatter_sum, method
-        return prev
-    return _with_setting(step, swap, lambda self, buf, idx, vals, scale: None)
+    one-pass build (docs/selection.md#scatter-sum): ``HostKernels.scatter_sum`` says "no such pass"."""
+    from hvd_commopt.select.host import HostKernels
+    return _with_attr(step, HostKernels, "scatter_sum", lambda self, buf, idx, vals, scale: None)
 
 
 def _plain_stores(step):
     """``step`` with the native kernels' streaming stores off (docs/selection.md#streaming-stores)."""
-    from hvd_commopt import _hostkernels
-    return _with_setting(step, _hostkernels.set_stream_min, -1)
+    from hvd_commopt.select import _hostkernels
+    return _with_setting(step, _hostkernels._set_stream_min, -1)
 
 
 def main() -> None:

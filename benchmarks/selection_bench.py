@@ -5,8 +5,8 @@ two terms are measured back to back, interleaved, so the shared machine's noise 
 
 * ``pass``: ``torch.abs(t, out=buf)``, one read and one write of the buffer (the unit);
 * ``torch.topk``: ``torch.topk(t.abs(), k)``; ``topk_abs``: the TensorOps reference;
-* ``exact``: :class:`~hvd_commopt.compress.selection.ExactTopK` (bit-identical to topk_abs);
-* ``reuse``: :class:`~hvd_commopt.compress.selection.ReuseTopK` in steady state (a reused step);
+* ``exact``: :class:`~hvd_commopt.select.exact_topk.ExactTopK` (bit-identical to topk_abs);
+* ``reuse``: :class:`~hvd_commopt.select.strategies.ReuseTopK` in steady state (a reused step);
 * ``EF exact`` / ``EF reuse``: the fused error-feedback step (residual += g, select, zero sent);
   ``EF reuse`` with tau 16 and band 0.2, its exact steps and recomputations included;
 * ``exact np`` / ``EF exact np``: the same two with the NumPy candidate sweep instead of the
@@ -33,8 +33,8 @@ import torch
 
 from benchmarks.common import table, write_json
 from hvd_commopt.compress.error_feedback import ErrorFeedback
-from hvd_commopt import select_kernels
-from hvd_commopt.compress.selection import ExactTopK, ReuseTopK
+from hvd_commopt.select import host_native
+from hvd_commopt.select.strategies import ExactTopK, ReuseTopK
 from torch_plugin.ops import TorchOps
 
 OPS = TorchOps()
@@ -71,13 +71,13 @@ def measure(n: int, d: float, reps: int, slow_refs: bool) -> dict:
     ef2, rs = ErrorFeedback(), ReuseTopK(tau=16, band=0.2)  # amortised: exact steps and recomputations included
     fn2 = lambda r, a: (lambda res: (res.values, res.indices, res.acc))(rs.select(OPS, r, k, "b", a))  # noqa: E731
     out["ef_reuse"] = _median(lambda: ef2.compensate_select(OPS, "b", g, fn2), reps) / one_pass
-    if select_kernels.native_sweep():  # the same two on the NumPy sweep, in the same process
-        select_kernels.use_native(False)
+    if host_native.native_sweep():  # the same two on the NumPy sweep, in the same process
+        host_native.USE_NATIVE = False
         try:
             out["exact_np"] = _median(lambda: ex.select(OPS, t, k), reps) / one_pass
             out["ef_exact_np"] = _median(lambda: ef.compensate_select(OPS, "b", g, fn), reps) / one_pass
         finally:
-            select_kernels.use_native(True)
+            host_native.USE_NATIVE = True
     if slow_refs:
         out["torch.topk"] = _median(lambda: torch.topk(t.abs(), k, sorted=False), max(3, reps // 3)) / one_pass
         out["topk_abs"] = _median(lambda: OPS.topk_abs(t, k), max(3, reps // 3)) / one_pass

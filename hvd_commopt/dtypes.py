@@ -37,3 +37,18 @@ def float32_to_half(x: np.ndarray, dtype) -> np.ndarray:
         u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
         return ((u + (((u >> 16) & 1) + np.uint32(0x7FFF))) >> 16).astype(np.uint16)
     return x.astype(np.float16)
+
+
+# NumPy float dtype -> (key dtype, abs mask): |x| as its bit pattern (docs/selection.md#order)
+_KEY_OF = {np.dtype(np.float32): (np.dtype(np.int32), 0x7FFFFFFF),
+           np.dtype(np.float64): (np.dtype(np.int64), 0x7FFFFFFFFFFFFFFF),
+           np.dtype(np.float16): (np.dtype(np.int16), 0x7FFF)}
+
+
+def magnitude_key(value: float, dtype) -> int:
+    """The key of ``|value|`` rounded to the NumPy float ``dtype``: its bit pattern with the sign
+    cleared, an integer that orders like the magnitude (docs/selection.md#order). Beyond the
+    dtype's range it rounds to +Inf, as a cast does."""
+    kd, mask = _KEY_OF[np.dtype(dtype)]
+    with np.errstate(over="ignore"):
+        return int(np.array(value, dtype=dtype).view(kd)) & mask

@@ -5,17 +5,13 @@ from typing import Sequence
 
 import numpy as np
 
-from .compress.grad_parts import GradParts
-from .dtypes import float32_to_half, half_to_float32, numpy_dtype
-from .select_kernels import (np_abs_where, np_add_abs_where, np_add_momentum_abs_where, np_kth_largest_abs,
-                             native_sweep, np_fused_topk, np_scale_add, np_scatter_sum, np_stream_store)
+from .dtypes import float32_to_half, half_to_float32, magnitude_key, numpy_dtype
+from .host_memory import scale_add, stream_store
 
 __all__ = ["NumpyOps", "numpy_dtype"]
 
-
-def _parts(g: GradParts):
-    """A bucket's unpacked gradients as ``(start, array)`` for the native kernels (its buffer once packed)."""
-    return g.buf if g.is_packed else tuple((off, np.asarray(p).reshape(-1)) for off, p in g.parts)
+_NP_CMP = {"ge": np.greater_equal, "gt": np.greater, "le": np.less_equal, "lt": np.less}
+_KEY_DTYPES = {2: (np.int16, 0x7FFF), 4: (np.int32, 0x7FFFFFFF), 8: (np.int64, 0x7FFFFFFFFFFFFFFF)}
 
 
 class NumpyOps:
@@ -39,7 +35,7 @@ class NumpyOps:
     def copy_into(self, dst, offset, src):
         src = np.asarray(src).reshape(-1)
         part = dst[offset:offset + src.size]
-        if src.dtype != dst.dtype or not np_stream_store(part, src):  # docs/selection.md#streaming-stores
+        if src.dtype != dst.dtype or not stream_store(part, src):  # docs/selection.md#streaming-stores
             part[...] = src
         return dst
 
@@ -49,7 +45,7 @@ class NumpyOps:
         return False  # NumPy does not track views (a view holds a reference like any other)
 
     def zero_(self, t):
-        if not np_stream_store(t):  # docs/selection.md#streaming-stores
+        if not stream_store(t):  # docs/selection.md#streaming-stores
             t.fill(0)
         return t
 
@@ -78,7 +74,7 @@ class NumpyOps:
         a += b
         return a
 
-    def scale_add_into(self, dst, t, factor, g): return np_scale_add(dst, t, factor, g)
+    def scale_add_into(self, dst, t, factor, g): return scale_add(dst, t, factor, g)
 
     def sub(self, a, b):
         a -= b
@@ -137,36 +133,20 @@ class NumpyOps:
         return u, out
 
     def isin(self, elements, test, invert=False): return np.isin(elements, test, invert=invert)
-    def nonzero(self, mask): return np.flatnonzero(mask).astype(np.int64, copy=False)
+    def nonzero(self, mask, sparse=False): return np.flatnonzero(mask).astype(np.int64, copy=False)
     def abs_ge(self, t, threshold): return np.abs(t) >= threshold
 
-    def abs_where(self, t, op, thr): return np_abs_where(t, op, thr)
+    # -- magnitude keys (docs/selection.md#order) ---------------------------------------------
+    def abs_keys(self, t):
+        kd, mask = _KEY_DTYPES[t.dtype.itemsize]
+        return np.bitwise_and(t.view(kd), kd(mask))
 
-    def add_abs_where(self, acc, g, op, thr, out=None): return np_add_abs_where(acc, g, op, thr, out)
+    def abs_key(self, value, like): return magnitude_key(value, like.dtype)
+    def compare(self, t, op, value): return _NP_CMP[op](t, t.dtype.type(value))
 
-    def add_momentum_abs_where(self, acc, u, mu, g, u_out, op, thr, out=None):
-        if isinstance(g, GradParts):  # read where they are (docs/selection.md#grad-parts), or packed here
-            g = _parts(g) if native_sweep() else g.pack()
-        return np_add_momentum_abs_where(acc, u, mu, g, u_out, op, thr, out)
-
-    def scatter_sum(self, buf, idx, vals, scale):
-        if not native_sweep():  # no native pass: the caller's plain path, nothing allocated here
-            return None
-        sums = np.empty(idx.size, dtype=vals.dtype)
-        finite = np_scatter_sum(buf, idx, vals, scale, sums)
-        return None if finite is None else (buf, sums, finite)
-
-    @property
-    def reads_grad_parts(self) -> bool:
-        """fused_topk and add_momentum_abs_where read unpacked gradients (docs/selection.md#grad-parts)."""
-        return native_sweep()
-
-    def fused_topk(self, t, k, sidx, j_lo, j_hi, max_retries, g, u, mu, u_out, out):
-        if isinstance(g, GradParts):
-            g = _parts(g)
-        return np_fused_topk(t, k, sidx, j_lo, j_hi, max_retries, g, u, mu, u_out, out)
-
-    def kth_largest_abs(self, t, k): return np_kth_largest_abs(t, k)
+    def kth_smallest(self, t, k):
+        t = np.asarray(t).reshape(-1)
+        return int(np.partition(t, int(k) - 1)[int(k) - 1])
 
     def all_finite(self, t):
         # One summing pass: any NaN/Inf makes the sum non-finite; only then (or on an overflow of
@@ -177,6 +157,10 @@ class NumpyOps:
     def norm(self, t):
         acc = np.float64 if t.dtype == np.float64 else np.float32
         return float(np.sqrt(np.sum(np.square(t, dtype=acc), dtype=acc)))
+
+    def host_view(self, t):
+        """The array itself, flat, where it is contiguous (a view), else None."""
+        return t.reshape(-1) if isinstance(t, np.ndarray) and t.flags.c_contiguous else None
 
     def to_numpy(self, t): return t
     def from_numpy(self, a, like=None): return a

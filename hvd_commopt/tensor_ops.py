@@ -2,7 +2,9 @@
 
 Each adapter implements it with its framework's native ops (``torch.topk``, ``tf.math.top_k``);
 :class:`hvd_commopt.numpy_ops.NumpyOps` implements it for host arrays and is what the unit tests
-and the in-process backend use.
+and the in-process backend use. Tensor primitives only: the selection's own operations live behind
+:class:`hvd_commopt.select.kernels.SelectionKernels`, which runs on an adapter's ``host_view``
+(host memory) or on its primitives (``abs_keys``, ``compare``, ``nonzero``, ``kth_smallest``).
 
 Design choice: every method is *functional* — it returns its result, and callers always use the
 returned value. PyTorch implementations may work in place and return their argument (cheap);
@@ -68,7 +70,8 @@ class TensorOps(Protocol):
     def scale_into(self, dst: Tensor, t: Tensor, factor: float) -> Tensor: ...  # t * factor into dst (t intact)
     def add(self, a: Tensor, b: Tensor) -> Tensor: ...  # a + b (in place into a allowed)
     # t * factor + g into dst (dst may be t, not g): scale_into then add, bit for bit (two
-    # roundings, never an FMA); one pass on host memory (docs/selection.md#native-sweep)
+    # roundings, never an FMA); one pass on host memory (docs/selection.md#native-sweep). The
+    # momentum's u = mu*u + g (DGC's memory, and the selection's addend)
     def scale_add_into(self, dst: Tensor, t: Tensor, factor: float, g: Tensor) -> Tensor: ...
     def sub(self, a: Tensor, b: Tensor) -> Tensor: ...
     def mul(self, a: Tensor, b: Tensor) -> Tensor: ...  # a new tensor a*b (element-wise)
@@ -108,57 +111,30 @@ class TensorOps(Protocol):
         """bool tensor, True where ``elements[i]`` occurs in ``test`` (False with ``invert``);
         gTop-k's survival masks."""
         ...
-    def nonzero(self, mask: Tensor) -> Tensor:
-        """int64 positions where the bool ``mask`` is True, ascending."""
+    def nonzero(self, mask: Tensor, sparse: bool = False) -> Tensor:
+        """int64 positions where the bool ``mask`` is True, ascending; ``sparse``: few are
+        expected (the adapter may scan such a mask faster)."""
         ...
     def abs_ge(self, t: Tensor, threshold: float) -> Tensor:
-        """bool tensor ``|t| >= threshold`` (DGC's sampled-threshold selection)."""
-        ...
-    # -- fast selection (docs/selection.md#primitives) ----------------------------------------
-    # Magnitudes are ordered +0 == -0 < denormals < normals < +Inf < NaN (every NaN equal);
-    # ``thr`` is a Python float rounded to t's dtype (nan: the NaN class, < 0: below every |x|).
-    def abs_where(self, t: Tensor, op: str, thr: float) -> tuple[Tensor, Tensor]:
-        """(int64 ascending positions i with ``|t[i]| op thr``, ``t`` at them); ``op`` one of
-        "ge" "gt" "le" "lt". The one full pass of a selection."""
-        ...
-    def add_abs_where(self, acc: Tensor, g: Tensor, op: str, thr: float,
-                      out: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """``acc + g`` (into acc where allowed, or into ``out``, a buffer of acc's size, leaving acc
-        intact; bit-identical to ``add``) and ``abs_where`` of it, fused in one sweep where the
-        framework allows: (the sum, indices, values). Use the returned sum (functional frameworks
-        return a new tensor)."""
+        """bool tensor ``|t| >= threshold``."""
         ...
 
-    def add_momentum_abs_where(self, acc: Tensor, u: Tensor, mu: float, g: Tensor, u_out: Tensor, op: str,
-                               thr: float, out: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
-        """``u' = scale_add_into(u_out, u, mu, g)`` and ``add_abs_where(acc, u', op, thr, out)`` in
-        one sweep: (acc', u', indices, values), bit-identical to the two calls. None where the
-        adapter has no such pass (the caller then makes the two calls; docs/selection.md#native-sweep)."""
+    # -- magnitude keys (docs/selection.md#order): the selection's portable kernels -------------
+    # A float's magnitude key is the bit pattern of |x| read as a signed integer of its width:
+    # +0 == -0 < denormals < normals < +Inf < NaN, monotone in the value.
+    def abs_keys(self, t: Tensor) -> Tensor:
+        """The keys of ``|t|`` (float16/bfloat16/float32/float64) as an integer tensor."""
+        ...
+    def abs_key(self, value: float, like: Tensor) -> int:
+        """The key of ``|value|`` rounded to ``like``'s float dtype, as that dtype's cast rounds."""
+        ...
+    def compare(self, t: Tensor, op: str, value: int) -> Tensor:
+        """bool tensor ``t op value`` for ``op`` in "ge" "gt" "le" "lt" (integer keys)."""
+        ...
+    def kth_smallest(self, t: Tensor, k: int) -> int:
+        """The k-th smallest (1-based) of the integer tensor ``t``, as a Python int."""
         ...
 
-    def scatter_sum(self, buf: Tensor, idx: Tensor, vals: Tensor, scale: float) -> tuple[Tensor, Tensor, bool] | None:
-        """A sparse exchange's result built in ``buf`` (every element overwritten): ``out =
-        scatter_add(zero_(buf), idx, vals)`` times ``scale`` (> 0, finite), ``sums = out[idx]``
-        (scaled; one per entry of idx), and whether every sum is finite: ``(out, sums, finite)``,
-        bit-identical to those calls. None where the adapter has no such pass (the caller makes
-        the calls; docs/selection.md#scatter-sum)."""
-        ...
-
-    def fused_topk(self, t: Tensor, k: int, sidx: Tensor | None, j_lo: int, j_hi: int, max_retries: int,
-                   g: Tensor | None, u: Tensor | None, mu: float, u_out: Tensor | None,
-                   out: Tensor | None) -> tuple | None:
-        """``ExactTopK.select`` of ``t`` (+ ``g``, or + ``u*mu + g`` made into ``u_out``; the sum
-        into ``out`` with t intact when given) in one native call: ``(acc, values, indices, v,
-        candidates, retries, full_fallbacks, above_fallback, ties, finite)``. None where the
-        adapter has no such call for these tensors (ExactTopK's own steps run;
-        docs/selection.md#native-topk). Optional: ExactTopK asks for it with getattr. An adapter
-        whose ``reads_grad_parts`` is true also takes ``g`` as a bucket's unpacked gradients
-        (a ``GradParts``, docs/selection.md#grad-parts), read where they are."""
-        ...
-
-    def kth_largest_abs(self, t: Tensor, k: int) -> float:
-        """The exact k-th largest ``|t|`` (1 <= k <= numel) as a Python float, nan for a NaN."""
-        ...
     def norm(self, t: Tensor) -> float:
         """L2 norm of t as a Python float, accumulated in at least float32 (DGC's clipping)."""
         ...
@@ -167,6 +143,12 @@ class TensorOps(Protocol):
         ...
 
     # -- host exchange (communicators that need host buffers) ---------------------------------
+    def host_view(self, t: Tensor):
+        """``t``'s values as a flat NumPy array without a copy (a view of a contiguous CPU
+        tensor's memory, detached from autograd) where the framework allows, else None: what the
+        selection's host kernels run on (:mod:`hvd_commopt.select.host`). Written in place only
+        where ``slices_are_views`` (mutable tensors)."""
+        ...
     def to_numpy(self, t: Tensor):
         """A NumPy array with t's contents; a zero-copy view for contiguous CPU tensors."""
         ...

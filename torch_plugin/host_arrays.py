@@ -1,6 +1,7 @@
 """When a torch tensor's own memory may go to the host kernels, and its flat NumPy view.
 
-The native and NumPy kernels (:mod:`hvd_commopt.select_kernels`) run on a tensor's memory through
+The host kernels (:mod:`hvd_commopt.host_memory`, and the selection's through
+``TorchOps.host_view``) run on a tensor's memory through
 a zero-copy ``Tensor.numpy()``: only CPU tensors of the kernels' dtypes, contiguous, qualify. These
 checks run several times per bucket and step, so each is written to make no torch call it does not
 need (``is_cpu`` instead of building a device object, no ``detach``/``view`` that changes nothing):
@@ -11,9 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from hvd_commopt.select_kernels import RANDOM_ACCESS_MIN
+from hvd_commopt.host_memory import RANDOM_ACCESS_MIN
 
-__all__ = ["HOST_DTYPES", "flat_np", "host_ok", "host_parts", "host_same", "index_host"]
+__all__ = ["HOST_DTYPES", "flat_np", "host_ok", "index_host"]
 
 HOST_DTYPES = (torch.float32, torch.float64, torch.float16)  # the kernels' float dtypes
 INDEX_HOST = HOST_DTYPES + (torch.int64, torch.int32)  # and what a scattered read or write may move
@@ -38,24 +39,3 @@ def index_host(t, idx) -> bool:
     return (idx.numel() >= RANDOM_ACCESS_MIN and t.is_cpu and idx.is_cpu
             and idx.dtype == torch.int64 and t.dtype in INDEX_HOST and not t.requires_grad
             and t.is_contiguous() and idx.is_contiguous())
-
-
-def host_parts(parts, dtype):
-    """Unpacked gradients as (start, array), or None (docs/selection.md#grad-parts)."""
-    if parts.is_packed:
-        return None
-    out = []
-    for off, p in parts.parts:  # a loop, not two generators: once per bucket and step
-        if not (p.dtype == dtype and host_ok(p)):
-            return None
-        out.append((off, flat_np(p)))
-    return tuple(out)
-
-
-def host_same(first, *others) -> bool:
-    """``first`` and every one of ``others`` that is not None are :func:`host_ok`, all of one dtype
-    (a fused host kernel's inputs; its optional ones are None)."""
-    if not host_ok(first):
-        return False
-    dt = first.dtype
-    return all(a is None or (a.dtype == dt and host_ok(a)) for a in others)

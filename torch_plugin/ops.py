@@ -8,12 +8,10 @@ import math
 import numpy as np
 import torch
 
-from hvd_commopt.compress.grad_parts import GradParts
-from hvd_commopt.select_kernels import (ALL, NONE, native_sweep, np_add_momentum_abs_where,
-                                        np_all_none, np_fused_topk, np_kth_largest_abs, np_scale_add, np_scatter_add,
-                                        np_scatter_sum, np_stream_store, np_sweep, np_take, np_zero_at, threshold_plan)
+from hvd_commopt import host_memory
 
-from .host_arrays import flat_np, host_ok, host_parts, host_same, index_host
+from ._compat import storage_exclusive
+from .host_arrays import flat_np, host_ok, index_host
 
 __all__ = ["TorchOps", "TORCH_DTYPES"]
 
@@ -23,25 +21,21 @@ TORCH_DTYPES = {
     "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool, "uint16": torch.uint16,
 }
 _NAMES = {v: k for k, v in TORCH_DTYPES.items()}
-from ._compat import storage_exclusive  # noqa: E402 - torch._C._storage_Use_Count, with its fallback
 
-# float dtype -> (key dtype, +Inf key): |x| as its bit pattern (hvd_commopt.select_kernels)
-_KEYS = {torch.float32: (torch.int32, 0x7F800000), torch.float64: (torch.int64, 0x7FF0000000000000),
-         torch.float16: (torch.int16, 0x7C00), torch.bfloat16: (torch.int16, 0x7F80)}
+# float dtype -> key dtype: |x| as its bit pattern (docs/selection.md#order)
+_KEYS = {torch.float32: torch.int32, torch.float64: torch.int64, torch.float16: torch.int16,
+         torch.bfloat16: torch.int16}
 # Below this many bytes a copy or fill stays ATen's (a Python call costs more than it saves);
 # above it the host kernel streams the stores (docs/selection.md#streaming-stores).
 _STREAM_MIN_BYTES = 1 << 20
+_HOST_VIEW = (torch.float32, torch.float64, torch.float16, torch.int64, torch.int32)
+_SCALE_ADD = (torch.float32, torch.float64)  # scale_add_into's one host pass (float16: ATen's)
 _CMP = {"ge": torch.ge, "gt": torch.gt, "le": torch.le, "lt": torch.lt}
 
 
 def _flat(t):
     """``t.reshape(-1)`` without the call when t is flat already (several per bucket and step)."""
     return t if t.dim() == 1 else t.reshape(-1)
-
-
-def _key_of(dtype):
-    kd = _KEYS[dtype][0]
-    return lambda thr: int(torch.tensor(thr, dtype=dtype).abs().view(kd))
 
 
 def _word_nonzero(m):
@@ -61,16 +55,15 @@ def _word_nonzero(m):
 class TorchOps:
     """In place where PyTorch allows; every method returns its result.
 
-    Selection primitives (``abs_where``, ``add_abs_where``, ``kth_largest_abs``): with
-    ``host_kernels`` (default) contiguous CPU tensors run the core's NumPy kernels on their own
-    memory (ATen's CPU ``nonzero`` and comparisons cost 3-5 passes; docs/selection.md#primitives);
-    other tensors use ATen ops, extracting a sparse mask word by word.
+    ``host_view`` gives the selection's host kernels (:mod:`hvd_commopt.select.host`) the memory
+    of contiguous CPU tensors (ATen's CPU ``nonzero`` and comparisons cost 3-5 passes;
+    docs/selection.md#primitives); the magnitude-key primitives (``abs_keys``, ``compare``,
+    ``nonzero``, ``kth_smallest``) serve the portable kernels on every other tensor. Large copies,
+    fills and scattered index work on host memory run in :mod:`hvd_commopt.host_memory`.
     """
 
     name = "torch"
     slices_are_views = True  # slice() shares memory, so writes into a slice land in the buffer
-    host_kernels = True
-    word_max_density = 0.02
 
     def numel(self, t): return int(t.numel())
     def dtype_name(self, t): return _NAMES[t.dtype]
@@ -102,7 +95,7 @@ class TorchOps:
         part = dst.narrow(0, offset, src.numel())
         flat = _flat(src)
         if (part.numel() * part.element_size() >= _STREAM_MIN_BYTES and src.dtype == dst.dtype and host_ok(dst)
-                and src.is_contiguous() and src.is_cpu and np_stream_store(part.numpy(), flat.numpy())):
+                and src.is_contiguous() and src.is_cpu and host_memory.stream_store(part.numpy(), flat.numpy())):
             return dst
         part.copy_(flat)
         return dst
@@ -115,7 +108,7 @@ class TorchOps:
     def zero_(self, t):
         if (not t.requires_grad and t.is_cpu and t.is_contiguous()
                 and t.numel() * t.element_size() >= _STREAM_MIN_BYTES
-                and np_stream_store(t.view(-1).view(torch.uint8).numpy())):
+                and host_memory.stream_store(t.view(-1).view(torch.uint8).numpy())):
             return t
         with torch.no_grad():
             return t.zero_()
@@ -147,9 +140,11 @@ class TorchOps:
     def add(self, a, b): return a.add_(b)
 
     def scale_add_into(self, dst, t, factor, g):
-        if self.host_kernels and host_same(t, g, dst) and t.dtype != torch.float16:
-            np_scale_add(flat_np(dst), flat_np(t), factor, flat_np(g))
-            return dst
+        if t.dtype in _SCALE_ADD and g.dtype == t.dtype and dst.dtype == t.dtype:
+            d, x, y = self.host_view(dst), self.host_view(t), self.host_view(g)
+            if d is not None and x is not None and y is not None:
+                host_memory.scale_add(d, x, factor, y)
+                return dst
         return self.add(self.scale_into(dst, t, factor), g)
 
     def sub(self, a, b): return a.sub_(b)
@@ -212,7 +207,7 @@ class TorchOps:
 
     def gather(self, t, idx):  # index_select: same values as t[idx], 5-8x cheaper on CPU
         if index_host(t, idx):
-            got = np_take(t.reshape(-1).numpy(), idx.reshape(-1).numpy())  # allocates only when it runs
+            got = host_memory.take(t.reshape(-1).numpy(), idx.reshape(-1).numpy())  # allocates only when it runs
             if got is not None:
                 return torch.from_numpy(got)
         return t.reshape(-1).index_select(0, idx.reshape(-1))
@@ -220,13 +215,13 @@ class TorchOps:
     def scatter_add(self, dst, idx, vals):
         if (index_host(dst, idx) and vals.dtype == dst.dtype and vals.is_cpu
                 and not vals.requires_grad and vals.is_contiguous()
-                and np_scatter_add(dst.view(-1).numpy(), idx.view(-1).numpy(), vals.view(-1).numpy())):
+                and host_memory.scatter_add(dst.view(-1).numpy(), idx.view(-1).numpy(), vals.view(-1).numpy())):
             return dst
         return dst.index_add_(0, idx, vals)
 
     def index_fill(self, t, idx, value):
         if (value == 0 and math.copysign(1.0, value) > 0 and index_host(t, idx)
-                and np_zero_at(t.view(-1).numpy(), idx.view(-1).numpy())):
+                and host_memory.zero_at(t.view(-1).numpy(), idx.view(-1).numpy())):
             return t
         return t.index_fill_(0, idx, value)
 
@@ -245,117 +240,27 @@ class TorchOps:
         return u, out.index_add_(0, inv.reshape(-1), vals)
 
     def isin(self, elements, test, invert=False): return torch.isin(elements, test, invert=invert)
-    def nonzero(self, mask): return torch.nonzero(mask).reshape(-1)
+
+    def nonzero(self, mask, sparse=False):
+        if sparse and mask.numel() >= 64:
+            return _word_nonzero(mask.reshape(-1))
+        return torch.nonzero(mask).reshape(-1)
+
     def abs_ge(self, t, threshold): return t.abs() >= threshold
 
-    # -- fast selection (contracts in hvd_commopt.tensor_ops) ---------------------------------
-    def _aten_where(self, t, plan):
-        n = t.numel()
-        if plan == ALL:
-            return torch.arange(n, device=t.device)
-        if plan == NONE:
-            return torch.empty(0, dtype=torch.int64, device=t.device)
-        op, key = plan
-        m = _CMP[op](t.abs().view(_KEYS[t.dtype][0]), key)
-        if n >= 64 and op in ("ge", "gt"):  # the selections' candidates: a sparse mask
-            return _word_nonzero(m)
-        return torch.nonzero(m).view(-1)
-
-    def abs_where(self, t, op, thr):
-        t = t.detach().reshape(-1)
-        if t.dtype not in _KEYS:
-            raise TypeError(f"abs_where: a floating tensor is needed, got {t.dtype}")
-        plan = threshold_plan(op, thr, _key_of(t.dtype), _KEYS[t.dtype][1])
-        if self.host_kernels and host_ok(t):
-            x = t.numpy()
-            idx, vals = np_all_none(x, plan) if plan in (ALL, NONE) else np_sweep(x, plan)
-            return torch.from_numpy(idx), torch.from_numpy(vals)
-        idx = self._aten_where(t, plan)
-        return idx, t.index_select(0, idx)
-
-    def add_abs_where(self, acc, g, op, thr, out=None):
-        g = g.detach().reshape(-1)
-        flat = acc.detach().view(-1)
-        res = acc if out is None else out
-        dst = flat if out is None else out.detach().view(-1)
-        if self.host_kernels and host_same(flat, g, dst):
-            plan = threshold_plan(op, thr, _key_of(flat.dtype), _KEYS[flat.dtype][1])
-            x, y = flat.numpy(), dst.numpy()
-            if plan in (ALL, NONE):
-                np.add(x, g.numpy(), out=y)
-                idx, vals = np_all_none(y, plan)
-            else:
-                idx, vals = np_sweep(x, plan, g.numpy(), y)
-            return res, torch.from_numpy(idx), torch.from_numpy(vals)
+    # -- magnitude keys (docs/selection.md#order) ---------------------------------------------
+    def abs_keys(self, t):
         with torch.no_grad():
-            if out is None:
-                flat.add_(g)
-            else:
-                torch.add(flat, g, out=dst)
-        idx, vals = self.abs_where(dst, op, thr)
-        return res, idx, vals
+            return t.abs().view(_KEYS[t.dtype])
 
-    def add_momentum_abs_where(self, acc, u, mu, g, u_out, op, thr, out=None):
-        parts = g if isinstance(g, GradParts) else None  # unpacked: read where they are, or packed here
-        host = None if parts is None or not self.reads_grad_parts else host_parts(parts, acc.dtype)
-        g = g if parts is None else parts.buf if host is not None else parts.pack()
-        flat = acc.detach().view(-1)
-        dst = flat if out is None else out.detach().view(-1)
-        ts = (flat, u.detach().view(-1), g.detach().view(-1), u_out.detach().view(-1), dst)
-        if not (self.host_kernels and host_same(*ts) and flat.dtype != torch.float16):
-            return None  # the core makes u' and calls add_abs_where (compress/addend.py)
-        a, uu, gg, uo, d = (t.numpy() for t in ts)
-        _, _, idx, vals = np_add_momentum_abs_where(a, uu, mu, gg if host is None else host, uo, op, thr,
-                                                    None if out is None else d)
-        return (acc if out is None else out), u_out, torch.from_numpy(idx), torch.from_numpy(vals)
+    def abs_key(self, value, like):
+        return int(torch.tensor(value, dtype=like.dtype).abs().view(_KEYS[like.dtype]))
 
-    def scatter_sum(self, buf, idx, vals, scale):
-        if not (native_sweep() and host_ok(buf) and buf.dtype in (torch.float32, torch.float64)
-                and not buf.requires_grad and vals.dtype == buf.dtype and vals.is_cpu
-                and not vals.requires_grad and idx.is_cpu and idx.dtype == torch.int64):
-            return None
-        sums = torch.empty(idx.numel(), dtype=vals.dtype)
-        finite = np_scatter_sum(flat_np(buf), flat_np(idx.contiguous()), flat_np(vals.contiguous()), scale,
-                                sums.numpy())
-        return None if finite is None else (buf, sums, finite)
+    def compare(self, t, op, value):
+        return _CMP[op](t, value)
 
-    @property
-    def reads_grad_parts(self) -> bool:
-        """fused_topk and add_momentum_abs_where read unpacked gradients (docs/selection.md#grad-parts)."""
-        return self.host_kernels and native_sweep()
-
-    def fused_topk(self, t, k, sidx, j_lo, j_hi, max_retries, g, u, mu, u_out, out):
-        out = out if g is not None else None  # no addend: the sum is t itself, out is not written
-        parts = g if isinstance(g, GradParts) else None
-        g = g if parts is None else parts.buf  # for the checks below; the values come from the parts
-        if not (self.host_kernels and native_sweep() and host_same(t, g, u, u_out, out) and t.dtype != torch.float16
-                and (sidx is None or (sidx.is_cpu and sidx.dtype == torch.int64))):
-            return None
-        if parts is not None and not parts.is_packed:  # read where they are (docs/selection.md#grad-parts)
-            gh = host_parts(parts, t.dtype)
-            if gh is None:
-                return None
-        else:
-            gh = None if g is None else flat_np(g)
-        arr = [None if a is None else flat_np(a) for a in (t, u, u_out, out)]
-        r = np_fused_topk(arr[0], k, None if sidx is None else sidx.numpy(), j_lo, j_hi, max_retries,
-                          gh, arr[1], mu, arr[2], arr[3])
-        if r is None:
-            return None
-        return (t if out is None else out, torch.from_numpy(r[1]), torch.from_numpy(r[2]), *r[3:])
-
-    def kth_largest_abs(self, t, k):
-        t = t.detach().reshape(-1)
-        n, k = t.numel(), int(k)
-        if not 1 <= k <= n:
-            raise ValueError(f"kth_largest_abs: k={k} outside [1, {n}]")
-        if self.host_kernels and host_ok(t):
-            return np_kth_largest_abs(t.numpy(), k)
-        kd, inf_key = _KEYS[t.dtype]
-        kk = int(torch.kthvalue(t.abs().view(kd).clamp_max(inf_key + 1), n - k + 1).values)
-        if kk > inf_key:
-            return math.nan
-        return float(torch.tensor(kk, dtype=kd).view(t.dtype))
+    def kth_smallest(self, t, k):
+        return int(torch.kthvalue(t.reshape(-1), int(k)).values)
 
     def all_finite(self, t):
         # One summing pass (~25x faster than isfinite().all() on the CPU): any NaN/Inf makes the sum
@@ -367,6 +272,13 @@ class TorchOps:
     def norm(self, t):
         acc = torch.float64 if t.dtype == torch.float64 else torch.float32
         return float(torch.linalg.vector_norm(t, dtype=acc))
+
+    def host_view(self, t):
+        """``t``'s memory as a flat NumPy array (zero-copy; detached from autograd) where ``t`` is a
+        contiguous CPU tensor of a dtype NumPy has (float16/32/64, int32/64), else None."""
+        if not (t.is_cpu and t.dtype in _HOST_VIEW and t.is_contiguous()):  # is_cpu: no device object made
+            return None
+        return flat_np(t)
 
     def to_numpy(self, t):
         t = t.detach() if t.requires_grad else t

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hvd_commopt.select_kernels import native_sweep, np_sparse_axpy
+from hvd_commopt.host_memory import native_on, sparse_axpy
 
 from ._compat import step_hooks_registered
 from .host_arrays import flat_np
@@ -50,7 +50,7 @@ def _same_as_aten(dtype: torch.dtype) -> bool:
         want = p.clone().add_(g, alpha=-0.0123)
         got = p.clone()
         idx = np.arange(n, dtype=np.int64)
-        if not np_sparse_axpy(idx, g.numpy(), -0.0123, np.array([0, n], np.int64), [got.numpy()]):
+        if not sparse_axpy(idx, g.numpy(), -0.0123, np.array([0, n], np.int64), [got.numpy()]):
             return False
         bits = torch.int32 if dtype == torch.float32 else torch.int64
         if not torch.equal(want.view(bits), got.view(bits)):
@@ -87,7 +87,7 @@ class SparseSGD:
     def _verified_for(self, dtype: torch.dtype) -> bool:
         """The native update runs (the extension is there and on) and matches ATen for ``dtype``
         (checked once per dtype)."""
-        if not native_sweep():  # turned off (benchmarks' NumPy A/Bs) or not built: never cached
+        if not native_on():  # turned off (benchmarks' NumPy A/Bs) or not built: never cached
             return False
         ok = self._verified.get(dtype)
         if ok is None:
@@ -124,7 +124,7 @@ class SparseSGD:
         done: set[int] = set()
         with torch.no_grad():
             for idx, vals, starts, members, names in plans:
-                if not np_sparse_axpy(idx.numpy(), vals.numpy(), -lr, starts, members):
+                if not sparse_axpy(idx.numpy(), vals.numpy(), -lr, starts, members):
                     raise RuntimeError("internal: the native sparse update was checked available, then refused")
                 done.update(id(self.params[n]) for n in names)
             for group in self.opt.param_groups:  # SGD's rule for everything else: p += -lr * grad

@@ -31,7 +31,8 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from hvd_commopt import select_kernels, timeline
+from hvd_commopt import timeline
+from hvd_commopt.select import host_native
 from torch_plugin.comm import PAIR_SUM_MAX_BYTES
 
 from ..common import ROOT, block_order
@@ -67,7 +68,7 @@ def engine_traces() -> bool:
 
 def timed_step(r: V.Runner, x: torch.Tensor, y: torch.Tensor) -> None:
     """One training step, with timeline spans when a timeline is recording."""
-    select_kernels.use_native(r.native_kernels)  # the _np variants: the NumPy host kernels
+    host_native.USE_NATIVE = bool(r.native_kernels)  # the _np variants: the NumPy host kernels
     if r.ours:  # ssgd_event, *_block / topk_ar / *_nolane: waits, small sums, the MPI lane (docs/backends.md)
         comm = r.opt.comm_engine.comm
         comm.direct_wait = r.wait

@@ -44,12 +44,12 @@ from typing import Any, Sequence
 from ..buckets import Bucket
 from ..errors import ConfigError
 from ..tensor_ops import TensorOps
-from .addend import MomentumAddend
-from .dgc_select import sampled_select
+from ..select.addend import MomentumAddend
+from ..select.sampled import sampled_select
 from .error_feedback import Generations, TensorStore
-from .grad_parts import GradParts
+from ..select.grad_parts import GradParts
 from .nonfinite import check_policy
-from .selection import Selection
+from ..select.strategies import SelectionStrategy as Selection
 from .topk import Density, SparseCompressor, check_density
 
 __all__ = ["DGCCompressor", "DGCMemory", "warmup_ratio"]

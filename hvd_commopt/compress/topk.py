@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Union
 from ..buckets import Bucket
 from ..errors import ConfigError
 from ..tensor_ops import TensorOps
-from .layerwise import LayerwiseK
-from .selection import Selection
+from ..select.layerwise import LayerwiseK
+from ..select.strategies import SelectionStrategy as Selection
 
 if TYPE_CHECKING:
     from .dgc import DGCCompressor  # dgc imports this module

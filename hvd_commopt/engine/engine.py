@@ -33,7 +33,7 @@ from .. import timeline as _timeline
 from ..buckets import Bucket, TensorSpec, build_buckets
 from ..comm.communicator import Communicator
 from ..compress.base import Compressor
-from ..compress.grad_parts import GradParts
+from ..select.grad_parts import GradParts
 from ..errors import ConfigError, HvdCommoptError
 from ..fusion.threshold import validate_plan
 from ..host import GradientCapture

@@ -65,7 +65,7 @@ from ..fusion.cost_model import AlphaBeta, CostModel
 from ..fusion.exact import plan_optimal
 from ..fusion.mgwfbp import plan_mgwfbp
 from ..fusion.omgs import plan_omgs
-from ..compress.selection import ExactTopK
+from ..select.exact_topk import ExactTopK
 from ..fusion.pricing import PER_LAYER_DENSITY, fit_select_cost
 from ..fusion.threshold import plan_bucket_cap, plan_per_tensor, plan_single, plan_threshold, validate_plan
 from ..reduce.base import Reducer

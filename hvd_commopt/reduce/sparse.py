@@ -34,9 +34,10 @@ from typing import Any
 
 from ..buckets import Bucket
 from ..compress import nonfinite
-from ..compress.grad_parts import GradParts
+from ..select.grad_parts import GradParts
 from ..compress.memory import Memory
-from ..compress.selection import folds_finite, fused_with, select_with_memory
+from ..select.kernels import kernels_for
+from ..select.strategies import folds_finite, fused_with, select_with_memory
 from ..compress.topk import SparseCompressor
 from ..errors import ConfigError
 from .base import Pending, ReduceContext, Reducer, RoundInfo
@@ -80,7 +81,7 @@ def scatter_result(ops: Any, buf: Any, n: int, idx: Any, vals: Any, postscale: f
     in_buf = buf is not None and ops.dtype_name(buf) == dt
     positive = math.isfinite(postscale) and math.copysign(1.0, postscale) > 0
     if in_buf and positive:
-        built = ops.scatter_sum(buf, idx, vals, postscale)  # one pass, the same bits (docs/selection.md#scatter-sum)
+        built = kernels_for(ops, buf, idx, vals).scatter_sum(buf, idx, vals, postscale)  # one pass, the same bits (docs/selection.md#scatter-sum)
         if built is not None:
             out, sums, finite = built
             return out, finite, sums
@@ -169,7 +170,7 @@ class SparseReducer(Reducer):
         ``start`` takes them unpacked (a :class:`GradParts`) may say so with ``reads_parts``
         (docs/selection.md#grad-parts): the exact top-k of the bucket with a memory that passes them
         to its pass, on an adapter whose native top-k reads them. Any other path packs them first."""
-        return (bool(getattr(ops, "reads_grad_parts", False)) and bucket.dtype in ("float32", "float64")
+        return (kernels_for(ops).reads_grad_parts and bucket.dtype in ("float32", "float64")
                 and not bucket.dense and fused_with(self.compressor, self.memory)
                 and bool(getattr(self.memory, "reads_parts", False))
                 and bool(getattr(self.compressor, "reads_parts", False)))

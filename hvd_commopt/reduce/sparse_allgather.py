@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..buckets import Bucket
-from ..compress import grad_parts
+from ..select import grad_parts
 from ..compress.error_feedback import ErrorFeedback
 from ..compress.memory import Memory
 from ..compress.topk import SparseCompressor

@@ -11,14 +11,15 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import torch_plugin as hco  # noqa: E402
-from hvd_commopt import Compression, run_ranks, select_kernels  # noqa: E402
-from hvd_commopt.compress.addend import MomentumAddend  # noqa: E402
-from hvd_commopt.compress.exact_topk import ExactTopK  # noqa: E402
-from hvd_commopt.compress.grad_parts import GradParts  # noqa: E402
+from hvd_commopt import Compression, run_ranks  # noqa: E402
+from hvd_commopt.select import host_native  # noqa: E402
+from hvd_commopt.select.addend import MomentumAddend  # noqa: E402
+from hvd_commopt.select.exact_topk import ExactTopK  # noqa: E402
+from hvd_commopt.select.grad_parts import GradParts  # noqa: E402
 from hvd_commopt.engine import engine as engine_module  # noqa: E402
 from torch_plugin.ops import TorchOps  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not select_kernels.native_sweep(), reason="the native kernels were not built")
+pytestmark = pytest.mark.skipif(not host_native.native_sweep(), reason="the native kernels were not built")
 
 
 def _bits(t):

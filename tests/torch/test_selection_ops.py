@@ -1,4 +1,4 @@
-"""Fast selection (hvd_commopt.compress.selection) and its primitives, in NumPy, torch (host
+"""Fast selection (hvd_commopt.select) and its kernels, in NumPy, torch (host
 kernels and ATen-only) and TF (host kernels and TF ops): bit for bit the same as ``topk_abs`` and
 as a brute-force model of the contract (docs/selection.md)."""
 from __future__ import annotations
@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from hvd_commopt.compress.error_feedback import ErrorFeedback
-from hvd_commopt.compress.selection import ExactTopK, ReuseTopK
+from hvd_commopt.select.strategies import ExactTopK, ReuseTopK
 from hvd_commopt.numpy_ops import NumpyOps
-from hvd_commopt.select_kernels import OPS
+from hvd_commopt.select.host_numpy import OPS
+from hvd_commopt.select.kernels import kernels_for
 
 torch = pytest.importorskip("torch")
 torch.set_num_threads(1)
@@ -24,11 +25,13 @@ F32_INF_KEY = 0x7F800000
 
 
 class _TorchAten(TorchOps):
-    host_kernels = False
+    def host_view(self, t):  # no host view: the portable kernels on ATen ops
+        return None
 
 
 class _TFNative(TFOps):
-    host_kernels = False
+    def host_view(self, t):  # no host view: the portable kernels on TF ops
+        return None
 
 
 VARIANTS = {"numpy": NumpyOps(), "torch-host": TorchOps(), "torch-aten": _TorchAten(), "tf-host": TFOps(),
@@ -281,7 +284,7 @@ def test_abs_where_contract(variant):
     t = to_native(ops, x)
     for op in OPS:
         for thr in thrs:
-            idx, vals = ops.abs_where(t, op, thr)
+            idx, vals = kernels_for(ops, t).abs_where(t, op, thr)
             want = _brute_where(x, op, thr)
             got = host(ops, idx)
             assert got.dtype == np.int64
@@ -298,7 +301,8 @@ def test_add_abs_where_is_add_then_where(variant):
     g = rng.standard_normal(n).astype(np.float32)
     want_acc = r0 + g
     thr = float(np.partition(np.abs(want_acc), n - 3000)[n - 3000])
-    acc, idx, vals = ops.add_abs_where(to_native(ops, r0), to_native(ops, g), "ge", thr)
+    r = to_native(ops, r0)
+    acc, idx, vals = kernels_for(ops, r).add_abs_where(r, to_native(ops, g), "ge", thr)
     assert same_bits(host(ops, acc), want_acc)
     want = _brute_where(want_acc, "ge", thr)
     assert np.array_equal(host(ops, idx), want)
@@ -316,7 +320,7 @@ def test_kth_largest_abs(variant):
     keys = np.sort(np.minimum((x.view(np.int32) & 0x7FFFFFFF).astype(np.int64), F32_INF_KEY + 1))[::-1]
     t = to_native(ops, x)
     for k in (1, 30, 31, 40, 41, 100, 2500, 4900, 4941, 5000):
-        v = ops.kth_largest_abs(t, k)
+        v = kernels_for(ops, t).kth_largest_abs(t, k)
         kk = keys[k - 1]
         if kk > F32_INF_KEY:
             assert math.isnan(v)
@@ -441,8 +445,9 @@ def test_add_abs_where_into_out_equals_in_place_and_leaves_acc(variant):
     a, g = rng.standard_normal(70_000).astype(np.float32), rng.standard_normal(70_000).astype(np.float32)
     like = ops.from_numpy(a, like=None)
     acc, out = ops.from_numpy(a.copy(), like=like), ops.from_numpy(np.zeros_like(a), like=like)
-    s_out, i_out, v_out = ops.add_abs_where(acc, ops.from_numpy(g, like=like), "ge", 1.5, out)
-    s_in, i_in, v_in = ops.add_abs_where(ops.from_numpy(a.copy(), like=like), ops.from_numpy(g, like=like), "ge", 1.5)
+    s_out, i_out, v_out = kernels_for(ops, acc).add_abs_where(acc, ops.from_numpy(g, like=like), "ge", 1.5, out)
+    a2 = ops.from_numpy(a.copy(), like=like)
+    s_in, i_in, v_in = kernels_for(ops, a2).add_abs_where(a2, ops.from_numpy(g, like=like), "ge", 1.5)
     assert np.array_equal(np.asarray(ops.to_numpy(acc)), a)  # acc intact
     for x, y in ((s_out, s_in), (i_out, i_in), (v_out, v_in)):
         assert np.array_equal(np.asarray(ops.to_numpy(x)), np.asarray(ops.to_numpy(y)))
@@ -528,7 +533,7 @@ def test_scale_add_into_is_scale_into_then_add(variant):
 def test_torch_index_ops_on_host_memory_equal_atens(dtype):
     """docs/selection.md#random-access: gather, scatter_add and index_fill(0) of large index sets run
     in the native kernels; the bits are ATen's index_select / index_add_ / index_fill_."""
-    from hvd_commopt.select_kernels import RANDOM_ACCESS_MIN
+    from hvd_commopt.host_memory import RANDOM_ACCESS_MIN
     g = torch.Generator().manual_seed(9)
     x = (torch.randn(40_000, generator=g) * 50).to(dtype)
     idx = torch.randint(0, x.numel(), (6000,), generator=g)
@@ -567,10 +572,11 @@ def test_torch_sparse_result_build_equals_atens_ops(dtype, postscale):
     want.index_copy_(0, idx, want_sums)
     bits = torch.int32 if dtype == torch.float32 else torch.int64
     assert torch.equal(out.view(bits), want.view(bits)) and torch.equal(sums.view(bits), want_sums.view(bits))
-    assert ops.scatter_sum(buf.to(torch.float16), idx, vals.to(torch.float16), 1.0) is None  # ATen's path
-    from hvd_commopt import select_kernels as sk
-    prev = sk.use_native(False)
+    half = buf.to(torch.float16)
+    assert kernels_for(ops, half).scatter_sum(half, idx, vals.to(torch.float16), 1.0) is None  # ATen's path
+    from hvd_commopt.select import host_native
+    prev, host_native.USE_NATIVE = host_native.USE_NATIVE, False
     try:  # kernels off: declined before anything is allocated
-        assert ops.scatter_sum(buf, idx, vals, 1.0) is None
+        assert kernels_for(ops, buf).scatter_sum(buf, idx, vals, 1.0) is None
     finally:
-        sk.use_native(prev)
+        host_native.USE_NATIVE = prev

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("hvd_commopt._hostkernels", reason="the native extension was not built (no C compiler)")
+pytest.importorskip("hvd_commopt.select._hostkernels", reason="the native extension was not built (no C compiler)")
 
 import torch_plugin as hco  # noqa: E402
 from torch_plugin import sparse_update  # noqa: E402
 from hvd_commopt import Compression, ConfigError, run_ranks  # noqa: E402
-from hvd_commopt import _hostkernels as native  # noqa: E402
+from hvd_commopt.select import _hostkernels as native  # noqa: E402
 
 torch.manual_seed(0)
 INIT = copy.deepcopy(torch.nn.Sequential(torch.nn.Linear(12, 40), torch.nn.ReLU(),
@@ -27,13 +27,13 @@ class Counter:
     def __init__(self, monkeypatch):
         self.n = 0
         self._lock = threading.Lock()
-        real = sparse_update.np_sparse_axpy
+        real = sparse_update.sparse_axpy
 
         def counting(*a, **k):
             with self._lock:
                 self.n += 1
             return real(*a, **k)
-        monkeypatch.setattr(sparse_update, "np_sparse_axpy", counting)
+        monkeypatch.setattr(sparse_update, "sparse_axpy", counting)
 
 
 def train(P, compression, make_opt=None, steps=6, closure=False, hook=False):
@@ -182,24 +182,24 @@ def test_native_kernel_is_atens_add_with_alpha(dtype):
 
 
 def test_native_kernels_off_take_the_wrapped_step_and_on_again_the_sparse_one(monkeypatch):
-    """``select_kernels.use_native(False)`` (the benchmarks' NumPy A/Bs) turns the sparse update off
+    """``host_native.USE_NATIVE = False`` (the benchmarks' NumPy A/Bs) turns the sparse update off
     for as long as it lasts, without ruling it out for later steps."""
-    from hvd_commopt import select_kernels
+    from hvd_commopt.select import host_native
     count = Counter(monkeypatch)
-    prev = select_kernels.use_native(False)
+    prev, host_native.USE_NATIVE = host_native.USE_NATIVE, False
     try:
         off = train(2, lambda: Compression.topk(0.05))
     finally:
-        select_kernels.use_native(prev)
+        host_native.USE_NATIVE = prev
     assert count.n == 0
     monkeypatch.setenv("HVD_COMMOPT_SPARSE_UPDATE", "0")
     ref = train(2, lambda: Compression.topk(0.05))
     assert_bits(off, ref)
     monkeypatch.delenv("HVD_COMMOPT_SPARSE_UPDATE")
     host = sparse_update.SparseSGD(torch.optim.SGD([torch.zeros(2)], lr=0.1), {})
-    select_kernels.use_native(False)
+    host_native.USE_NATIVE = False
     try:
         assert not host._verified_for(torch.float32)
     finally:
-        select_kernels.use_native(prev)
+        host_native.USE_NATIVE = prev
     assert host._verified_for(torch.float32)

@@ -12,7 +12,7 @@ from hvd_commopt import NumpyOps
 from hvd_commopt.compress.dgc import DGCCompressor, DGCMemory
 from hvd_commopt.compress.error_feedback import ErrorFeedback
 from hvd_commopt.compress.momentum import MomentumCorrection
-from hvd_commopt.compress.selection import select_with_memory
+from hvd_commopt.select.strategies import select_with_memory
 from hvd_commopt.compress.topk import TopKCompressor
 
 N = 100_000  # above ExactTopK.small_n: the sampled bracket and the fused candidate pass run

@@ -11,16 +11,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hvd_commopt import Compression, NumpyOps, build_engine, run_ranks, select_kernels
+from hvd_commopt import Compression, NumpyOps, build_engine, run_ranks
+from hvd_commopt.select import host_native
+from hvd_commopt.select import host_numpy
+from hvd_commopt.select.host import HostKernels
+from hvd_commopt.select.kernels import kernels_for
 from hvd_commopt.buckets import Bucket
-from hvd_commopt.compress.addend import MomentumAddend
-from hvd_commopt.compress.exact_topk import ExactTopK
-from hvd_commopt.compress.grad_parts import GradParts
+from hvd_commopt.select.addend import MomentumAddend
+from hvd_commopt.select.exact_topk import ExactTopK
+from hvd_commopt.select.grad_parts import GradParts
 from hvd_commopt.engine import TensorSpec
 
 from .test_native_topk import SELECTORS, _data, _same
 
-pytestmark = pytest.mark.skipif(not select_kernels.native_sweep(), reason="the native kernels were not built")
+pytestmark = pytest.mark.skipif(not host_native.native_sweep(), reason="the native kernels were not built")
 
 
 def _splits(n: int, how: str) -> list[int]:
@@ -70,38 +74,38 @@ def test_parts_read_in_place_equal_the_packed_bucket(selector, case, dtype, part
 
 @pytest.mark.parametrize("simd", [False, True])
 def test_each_simd_path_reads_parts_alike(simd):
-    from hvd_commopt import _hostkernels
+    from hvd_commopt.select import _hostkernels
     x, g, u = _data("normal", 50_000, np.float32, 5)
-    prev = _hostkernels.set_simd(simd)
+    prev = _hostkernels._set_simd(simd)
     try:
         ra = _select(ExactTopK(), x, g, u, 400, "momentum", True, None)
         rb = _select(ExactTopK(), x, g, u, 400, "momentum", True, "odd")
     finally:
-        _hostkernels.set_simd(prev == "avx2")
+        _hostkernels._set_simd(prev == "avx2")
     assert _same(ra[0].indices, rb[0].indices) and _same(ra[0].values, rb[0].values)
     assert _same(ra[2], rb[2]) and _same(ra[3], rb[3])
 
 
 def test_streamed_parts_equal_plain_stores():
-    from hvd_commopt import _hostkernels
+    from hvd_commopt.select import _hostkernels
     x, g, u = _data("normal", 300_000, np.float32, 9)
-    prev = _hostkernels.set_stream_min(0)  # every part streams where aligned
+    prev = _hostkernels._set_stream_min(0)  # every part streams where aligned
     try:
         ra = _select(ExactTopK(), x, g, u, 3000, "momentum", True, None)
         rb = _select(ExactTopK(), x, g, u, 3000, "momentum", True, "odd")
     finally:
-        _hostkernels.set_stream_min(prev)
+        _hostkernels._set_stream_min(prev)
     assert _same(ra[0].indices, rb[0].indices) and _same(ra[2], rb[2]) and _same(ra[3], rb[3])
 
 
 class _NoFused(NumpyOps):
-    """NumpyOps without the native call: ExactTopK's framework route, which packs the parts."""
-
-    def fused_topk(self, *args):
-        return None
+    """NumpyOps whose kernels have no native call: ExactTopK's framework route, which packs the parts."""
 
 
-def test_the_framework_route_packs_the_parts_first():
+def test_the_framework_route_packs_the_parts_first(monkeypatch):
+    fused = HostKernels.fused_topk
+    monkeypatch.setattr(HostKernels, "fused_topk",
+                        lambda self, *a: None if isinstance(self.ops, _NoFused) else fused(self, *a))
     x, g, u = _data("normal", 60_000, np.float32, 2)
     ra = _select(ExactTopK(), x, g, u, 600, "momentum", True, None)
     rb = _select(ExactTopK(), x, g, u, 600, "momentum", True, "odd", ops=_NoFused())
@@ -110,16 +114,16 @@ def test_the_framework_route_packs_the_parts_first():
 
 
 def test_parts_that_do_not_cover_x_in_order_are_declined_or_refused():
-    from hvd_commopt import _hostkernels
+    from hvd_commopt.select import _hostkernels
     x = np.ones(100, np.float32)
     a, b = np.ones(60, np.float32), np.ones(40, np.float32)
     args = (1, None, 1, 0, 2)
     for bad in [((0, a),), ((0, a), (61, b)), ((0, a), (60, b.astype(np.float64))), ((0, a), (60, a))]:
-        assert select_kernels.np_fused_topk(x, *args, g=bad) is None
+        assert host_numpy.np_fused_topk(x, *args, g=bad) is None
         with pytest.raises(ValueError):
             _hostkernels.topk(x, bad, x.copy(), None, 0.0, None, 1, None, 1, 0, 2, np.empty(1, np.float32),
                               np.empty(1, np.int64))
-    ok = select_kernels.np_fused_topk(x, *args, g=((0, a), (60, b)), out=np.empty_like(x))
+    ok = host_numpy.np_fused_topk(x, *args, g=((0, a), (60, b)), out=np.empty_like(x))
     assert ok is not None and _same(ok[0], np.full(100, 2.0, np.float32))
 
 
@@ -210,11 +214,11 @@ def test_only_momentum_selections_on_host_kernels_read_parts():
     assert not reads(Compression.topk(0.01, selection="threshold"))
     assert not reads(Compression.dgc(0.01, momentum=0.9, nesterov=True, selection="exact"))
     assert not hasattr(Compression.gtopk(0.01), "reads_parts")  # its start reads flat itself
-    prev = select_kernels.use_native(False)
+    prev, host_native.USE_NATIVE = host_native.USE_NATIVE, False
     try:
         assert not reads(Compression.topk(0.01))
     finally:
-        select_kernels.use_native(prev)
+        host_native.USE_NATIVE = prev
 
 
 @pytest.mark.parametrize("thr", [0.7, 0.0, -1.0, float("nan"), float("inf")])
@@ -227,16 +231,17 @@ def test_the_momentum_sweep_reads_parts_as_the_packed_bucket(thr, parts, dtype):
     cuts = _splits(x.size, parts)
     got = []
     for native in (True, False):
-        prev = select_kernels.use_native(native)
+        prev, host_native.USE_NATIVE = host_native.USE_NATIVE, native
         try:
             for gg in (g.copy(), GradParts(NumpyOps(), np.empty_like(g), [(a, g[a:b].copy())
                                                                           for a, b in zip(cuts, cuts[1:])])):
                 xx, uo, out = x.copy(), np.full_like(u, 5.0), np.full_like(x, 7.0)
                 with np.errstate(all="ignore"):
-                    y, un, idx, vals = NumpyOps().add_momentum_abs_where(xx, u.copy(), 0.9, gg, uo, "ge", thr, out)
+                    y, un, idx, vals = kernels_for(NumpyOps(), xx).add_momentum_abs_where(xx, u.copy(), 0.9, gg, uo, "ge",
+                                                                                       thr, out)
                 got.append([y.tobytes(), un.tobytes(), idx.tobytes(), vals.tobytes(), xx.tobytes()])
                 if isinstance(gg, GradParts):
                     assert gg.is_packed != native  # read in place by the native sweep, else packed
         finally:
-            select_kernels.use_native(prev)
+            host_native.USE_NATIVE = prev
     assert got[0] == got[1] == got[2] == got[3]

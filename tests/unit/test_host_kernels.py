@@ -1,4 +1,4 @@
-"""The native host kernels (hvd_commopt/_hostkernels.c) against the NumPy kernels they stand in
+"""The native host kernels (hvd_commopt/select/_hostkernels.c) against the NumPy kernels they stand in
 for: bit for bit, on every comparison, dtype, special value and block boundary, on the AVX2 path
 and the portable one (docs/selection.md#native-sweep)."""
 from __future__ import annotations
@@ -6,10 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hvd_commopt import select_kernels as sk
+from hvd_commopt import host_memory
+from hvd_commopt.select import host_native
+from hvd_commopt.select import host_numpy as sk
 from hvd_commopt.numpy_ops import NumpyOps
+from hvd_commopt.select.host import HostKernels
+from hvd_commopt.select.kernels import kernels_for
 
-native = pytest.importorskip("hvd_commopt._hostkernels",
+native = pytest.importorskip("hvd_commopt.select._hostkernels",
                              reason="the native extension was not built (no C compiler at install time)")
 
 
@@ -29,7 +33,7 @@ def _sweep_both(x, plan, g=None, out=None):
     """np_sweep with the NumPy kernel and with the native one, each on fresh copies."""
     runs = []
     for on in (False, True):
-        sk.use_native(on)
+        host_native.USE_NATIVE = on
         xx = x.copy()
         oo = None if out is None else np.zeros_like(x)
         idx, vals = sk.np_sweep(xx, plan, g, oo)
@@ -96,12 +100,12 @@ def test_scale_add_is_a_multiply_then_an_add(dtype, mu, restore_native):
     t, g = _specials(rng.standard_normal(5003).astype(dtype)), rng.standard_normal(5003).astype(dtype)
     ref = np.add(np.multiply(t, dtype(mu)), g)
     out = np.empty_like(t)
-    assert sk.np_scale_add(out, t, mu, g) is out and np.array_equal(_bits(out), _bits(ref))
+    assert host_memory.scale_add(out, t, mu, g) is out and np.array_equal(_bits(out), _bits(ref))
     same = t.copy()
-    sk.np_scale_add(same, same, mu, g)  # in place into t
+    host_memory.scale_add(same, same, mu, g)  # in place into t
     assert np.array_equal(_bits(same), _bits(ref))
-    sk.use_native(False)
-    assert np.array_equal(_bits(sk.np_scale_add(np.empty_like(t), t, mu, g)), _bits(ref))
+    host_native.USE_NATIVE = False
+    assert np.array_equal(_bits(host_memory.scale_add(np.empty_like(t), t, mu, g)), _bits(ref))
 
 
 def test_numpy_ops_scale_add_into_matches_scale_into_then_add(restore_native):
@@ -112,16 +116,18 @@ def test_numpy_ops_scale_add_into_matches_scale_into_then_add(restore_native):
     assert np.array_equal(ops.scale_add_into(np.empty_like(u), u, 0.9, g), ref)
 
 
-def test_use_native_reports_and_restores():
-    assert sk.native_sweep()
-    assert sk.use_native(False) is True and not sk.native_sweep()
-    assert sk.use_native(True) is False and sk.native_sweep()
+def test_use_native_reports_and_restores(restore_native):
+    assert host_native.native_sweep()
+    host_native.USE_NATIVE = False
+    assert not host_native.native_sweep() and host_native.native() is None
+    host_native.USE_NATIVE = True
+    assert host_native.native_sweep() and host_native.native() is native
 
 
 def test_momentum_addend_is_made_inside_the_sweep(monkeypatch, restore_native):
     """The momentum correction's u' = mu*u + g is made by the selection's sweep (no pass of its
     own), and the sample, the sums, u' and the candidates equal the two-pass form bit for bit."""
-    from hvd_commopt.compress import addend as A
+    from hvd_commopt.select import addend as A
     ops = NumpyOps()
     rng = np.random.default_rng(4)
     u, g, v = (_specials(rng.standard_normal(20_001).astype(np.float32)) for _ in range(3))
@@ -136,7 +142,7 @@ def test_momentum_addend_is_made_inside_the_sweep(monkeypatch, restore_native):
         a = A.MomentumAddend(uu, 0.9, g, uu if in_place else np.empty_like(u))
         assert np.array_equal(_bits(A.gather(ops, a, sidx)), _bits(want_u[sidx])) and a.made is None
         monkeypatch.setattr(NumpyOps, "scale_add_into", lambda *args: pytest.fail("a pass of its own"))
-        acc, idx, vals = A.add_abs_where(ops, v.copy(), a, "ge", thr, np.empty_like(v))
+        acc, idx, vals = A.add_abs_where(kernels_for(ops, v), v.copy(), a, "ge", thr, np.empty_like(v))
         monkeypatch.undo()
         assert a.made is a.out and np.array_equal(_bits(a.make(ops)), _bits(want_u))
         assert np.array_equal(_bits(acc), _bits(want_acc))
@@ -144,25 +150,28 @@ def test_momentum_addend_is_made_inside_the_sweep(monkeypatch, restore_native):
     # every element a candidate: the output buffers fill and the sweep goes on where it stopped,
     # each element's u' made exactly once
     a = A.MomentumAddend(u.copy(), 0.9, g, np.empty_like(u))
-    acc, idx, vals = A.add_abs_where(ops, v.copy(), a, "ge", 0.0)
+    acc, idx, vals = A.add_abs_where(kernels_for(ops, v), v.copy(), a, "ge", 0.0)
     assert np.array_equal(idx, np.arange(u.size)) and np.array_equal(_bits(a.made), _bits(want_u))
     assert np.array_equal(_bits(vals), _bits(want_acc)) and np.array_equal(_bits(acc), _bits(want_acc))
 
 
-def test_momentum_addend_without_a_fused_pass_is_made_first(restore_native):
-    """An adapter without the fused sweep (TF's returns None) gets u' made by scale_add_into first;
+def test_momentum_addend_without_a_fused_pass_is_made_first(restore_native, monkeypatch):
+    """Kernels without the fused sweep (TF's return None) get u' made by scale_add_into first;
     paths that slice or sum the addend get it made as well."""
-    from hvd_commopt.compress import addend as A
+    from hvd_commopt.select import addend as A
 
     class NoFused(NumpyOps):
-        def add_momentum_abs_where(self, *args, **kw):
-            return None
+        pass
+
+    fused = HostKernels.add_momentum_abs_where
+    monkeypatch.setattr(HostKernels, "add_momentum_abs_where",
+                        lambda self, *a, **kw: None if isinstance(self.ops, NoFused) else fused(self, *a, **kw))
 
     ops = NoFused()
     rng = np.random.default_rng(5)
     u, g, v = (rng.standard_normal(5000).astype(np.float32) for _ in range(3))
     a = A.MomentumAddend(u.copy(), 0.5, g, np.empty_like(u))
-    acc, idx, _ = A.add_abs_where(ops, v.copy(), a, "ge", 1.0)
+    acc, idx, _ = A.add_abs_where(kernels_for(ops, v), v.copy(), a, "ge", 1.0)
     want_u = np.add(np.multiply(u, np.float32(0.5)), g)
     assert np.array_equal(a.made, want_u) and np.array_equal(acc, v + want_u)
     b = A.MomentumAddend(u.copy(), 0.5, g, np.empty_like(u))
@@ -180,9 +189,9 @@ def _aligned(n: int, dtype, shift: int = 0) -> np.ndarray:
 @pytest.fixture
 def streaming():
     """Every buffer written with streaming stores, then the default back."""
-    prev = native.set_stream_min(0)
+    prev = native._set_stream_min(0)
     yield
-    native.set_stream_min(prev)
+    native._set_stream_min(prev)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -194,15 +203,15 @@ def test_streamed_sweep_writes_and_selects_the_same_bits(dtype, shift, streaming
     rng = np.random.default_rng(7)
     x, g, u = (_specials(rng.standard_normal(n).astype(dtype)) for _ in range(3))
     plan = sk.threshold_plan("ge", 1.5, sk.np_key_of(np.dtype(dtype)), sk.NP_KEYS[np.dtype(dtype)][2])
-    sk.use_native(False)
+    host_native.USE_NATIVE = False
     want_u = np.add(np.multiply(u, dtype(0.9)), g)
     want = {"copy": (x, None), "add": (x + g, None), "momentum": (x + want_u, want_u)}
-    sk.use_native(True)
+    host_native.USE_NATIVE = True
     for form, (want_y, want_uo) in want.items():
         want_idx, want_vals = sk.np_sweep(want_y.copy(), plan)
         y, uo = _aligned(n, dtype, shift), _aligned(n, dtype, shift)
         momentum = (u, 0.9, uo) if form == "momentum" else ()
-        idx, vals = sk._native_run(x, plan, None if form == "copy" else g, y, momentum)
+        idx, vals = host_native.native_run(x, plan, None if form == "copy" else g, y, momentum)
         assert np.array_equal(idx, want_idx) and np.array_equal(_bits(vals), _bits(want_vals)), form
         assert np.array_equal(_bits(y), _bits(want_y)), form
         assert want_uo is None or np.array_equal(_bits(uo), _bits(want_uo)), form
@@ -222,11 +231,11 @@ def test_stream_store_copies_and_zeroes(stream_min, n, shift):
 
 
 def test_set_stream_min_reports_the_previous_setting():
-    prev = native.set_stream_min(-1)
+    prev = native._set_stream_min(-1)
     try:
-        assert native.set_stream_min(4096) == -1 and native.set_stream_min(prev) == 4096
+        assert native._set_stream_min(4096) == -1 and native._set_stream_min(prev) == 4096
     finally:
-        native.set_stream_min(prev)
+        native._set_stream_min(prev)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64, np.int32, np.float16, np.int8])
@@ -235,11 +244,11 @@ def test_take_reads_every_listed_position(dtype, restore_native):
     rng = np.random.default_rng(3)
     x = (rng.standard_normal(50_000) * 100).astype(dtype)
     idx = rng.integers(0, x.size, 5000).astype(np.int64)
-    got = sk.np_take(x, idx)
+    got = host_memory.take(x, idx)
     assert got is not None and got.dtype == x.dtype and np.array_equal(got.view(np.uint8), x[idx].view(np.uint8))
-    assert sk.np_take(x, idx[:10]) is None  # below RANDOM_ACCESS_MIN: the caller's own path
-    sk.use_native(False)
-    assert sk.np_take(x, idx) is None
+    assert host_memory.take(x, idx[:10]) is None  # below RANDOM_ACCESS_MIN: the caller's own path
+    host_native.USE_NATIVE = False
+    assert host_memory.take(x, idx) is None
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -251,14 +260,14 @@ def test_scatter_add_adds_in_order_like_numpy_add_at(dtype, restore_native):
     want = dst.copy()
     np.add.at(want, idx, vals)  # unbuffered, in order: the same additions in the same order
     got = dst.copy()
-    assert sk.np_scatter_add(got, idx, vals)
+    assert host_memory.scatter_add(got, idx, vals)
     assert np.array_equal(_bits(got), _bits(want))
 
 
 def test_zero_at_writes_positive_zeros_and_the_index_kernels_check_bounds(restore_native):
     x = -np.ones(5000, np.float32)
     idx = np.arange(0, 5000, 3, dtype=np.int64)
-    assert sk.np_zero_at(x, np.concatenate([idx, idx[:100]]))
+    assert host_memory.zero_at(x, np.concatenate([idx, idx[:100]]))
     assert np.array_equal(_bits(x[idx]), _bits(np.zeros(idx.size, np.float32))) and (np.delete(x, idx) == -1).all()
     bad = np.full(2000, 5000, np.int64)
     for call in (lambda: native.scattered(0, x, bad, np.empty(2000, np.float32)),

@@ -1,6 +1,7 @@
 """The core's layers import downwards only: no cycle between the engine and the schedulers, no
-compressor that knows the engine, pure planners. Checked on the source (every import statement,
-late ones inside functions included)."""
+compressor that knows the engine, pure planners, a selection package below the compressors that
+knows no framework. Checked on the source (every import statement, late ones inside functions
+included)."""
 from __future__ import annotations
 
 import ast
@@ -16,7 +17,12 @@ FORBIDDEN = {
     "fusion": {"engine", "reduce", "compress", "schedule", "comm", "builder", "calibrate"},
     "comm": {"engine", "reduce", "compress", "schedule", "fusion", "numpy_ops", "builder"},
     "schedule": {"builder", "runtime", "collectives"},
+    # the selection algorithms and their kernels: below the compressors (whose selectors use them),
+    # the memories, the reducers and the engine
+    "select": {"engine", "reduce", "schedule", "compress", "comm", "fusion", "builder", "runtime", "collectives",
+               "numpy_ops", "calibrate", "process_sets", "compression"},
 }
+ADAPTERS = ("torch", "tensorflow", "torch_plugin", "tf_plugin")
 
 
 def _imports(path: Path) -> set[str]:
@@ -48,3 +54,73 @@ def test_layers_import_downwards_only() -> None:
             if hit:
                 bad.append(f"{f.relative_to(CORE)} imports {sorted(hit)}")
     assert not bad, bad
+
+
+def _top_level_imports(path: Path) -> set[str]:
+    """The first component of every absolute import in ``path``."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            out.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Import):
+            out |= {a.name.split(".")[0] for a in node.names}
+    return out
+
+
+def test_the_selection_package_knows_no_framework_and_no_adapter() -> None:
+    bad = [f"{f.relative_to(CORE)} imports {sorted(_top_level_imports(f) & set(ADAPTERS))}"
+           for f in (CORE / "select").rglob("*.py") if _top_level_imports(f) & set(ADAPTERS)]
+    assert not bad, bad
+
+
+def test_the_adapters_ops_hold_no_selection_routes() -> None:
+    """The adapters' TensorOps import nothing from the selection package: its kernels run on their
+    host views (hvd_commopt/select/host.py) or their primitives (select/portable.py)."""
+    root = CORE.parent
+    for f in (root / "torch_plugin" / "ops.py", root / "tf_plugin" / "ops.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                assert not node.module.startswith("hvd_commopt.select"), f"{f.name}: {node.module}"
+            elif isinstance(node, ast.Import):
+                assert not any(a.name.startswith("hvd_commopt.select") for a in node.names), f.name
+
+
+def _module_imports(path: Path) -> set[str]:
+    """The hvd_commopt modules (dotted, under hvd_commopt) ``path`` imports, late imports included."""
+    pkg = list(path.relative_to(CORE).parts[:-1])
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg[: len(pkg) - node.level + 1]
+                mod = base + (node.module.split(".") if node.module else [])
+            elif node.module and node.module.startswith("hvd_commopt."):
+                mod = node.module.split(".")[1:]
+            else:
+                continue
+            names = [mod + [a.name] for a in node.names] if node.names else []
+            out |= {".".join(n) for n in names if (CORE.joinpath(*n).with_suffix(".py")).exists()}
+            out.add(".".join(mod))
+        elif isinstance(node, ast.Import):
+            out |= {a.name.split(".", 1)[1] for a in node.names if a.name.startswith("hvd_commopt.")}
+    return out
+
+
+def test_the_selection_package_has_no_import_circle() -> None:
+    """select/ and the host-memory kernels import each other's modules without a circle."""
+    files = list((CORE / "select").rglob("*.py")) + [CORE / "host_memory.py"]
+    name = {f: ".".join(f.relative_to(CORE).with_suffix("").parts) for f in files}
+    graph = {name[f]: {m for m in _module_imports(f) if m in name.values()} for f in files}
+    state: dict[str, int] = {}
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for n in graph.get(m, ()):
+            assert state.get(n) != 1, " -> ".join(path + [m, n])
+            if n not in state:
+                visit(n, path + [m])
+        state[m] = 2
+
+    for m in graph:
+        if m not in state:
+            visit(m, [])

@@ -10,7 +10,7 @@ import pytest
 
 from hvd_commopt import Compression, NumpyOps, build_engine, run_ranks
 from hvd_commopt.buckets import Bucket, TensorSpec
-from hvd_commopt.compress.selection import ExactTopK
+from hvd_commopt.select.strategies import ExactTopK
 from hvd_commopt.compress.topk import TopKCompressor
 from hvd_commopt.errors import ConfigError
 from tests.unit.schedule_helpers import reduce_all, reducer_memory
@@ -209,7 +209,7 @@ def test_the_batched_host_path_equals_the_per_member_path(case):
 def test_a_missed_bracket_is_finished_exactly():
     """The sample's largest values lie only at sampled positions: fewer than k candidates, so the
     member is finished by the per-member path, with the same result."""
-    from hvd_commopt.compress import layerwise_host
+    from hvd_commopt.select import layerwise_host
     b = _bucket([40000, 50000])
     comp = TopKCompressor(0.01, layerwise=True)
     x = np.random.default_rng(2).uniform(-1, 1, b.numel).astype(np.float32)
@@ -227,7 +227,7 @@ def test_momentum_made_in_each_members_sweep_equals_made_first(members, monkeypa
     """Momentum correction in a fused bucket: each member's u' = mu*u + g is made by its own
     sweep (no separate pass over the bucket, docs/selection.md#native-sweep), and the selection,
     the sums and u' equal making u' first, bit for bit."""
-    from hvd_commopt.compress.addend import MomentumAddend
+    from hvd_commopt.select.addend import MomentumAddend
     b = Bucket.of(0, [TensorSpec(f"m{i}", (n,), "float32") for i, n in enumerate(members)])
     rng = np.random.default_rng(11)
     u, g, v = (rng.standard_normal(b.numel).astype(np.float32) for _ in range(3))

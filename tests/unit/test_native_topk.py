@@ -12,12 +12,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hvd_commopt import select_kernels
-from hvd_commopt.compress.addend import MomentumAddend
-from hvd_commopt.compress.exact_topk import ExactTopK
+from hvd_commopt.select import host_native
+from hvd_commopt.select import host_numpy
+from hvd_commopt.select.addend import MomentumAddend
+from hvd_commopt.select.exact_topk import ExactTopK
 from hvd_commopt.numpy_ops import NumpyOps
 
-pytestmark = pytest.mark.skipif(not select_kernels.native_sweep(), reason="the native kernels were not built")
+pytestmark = pytest.mark.skipif(not host_native.native_sweep(), reason="the native kernels were not built")
 
 
 class _Steps(NumpyOps):
@@ -124,7 +125,7 @@ def test_each_simd_path_equals_the_framework_route(simd):
 def test_both_orders_of_the_native_call_equal_the_framework_route(sums_first):
     """A buffer that fits in cache gets its sums in a pass of their own before the sample
     (docs/selection.md#native-topk); forced both ways, every size, dtype and addend agrees."""
-    prev = select_kernels._native.set_sums_first_max(sums_first)
+    prev = host_native._native._set_sums_first_max(sums_first)
     try:
         for selector in ("default", "lo_too_high", "no_retries", "low_bracket"):
             for case, n, dtype, addend in (("normal", 70_000, np.float32, "momentum"),
@@ -135,7 +136,7 @@ def test_both_orders_of_the_native_call_equal_the_framework_route(sums_first):
                     for use_out in (False, True):
                         _assert_routes_agree(SELECTORS[selector], x, g, u, k, addend, use_out)
     finally:
-        select_kernels._native.set_sums_first_max(prev)
+        host_native._native._set_sums_first_max(prev)
 
 
 @pytest.mark.parametrize("keys", ["spread", "one_bin", "two_bins"])
@@ -155,25 +156,25 @@ def test_the_sample_bracket_by_histogram_bins(keys):
 def test_the_native_call_declines_what_it_cannot_take():
     """float16, mixed dtypes, or the native kernels turned off: None, nothing written."""
     x = np.ones(40_000, np.float16)
-    assert select_kernels.np_fused_topk(x, 10, None, 1, 0, 2) is None
+    assert host_numpy.np_fused_topk(x, 10, None, 1, 0, 2) is None
     y = np.ones(40_000, np.float32)
-    assert select_kernels.np_fused_topk(y, 10, None, 1, 0, 2, g=np.ones(40_000, np.float64)) is None
-    prev = select_kernels.use_native(False)
+    assert host_numpy.np_fused_topk(y, 10, None, 1, 0, 2, g=np.ones(40_000, np.float64)) is None
+    prev, host_native.USE_NATIVE = host_native.USE_NATIVE, False
     try:
-        assert select_kernels.np_fused_topk(y, 10, None, 1, 0, 2) is None
+        assert host_numpy.np_fused_topk(y, 10, None, 1, 0, 2) is None
     finally:
-        select_kernels.use_native(prev)
+        host_native.USE_NATIVE = prev
 
 
 def test_a_sample_position_outside_the_buffer_is_an_error():
     """Refused before anything is written, on the sums-first route too."""
     x = np.ones(1000, np.float32)
     with pytest.raises(ValueError, match="sample position"):
-        select_kernels.np_fused_topk(x, 10, np.array([5, 1000], np.int64), 1, 0, 2)
+        host_numpy.np_fused_topk(x, 10, np.array([5, 1000], np.int64), 1, 0, 2)
     g, u = np.full(1000, 2.0, np.float32), np.full(1000, 3.0, np.float32)
     uo, y = np.zeros_like(u), np.zeros_like(x)
     with pytest.raises(ValueError, match="sample position"):
-        select_kernels.np_fused_topk(x, 10, np.array([5, -1], np.int64), 1, 0, 2, g=g, u=u, mu=0.9, u_out=uo, out=y)
+        host_numpy.np_fused_topk(x, 10, np.array([5, -1], np.int64), 1, 0, 2, g=g, u=u, mu=0.9, u_out=uo, out=y)
     assert not uo.any() and not y.any()
 
 
@@ -194,5 +195,5 @@ def test_quickselect_on_adversarial_orders(n):
 def test_output_buffers_shorter_than_k_are_an_error():
     x = np.ones(1000, np.float32)
     with pytest.raises(ValueError, match="topk: vals must be a contiguous buffer of 4-byte items holding at least k"):
-        select_kernels._native.topk(x, None, x, None, 0.0, None, 10, None, 1, 0, 2, np.empty(5, np.float32),
+        host_native._native.topk(x, None, x, None, 0.0, None, 10, None, 1, 0, 2, np.empty(5, np.float32),
                                     np.empty(10, np.int64))

@@ -10,7 +10,7 @@ from hvd_commopt.errors import ConfigError
 from hvd_commopt.fusion.cost_model import AlphaBeta
 from hvd_commopt.fusion.sparse_scaling import compare_sparse, hist_bins, oktopk_bytes_per_rank
 from hvd_commopt.reduce import ReduceContext
-from hvd_commopt.select_kernels import NP_KEYS
+from hvd_commopt.select.host_numpy import NP_KEYS
 from tests.reducers import start
 
 ops = NumpyOps()

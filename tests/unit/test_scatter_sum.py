@@ -1,4 +1,4 @@
-"""The sparse result's one-pass build (``scatter_sum``, hvd_commopt/_hostkernels_index.c) against
+"""The sparse result's one-pass build (``scatter_sum``, hvd_commopt/select/_hostkernels_index.c) against
 the plain path it stands in for: zeros, ``np.add.at`` in order, the scaled sums written back, bit for
 bit, on every dtype, run layout, scale, special value and chunk boundary, streamed or not, on the
 AVX2 path and the portable one (docs/selection.md#scatter-sum)."""
@@ -7,11 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hvd_commopt import select_kernels as sk
+from hvd_commopt.select import host_native as sk
+from hvd_commopt.select.kernels import kernels_for
 from hvd_commopt.numpy_ops import NumpyOps
 from hvd_commopt.reduce.sparse import scatter_result
 
-native = pytest.importorskip("hvd_commopt._hostkernels",
+native = pytest.importorskip("hvd_commopt.select._hostkernels",
                              reason="the native extension was not built (no C compiler at install time)")
 
 
@@ -116,12 +117,12 @@ def test_scatter_result_takes_the_one_pass_build_with_the_same_bits(restore_nati
     vals = rng.standard_normal(idx.size).astype(np.float32)
     results = []
     for on in (True, False):
-        sk.use_native(on)
+        sk.USE_NATIVE = on
         buf = rng.standard_normal(n).astype(np.float32)  # the round's bucket buffer, stale values
         out, finite, sums = scatter_result(NumpyOps(), buf, n, idx, vals, 1 / 3)
         assert out is buf and finite
         results.append((out.copy(), sums.copy()))
         if not on:  # kernels off: the adapter declines at once (no sums buffer), the plain path builds
-            assert NumpyOps().scatter_sum(buf, idx, vals, 1 / 3) is None
+            assert kernels_for(NumpyOps(), buf).scatter_sum(buf, idx, vals, 1 / 3) is None
     assert np.array_equal(_bits(results[0][0]), _bits(results[1][0]))
     assert np.array_equal(_bits(results[0][1]), _bits(results[1][1]))

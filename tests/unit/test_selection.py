@@ -8,7 +8,7 @@ import pytest
 
 from hvd_commopt import Compression, NumpyOps, run_ranks
 from hvd_commopt.buckets import Bucket
-from hvd_commopt.compress.selection import ReuseTopK, Selection, check_selection
+from hvd_commopt.select.strategies import ReuseTopK, SelectionStrategy, check_selection
 from hvd_commopt.errors import ConfigError
 from hvd_commopt.reduce import ReduceContext
 from tests.reducers import start
@@ -99,7 +99,7 @@ def test_threshold_state_round_trips():
 def test_rollback_takes_back_its_own_round_once_under_a_delay():
     """A delayed schedule selects round 1 before round 0 settles: rolling round 0 back takes back
     round 0's exact selection only, and a second rollback of it nothing (docs/wrapper.md#nonfinite)."""
-    sel, b = Selection("exact"), Bucket.single("b", 50_000, "float32")
+    sel, b = SelectionStrategy("exact"), Bucket.single("b", 50_000, "float32")
     x = np.random.default_rng(0).standard_normal(50_000).astype(np.float32)
     for step in (0, 1):
         sel.snapshot("b", step)

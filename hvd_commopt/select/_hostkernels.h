@@ -1,4 +1,4 @@
-/* What the native host kernels' two files share (docs/selection.md#native-sweep). */
+/* What the native host kernels' files share (docs/selection.md#native-sweep). */
 #ifndef HCO_HOSTKERNELS_H
 #define HCO_HOSTKERNELS_H
 
@@ -15,7 +15,7 @@
 
 extern Py_ssize_t hco_stream_min; /* bytes: smaller buffers are written with plain stores */
 extern Py_ssize_t hco_sums_first_max; /* bytes: topk makes the sums of buffers up to this size first */
-extern int hco_use_avx2;          /* the AVX2 paths are in use (chosen at import, set_simd for tests) */
+extern int hco_use_avx2;          /* the AVX2 paths are in use (chosen at import, _set_simd for tests) */
 
 /* d = s byte for byte (s NULL: zero bytes); `stream`: with streaming stores where the CPU has
    them, `fence`: then ordered by an sfence before returning (else call hco_fence after the last). */
@@ -70,6 +70,13 @@ int64_t hco_sweep_parts_f64(const double *x, const hco_part *gp, int np, double 
 
 /* _hostkernels_topk.c */
 PyObject *topk(PyObject *self, PyObject *args);
+
+/* _hostkernels_store.c */
+PyObject *scale_add(PyObject *self, PyObject *args);
+PyObject *stream_store(PyObject *self, PyObject *args);
+PyObject *hco_set_stream_min(PyObject *self, PyObject *arg);
+PyObject *hco_set_sums_first_max(PyObject *self, PyObject *arg);
+PyObject *hco_set_simd(PyObject *self, PyObject *arg);
 
 /* _hostkernels_index.c */
 PyObject *sparse_axpy(PyObject *self, PyObject *args);

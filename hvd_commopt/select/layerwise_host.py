@@ -1,6 +1,6 @@
 """Layer-wise exact top-k of a CPU bucket in a few batched steps (docs/lags-omgs.md#lags-merged).
 
-The per-member path runs :class:`~hvd_commopt.compress.selection.ExactTopK` once per tensor: about
+The per-member path runs :class:`~hvd_commopt.select.exact_topk.ExactTopK` once per tensor: about
 ten framework calls each, so on a 256x256 layer (65k elements, one pass ~20 µs) the calls, not the
 memory, set the cost (~0.25 ms per member, 12 ms for 48 layers). Here the steps that do not need the
 bucket's memory run once for the whole bucket, on small host arrays:
@@ -9,7 +9,7 @@ bucket's memory run once for the whole bucket, on small host arrays:
    and the brackets ``lo_l`` of all members from it, by one ``np.partition`` per group of members
    with the same sample size and rank;
 2. per member, the one fused sweep ``acc_l = r_l + g_l`` that extracts the candidates
-   ``|acc_l| >= lo_l`` (``TensorOps.add_abs_where``, on a slice of the bucket);
+   ``|acc_l| >= lo_l`` (``SelectionKernels.add_abs_where``, on a slice of the bucket);
 3. on the candidates (host arrays; about ``14·k_l`` per member at ρ = 0.001 on 65k elements, from the
    small sample, see ``MIN_SAMPLE``): the exact k-th key of each member,
    ``|x| > v`` and the lowest-index ties ``|x| == v``, k in all, ascending; the finiteness verdict.
@@ -26,8 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from ..select_kernels import np_abs_keys, np_key_value
 from . import addend as addend_ops
+from .host_numpy import np_abs_keys, np_key_value
+from .kernels import kernels_for
 
 __all__ = ["HostLayerwise", "HOST_DTYPES"]
 
@@ -98,6 +99,7 @@ class HostLayerwise:
                 self._plans.clear()
             plan = self._plans[key] = _Plan(ex, members, ops, r)
         target = r if out is None else out
+        kern = kernels_for(ops, r)
         # 1. every member's bracket from one gather of the sample
         lo = {}
         if plan.sidx is not None:
@@ -117,10 +119,11 @@ class HostLayerwise:
             thr = lo.get(j, 0.0) if 0 < k < n else -1.0
             if addend is not None:
                 parts.append(addend_ops.slice_of(ops, addend, off, off + n))
-                acc, cand, vc = addend_ops.add_abs_where(ops, src, parts[-1], "ge", thr, None if out is None else part)
+                acc, cand, vc = addend_ops.add_abs_where(kern, src, parts[-1], "ge", thr,
+                                                         None if out is None else part)
             else:
                 acc = src
-                cand, vc = ops.abs_where(src, "ge", thr)
+                cand, vc = kern.abs_where(src, "ge", thr)
             sums.append(acc)
             vc_np = np.asarray(ops.to_numpy(vc))
             c = vc_np.size

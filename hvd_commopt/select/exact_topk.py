@@ -8,12 +8,12 @@ A wrong bracket is never a wrong answer, only a retry.
 
 Two routes, one result:
 
-* where the adapter offers ``TensorOps.fused_topk`` (host memory of float32/float64 with the
+* where the kernels offer ``SelectionKernels.fused_topk`` (host memory of float32/float64 with the
   native kernels built) the four steps run in one native call (docs/selection.md#native-topk):
   with one bucket per layer, the ten-odd framework calls of the other route, not the memory,
   set the cost of a 65k-element layer;
 * elsewhere (a device, float16, bfloat16, TF, the native kernels off) the steps are
-  ``TensorOps`` calls, as written below.
+  calls of the selection kernels (:mod:`.kernels`) and ``TensorOps``, as written below.
 
 The native call mirrors this file step for step (the same sample, bracket ranks, retries and
 choice of threshold), so the values, the indices, the reported threshold and the counters agree
@@ -29,6 +29,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from . import addend as addend_ops
+from .kernels import SelectionKernels, kernels_for
 
 __all__ = ["ExactTopK", "SelectResult", "sum_into"]
 
@@ -102,9 +103,9 @@ class ExactTopK:
         if int(k) < 0:
             raise ConfigError(f"k must be >= 0, got {k}")
         k = min(int(k), n)
+        kern = kernels_for(ops, t)
         if 0 < k < n:
-            fused = getattr(ops, "fused_topk", None)
-            res = None if fused is None else self._native(ops, fused, t, n, k, addend, out)
+            res = self._native(kern, t, n, k, addend, out)
             if res is not None:
                 return res
         if k == 0 or n <= self.small_n or k == n:
@@ -115,9 +116,9 @@ class ExactTopK:
                 return SelectResult(ops.gather(t, idx), idx, math.inf, t, 0)
             if k == n:
                 idx = ops.arange(n, like=t)
-                return SelectResult(ops.gather(t, idx), idx, ops.kth_largest_abs(t, n), t, n)
-            v = ops.kth_largest_abs(t, k)
-            vals, idx = self._finish(ops, t, None, k, v)
+                return SelectResult(ops.gather(t, idx), idx, kern.kth_largest_abs(t, n), t, n)
+            v = kern.kth_largest_abs(t, k)
+            vals, idx = self._finish(kern, t, None, k, v)
             return SelectResult(vals, idx, v, t, k)
 
         # 1. the sample brackets the k-th value: lo <= v* < hi (w.h.p.)
@@ -126,8 +127,8 @@ class ExactTopK:
         if addend is not None:
             s = ops.add(s, addend_ops.gather(ops, addend, sidx))  # the same sums as the full pass will make
         j_lo, j_hi = self._bracket_ranks(n, k, m)
-        lo = ops.kth_largest_abs(s, j_lo) if j_lo <= m else 0.0
-        hi = ops.kth_largest_abs(s, j_hi) if j_hi >= 1 else None
+        lo = kern.kth_largest_abs(s, j_lo) if j_lo <= m else 0.0
+        hi = kern.kth_largest_abs(s, j_hi) if j_hi >= 1 else None
 
         # 2. the pass: candidates |x| >= lo, ascending; lower lo and retry while fewer than k
         retries = 0
@@ -138,10 +139,10 @@ class ExactTopK:
                 cand, c = None, n
                 break
             if addend is not None:
-                t, cand, vc = addend_ops.add_abs_where(ops, t, addend, "ge", lo, out)
+                t, cand, vc = addend_ops.add_abs_where(kern, t, addend, "ge", lo, out)
                 addend = None
             else:
-                cand, vc = ops.abs_where(t, "ge", lo)
+                cand, vc = kern.abs_where(t, "ge", lo)
             c = ops.numel(cand)
             if c >= k:
                 break
@@ -152,7 +153,7 @@ class ExactTopK:
                 st["full_fallbacks"] += 1
                 lo = 0.0
             else:
-                lo = ops.kth_largest_abs(s, j_lo)
+                lo = kern.kth_largest_abs(s, j_lo)
         # every NaN/Inf of acc is a candidate when lo is not NaN (NaN ranks above +Inf), so the
         # candidates tell whether acc is finite at no extra pass (docs/selection.md#finite-sweep)
         finite = None
@@ -164,35 +165,37 @@ class ExactTopK:
 
         # 3. the exact k-th value v* among the candidates
         if hi is None:
-            v = ops.kth_largest_abs(vc, k)
+            v = kern.kth_largest_abs(vc, k)
         else:
-            _, band = ops.abs_where(vc, "lt", hi)
+            _, band = kern.abs_where(vc, "lt", hi)
             a = c - ops.numel(band)  # candidates >= hi
             if a < k:
-                v = ops.kth_largest_abs(band, k - a)
+                v = kern.kth_largest_abs(band, k - a)
             elif a == k:
                 v = hi  # exactly k elements >= hi: they are the top-k
             else:
-                _, above = ops.abs_where(vc, "gt", hi)
+                _, above = kern.abs_where(vc, "gt", hi)
                 if ops.numel(above) < k:
                     v = hi  # >= hi: more than k, > hi: fewer than k, so the k-th value is hi
                 else:
                     st["above_fallbacks"] += 1
-                    v = ops.kth_largest_abs(above, k)
+                    v = kern.kth_largest_abs(above, k)
 
         # 4. |x| >= v* with the tie rule
-        vals, idx = self._finish(ops, vc, cand, k, v)
+        vals, idx = self._finish(kern, vc, cand, k, v)
         return SelectResult(vals, idx, v, t, k, finite)
 
-    def _native(self, ops, fused, t: Tensor, n: int, k: int, addend: Any, out: Tensor | None) -> SelectResult | None:
+    def _native(self, kern: SelectionKernels, t: Tensor, n: int, k: int, addend: Any,
+                out: Tensor | None) -> SelectResult | None:
         """:meth:`select` in one native call (docs/selection.md#native-topk), or None where the
-        adapter cannot take these tensors (nothing done: the framework route follows)."""
+        kernels cannot take these tensors (nothing done: the step-by-step route follows)."""
+        ops = kern.ops
         sidx, j_lo, j_hi = None, 1, 0  # a small buffer: no sample, every element a candidate
         if n > self.small_n:
             m, sidx = self._plan(ops, t, n, k)
             j_lo, j_hi = self._bracket_ranks(n, k, m)
-        g, u, mu, u_out = addend_ops.fused_parts(ops, addend)
-        r = fused(t, k, sidx, j_lo, j_hi, self.max_retries, g, u, mu, u_out, out)
+        g, u, mu, u_out = addend_ops.fused_parts(kern, addend)
+        r = kern.fused_topk(t, k, sidx, j_lo, j_hi, self.max_retries, g, u, mu, u_out, out)
         if r is None:
             return None
         acc, vals, idx, v, c, retries, full, above, ties, finite = r
@@ -206,27 +209,29 @@ class ExactTopK:
             st["candidates"] += c
         return SelectResult(vals, idx, v, acc, k, finite)
 
-    def _finish(self, ops, vc, cand, k: int, v: float):
+    def _finish(self, kern: SelectionKernels, vc, cand, k: int, v: float):
         """From candidate values ``vc`` (at positions ``cand``; None = identity) keep |x| > v and
         the lowest-index ties |x| == v, k in all; v is the exact k-th value."""
-        sel, vals = ops.abs_where(vc, "ge", v)
+        ops = kern.ops
+        sel, vals = kern.abs_where(vc, "ge", v)
         cs = ops.numel(sel)
         if cs > k:
             self.stats["ties"] += 1
-            keep = self._ties(ops, vals, cs, k, v)
+            keep = self._ties(kern, vals, cs, k, v)
             sel, vals = ops.gather(sel, keep), ops.gather(vals, keep)
         elif cs < k:
             raise RuntimeError(f"internal: {cs} elements >= the k-th value {v!r} for k={k}")
         return vals, (sel if cand is None else ops.gather(cand, sel))
 
     @staticmethod
-    def _ties(ops, s, cs: int, k: int, v: float):
+    def _ties(kern: SelectionKernels, s, cs: int, k: int, v: float):
         """``s``: the cs > k values with |x| >= v, in index order. Positions in s of those > v
         and of the first ties == v, k in all, ascending."""
-        gt, _ = ops.abs_where(s, "gt", v)
+        ops = kern.ops
+        gt, _ = kern.abs_where(s, "gt", v)
         n_gt = ops.numel(gt)
         need = k - n_gt  # ties to take, >= 1; the need-th tie lies in s[:k]
-        ties, _ = ops.abs_where(ops.slice(s, 0, min(cs, k)), "le", v)
+        ties, _ = kern.abs_where(ops.slice(s, 0, min(cs, k)), "le", v)
         p = int(np.asarray(ops.to_numpy(ops.slice(ties, need - 1, need)))[0])
         # s[:p+1] holds `need` ties and p+1-need larger values; after p only the larger ones
         return ops.cat([ops.arange(p + 1, like=s), ops.slice(gt, p + 1 - need, n_gt)])

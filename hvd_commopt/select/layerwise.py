@@ -20,8 +20,8 @@ Choices:
   are views (``TensorOps.slices_are_views``: torch, NumPy) the bucket is swept once; a functional
   framework returns new tensors and the pieces are concatenated.
 * Two paths, one result: a CPU bucket of float16/32/64 is selected in a few batched steps
-  (:mod:`hvd_commopt.compress.layerwise_host`); other tensors (a device, bfloat16) member by
-  member with :class:`~hvd_commopt.compress.selection.ExactTopK`, on the device.
+  (:mod:`hvd_commopt.select.layerwise_host`); other tensors (a device, bfloat16) member by
+  member with :class:`~hvd_commopt.select.exact_topk.ExactTopK`, on the device.
 * Exact selection only: threshold reuse and DGC's sampled threshold keep their state per bucket.
 * The per-member ``k`` is cached per bucket layout (the frozen :class:`~hvd_commopt.buckets.Bucket`
   itself, not its name) and size: buckets change only on a re-plan.

@@ -3,7 +3,7 @@
  * topk(x, g, y, u, mu, uo, k, sidx, j_lo, j_hi, max_retries, vals, idx)
  *     -> (v_key, candidates, retries, full_fallbacks, above_fallback, ties, finite)
  *
- * ExactTopK's algorithm (hvd_commopt/compress/selection.py) step for step, with no framework call
+ * ExactTopK's algorithm (hvd_commopt/select/exact_topk.py) step for step, with no framework call
  * in between: about ten calls into NumPy and the sweep per buffer cost ~0.14 ms on a 65k-element
  * layer whose one pass takes 5 µs, so with one bucket per layer the calls, not the memory, set the
  * step time. Here:

@@ -26,6 +26,7 @@ import numpy as np
 
 from . import addend as addend_ops
 from .exact_topk import sum_into
+from .kernels import kernels_for
 
 __all__ = ["sampled_select", "GUESS"]
 
@@ -48,6 +49,7 @@ def sampled_select(c: Any, ops: Any, acc: Any, bucket: Any, step: int, addend: A
             finite.append(None)
         return ops.gather(acc, idx), idx, acc
     stride, num_samples, top_k_samples = c.sampling(n, ratio)
+    kern = kernels_for(ops, acc)
     fused = addend is not None and num_samples < n  # the sums are made in a sweep: it may run first
     lo = c.guesses.get(name) if fused else None
     cand = None  # (positions, values) of |sum| >= lo, when the sweep ran first
@@ -63,24 +65,24 @@ def sampled_select(c: Any, ops: Any, acc: Any, bucket: Any, step: int, addend: A
             sidx = rng.integers(0, n, size=num_samples, dtype=np.int64)
         sidx = ops.from_numpy(sidx, like=acc)
         if lo is not None:  # the sweep first, at the bound; the sample from its sums
-            acc, cidx, cvals = addend_ops.add_abs_where(ops, acc, addend, "ge", lo, out)
+            acc, cidx, cvals = addend_ops.add_abs_where(kern, acc, addend, "ge", lo, out)
             addend, cand = None, (cidx, cvals)
             samples = ops.gather(acc, sidx)
         else:
             samples = ops.gather(acc, sidx)
             if addend is not None:  # the same sums as the sweep will make
                 samples = ops.add(samples, addend_ops.gather(ops, addend, sidx))
-    thr = ops.kth_largest_abs(samples, top_k_samples)  # the smallest |x| of the samples' top-k
+    thr = kern.kth_largest_abs(samples, top_k_samples)  # the smallest |x| of the samples' top-k
 
     def sweep(t: float) -> tuple[Any, Any]:
         """(positions, values) of ``|acc| >= t``: a filter of the candidates where they hold them."""
         if cand is not None and t >= lo:
-            pos, vals = ops.abs_where(cand[1], "ge", t)
+            pos, vals = kern.abs_where(cand[1], "ge", t)
             return ops.gather(cand[0], pos), vals
-        return ops.abs_where(acc, "ge", t)
+        return kern.abs_where(acc, "ge", t)
 
     if addend is not None:
-        acc, idx, swept = addend_ops.add_abs_where(ops, acc, addend, "ge", thr, out)
+        acc, idx, swept = addend_ops.add_abs_where(kern, acc, addend, "ge", thr, out)
     else:
         idx, swept = sweep(thr)
     exact = _EXACT.get(ops.dtype_name(acc))

@@ -3,7 +3,7 @@
 DGC's memory, and so Top-k's momentum correction, adds ``u' = mu*u + g`` to the velocity ``v``
 during the selection's candidate pass (docs/selection.md#fused-ef). Handing the selection ``u``,
 ``mu`` and ``g`` (a :class:`MomentumAddend`) instead of a finished ``u'`` lets the host kernel make
-``u'`` in that same pass (``TensorOps.add_momentum_abs_where``): one read and one write of the
+``u'`` in that same pass (``SelectionKernels.add_momentum_abs_where``): one read and one write of the
 bucket fewer than making ``u'`` first.
 
 Every place a selection reads its addend goes through the helpers here. The layer-wise selection
@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from .grad_parts import GradParts
+from .kernels import SelectionKernels
 
 __all__ = ["MomentumAddend", "made", "gather", "add_abs_where", "slice_of", "made_by_slices", "fused_parts",
            "made_in_pass"]
@@ -26,7 +27,7 @@ __all__ = ["MomentumAddend", "made", "gather", "add_abs_where", "slice_of", "mad
 class MomentumAddend:
     """``u*mu + g``, to be written into ``out`` (which may be ``u``) by whichever pass makes it.
 
-    ``g`` may be a bucket's :class:`~hvd_commopt.compress.grad_parts.GradParts`: the native top-k
+    ``g`` may be a bucket's :class:`~hvd_commopt.select.grad_parts.GradParts`: the native top-k
     reads them in place (:func:`fused_parts`); any other reader of ``g`` packs them first."""
 
     __slots__ = ("u", "mu", "_g", "out", "made")
@@ -41,10 +42,10 @@ class MomentumAddend:
             self._g = self._g.pack()
         return self._g
 
-    def g_for(self, ops: Any) -> Any:
-        """``g`` as ``ops``' fused kernels take it: a :class:`GradParts` left unpacked where they
-        read those in place (``ops.reads_grad_parts``), else packed."""
-        return self._g if getattr(ops, "reads_grad_parts", False) else self.g
+    def g_for(self, kern: SelectionKernels) -> Any:
+        """``g`` as the fused kernels take it: a :class:`GradParts` left unpacked where they read
+        those in place (``kern.reads_grad_parts``), else packed."""
+        return self._g if kern.reads_grad_parts else self.g
 
     def make(self, ops: Any) -> Any:
         """``u'`` (made now unless a fused pass already made it)."""
@@ -89,24 +90,25 @@ def made_by_slices(ops: Any, addend: Any, parts: list) -> None:
         addend.made = addend.out
 
 
-def add_abs_where(ops: Any, acc: Any, addend: Any, op: str, thr: float, out: Any = None) -> tuple[Any, Any, Any]:
-    """``TensorOps.add_abs_where`` of ``acc`` and ``addend``; a momentum addend not made yet is
-    made in the same pass where the adapter can (``add_momentum_abs_where``), else first."""
+def add_abs_where(kern: SelectionKernels, acc: Any, addend: Any, op: str, thr: float,
+                  out: Any = None) -> tuple[Any, Any, Any]:
+    """``SelectionKernels.add_abs_where`` of ``acc`` and ``addend``; a momentum addend not made
+    yet is made in the same pass where the kernels can (``add_momentum_abs_where``), else first."""
     if isinstance(addend, MomentumAddend) and addend.made is None:
-        fused = ops.add_momentum_abs_where(acc, addend.u, addend.mu, addend.g_for(ops), addend.out, op, thr, out)
+        fused = kern.add_momentum_abs_where(acc, addend.u, addend.mu, addend.g_for(kern), addend.out, op, thr, out)
         if fused is not None:
             acc, addend.made, idx, vals = fused
             return acc, idx, vals
-    return ops.add_abs_where(acc, made(ops, addend), op, thr, out)
+    return kern.add_abs_where(acc, made(kern.ops, addend), op, thr, out)
 
 
-def fused_parts(ops: Any, addend: Any) -> tuple[Any, Any, float, Any]:
+def fused_parts(kern: SelectionKernels, addend: Any) -> tuple[Any, Any, float, Any]:
     """``(g, u, mu, u_out)`` for a kernel that adds ``u*mu + g`` (u None: just ``g``; g None: no
     addend) in its pass: a momentum addend not made yet goes as its parts, to be made there; its
-    ``g`` stays a :class:`GradParts` where the adapter's kernel reads those (``ops.reads_grad_parts``)."""
+    ``g`` stays a :class:`GradParts` where the kernels read those (``kern.reads_grad_parts``)."""
     if isinstance(addend, MomentumAddend) and addend.made is None:
-        return addend.g_for(ops), addend.u, addend.mu, addend.out
-    return made(ops, addend), None, 0.0, None
+        return addend.g_for(kern), addend.u, addend.mu, addend.out
+    return made(kern.ops, addend), None, 0.0, None
 
 
 def made_in_pass(addend: Any) -> None:

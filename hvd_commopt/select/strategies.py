@@ -1,4 +1,4 @@
-"""Fast top-|x| selection, written once against TensorOps (docs/selection.md).
+"""Fast top-|x| selection, written once against TensorOps and the selection kernels (docs/selection.md).
 
 Three modes, chosen per compressor (``Compression.topk(density, selection=...)``, DGC too):
 
@@ -19,7 +19,7 @@ error feedback fused into the selection where the memory allows it: the gradient
 the residual buffer during the candidate pass, the values gathered, and the sent positions
 zeroed in place (docs/selection.md#fused-ef), bit-identical to the unfused three steps.
 
-The order on magnitudes is ``+0 == -0 < ... < +Inf < NaN`` (hvd_commopt.select_kernels): on
+The order on magnitudes is ``+0 == -0 < ... < +Inf < NaN`` (docs/selection.md#order): on
 NaN-free input every mode agrees with ``topk_abs``; NaNs rank largest here, deterministically.
 """
 from __future__ import annotations
@@ -32,8 +32,9 @@ import numpy as np
 from ..errors import ConfigError
 from . import addend as addend_ops
 from .exact_topk import ExactTopK, SelectResult, sum_into
+from .kernels import kernels_for
 
-__all__ = ["SELECTIONS", "ExactTopK", "ReuseTopK", "SelectResult", "Selection", "check_selection", "select_with_memory",
+__all__ = ["SELECTIONS", "ExactTopK", "ReuseTopK", "SelectResult", "SelectionStrategy", "check_selection", "select_with_memory",
            "fused_with", "folds_finite", "sum_into"]
 
 SELECTIONS = ("exact", "threshold", "sampled")
@@ -108,10 +109,10 @@ class ReuseTopK:
         action = "exact"
         if st.thr is not None and st.age < self.tau and 0 < k < n:
             if addend is not None:
-                t, idx, vals = addend_ops.add_abs_where(ops, t, addend, "ge", st.thr, out)
+                t, idx, vals = addend_ops.add_abs_where(kernels_for(ops, t), t, addend, "ge", st.thr, out)
                 addend = None
             else:
-                idx, vals = ops.abs_where(t, "ge", st.thr)
+                idx, vals = kernels_for(ops, t).abs_where(t, "ge", st.thr)
             c = ops.numel(idx)
             d = c / k - 1.0
             st.drift_abs_sum += abs(d)
@@ -198,7 +199,7 @@ def select_with_memory(compressor: Any, memory: Any, ops: Any, bucket: Any, step
 _CALL_STEPS_KEPT = 8  # rounds per bucket whose selections a rollback can still take back
 
 
-class Selection:
+class SelectionStrategy:
     """A compressor's selection mode: ``select_acc(ops, r, k, bucket, step, addend, out, finite)``
     returns ``(values, indices, acc)`` with ``acc = r + addend`` (into r where allowed, or into
     ``out`` with r intact; addend None: acc is r) and appends to the list ``finite`` (when given)

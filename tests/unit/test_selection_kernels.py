@@ -1,0 +1,67 @@
+"""The selection's kernel seam (hvd_commopt/select/kernels.py): every implementation satisfies its
+protocol, every adapter's ops satisfy TensorOps, and ``kernels_for`` picks the host kernels only
+where every tensor has a host view."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hvd_commopt.numpy_ops import NumpyOps
+from hvd_commopt.select import kernels as K
+from hvd_commopt.select.host import HostKernels
+from hvd_commopt.select.portable import PortableKernels
+from hvd_commopt.tensor_ops import TensorOps
+
+
+def _adapter_ops(name: str):
+    if name == "numpy":
+        return NumpyOps()
+    if name == "torch":
+        pytest.importorskip("torch")
+        from torch_plugin.ops import TorchOps
+        return TorchOps()
+    pytest.importorskip("tensorflow")
+    from tf_plugin.ops import TFOps
+    return TFOps()
+
+
+@pytest.mark.parametrize("adapter", ["numpy", "torch", "tensorflow"])
+def test_every_adapter_satisfies_tensor_ops(adapter):
+    assert isinstance(_adapter_ops(adapter), TensorOps)
+
+
+@pytest.mark.parametrize("adapter", ["numpy", "torch", "tensorflow"])
+def test_host_and_portable_kernels_satisfy_selection_kernels(adapter):
+    ops = _adapter_ops(adapter)
+    portable = PortableKernels(ops)
+    for kern in (HostKernels(ops, portable), portable):
+        assert isinstance(kern, K.SelectionKernels)
+        assert kern.ops is ops
+
+
+def test_kernels_for_picks_host_kernels_only_where_every_tensor_has_a_view(monkeypatch):
+    ops = NumpyOps()
+    x = np.zeros(10, np.float32)
+    assert isinstance(K.kernels_for(ops, x, None), HostKernels)
+    assert isinstance(K.kernels_for(ops, x, np.zeros((4, 4), np.float32)[:, 0]), PortableKernels)  # strided
+    assert K.kernels_for(ops, x) is K.kernels_for(ops, x)  # one pair per ops object
+    monkeypatch.setattr(K, "HOST_KERNELS", False)
+    assert isinstance(K.kernels_for(ops, x), PortableKernels)
+
+
+def test_portable_kernels_equal_host_kernels_on_numpy():
+    """The portable kernels on NumpyOps' primitives give the host kernels' bits."""
+    ops = NumpyOps()
+    host, portable = HostKernels(ops, PortableKernels(ops)), PortableKernels(ops)
+    rng = np.random.default_rng(3)
+    for dtype in (np.float16, np.float32, np.float64):
+        x = rng.standard_normal(5000).astype(dtype)
+        x[::97], x[1::89], x[2::83] = np.nan, -np.inf, -0.0
+        for op in ("ge", "gt", "le", "lt"):
+            for thr in (0.0, -1.0, 0.5, float("nan"), float("inf")):
+                hi, hv = host.abs_where(x, op, thr)
+                pi, pv = portable.abs_where(x, op, thr)
+                assert np.array_equal(hi, pi) and hv.tobytes() == pv.tobytes(), (dtype, op, thr)
+        for k in (1, 40, 2500, 5000):
+            a, b = host.kth_largest_abs(x, k), portable.kth_largest_abs(x, k)
+            assert (a == b) or (a != a and b != b), (dtype, k)
