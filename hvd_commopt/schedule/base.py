@@ -155,7 +155,7 @@ class Scheduler(abc.ABC):
 
     # -- wiring -------------------------------------------------------------------------------
     def attach(self, host: ScheduleHost) -> None:
-        if self.needs_weights and not getattr(host, "holds_weights", True):
+        if self.needs_weights and not host.holds_weights:
             raise ConfigError(
                 f"schedule '{self.name}' updates the weights itself (a global replica, a local update or "
                 f"model averaging), which a wrapper that only returns gradients cannot do. Use the "
