@@ -13,7 +13,7 @@ from hvd_commopt import collectives, runtime
 from hvd_commopt.buckets import TensorSpec
 from hvd_commopt.errors import ConfigError
 from hvd_commopt.process_sets import ProcessSet, communicator_of as _comm, root_in_set as _root
-from hvd_commopt.reduce import Average, Sum
+from hvd_commopt.reduce import Average
 from hvd_commopt.tensor_ops import register_ops
 
 from .ops import TorchOps
@@ -24,14 +24,6 @@ __all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_objec
 
 _ops = TorchOps()
 register_ops(torch.Tensor, _ops)  # Compression.fp16.compress(tensor), Horovod's form
-
-
-def _op(average: bool | None, op: str | None) -> str:
-    if op is None:
-        op = Average if average is None or average else Sum
-    elif average is not None:
-        raise ConfigError("give either average= (Horovod's old flag) or op=, not both")
-    return op
 
 
 def _flat_copy(tensor: torch.Tensor) -> torch.Tensor:
@@ -48,7 +40,7 @@ def _write_back(tensor: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
 
 
 def _reduce_kw(average, op, compression, prescale_factor, postscale_factor) -> dict:
-    return {"op": _op(average, op), "compression": compression, "prescale_factor": prescale_factor,
+    return {"op": collectives.resolve_op(average, op), "compression": compression, "prescale_factor": prescale_factor,
             "postscale_factor": postscale_factor}
 
 
