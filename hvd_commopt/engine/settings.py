@@ -27,6 +27,7 @@ def plan_setting(plan: Sequence[Sequence[int]], hint: str) -> Setting:
     return Setting([list(map(int, g)) for g in plan], hint)
 
 
+@runtime_checkable
 class SettingsPort(Protocol):
     """What the wrap-time check reads of the engine (implemented by :class:`~hvd_commopt.engine.CommEngine`)."""
 

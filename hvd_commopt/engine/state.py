@@ -8,7 +8,7 @@ checkpoint and save it again unchanged, and ``broadcast_optimizer_state`` can se
 """
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from .. import checkpoint
 from ..comm.communicator import Communicator
@@ -20,6 +20,7 @@ from .ports import Checkpointable
 __all__ = ["StatePort", "engine_state", "load_engine_state"]
 
 
+@runtime_checkable
 class StatePort(Protocol):
     """What a checkpoint reads of the engine (implemented by :class:`~hvd_commopt.engine.CommEngine`)."""
 

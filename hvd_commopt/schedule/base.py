@@ -9,7 +9,7 @@ the bucket layout, the tensor ops) and the adapter through a :class:`~hvd_commop
 from __future__ import annotations
 
 import abc
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, runtime_checkable
 
 from ..buckets import Bucket
 from ..comm.communicator import Communicator
@@ -78,6 +78,7 @@ def with_override(snapshot: Any, override: Any) -> Any:
     return [dict(s, **o) for s, o in zip(snapshot, override)]
 
 
+@runtime_checkable
 class RoundPort(Protocol):
     """What a scheduler may use of the engine (implemented by :class:`~hvd_commopt.engine.CommEngine`).
 
