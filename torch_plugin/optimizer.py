@@ -132,7 +132,7 @@ class _DistributedOptimizerMixin:
         ``broadcast_optimizer_state`` sends it) and continues bit-exactly."""
         sd = self._hco_base.state_dict(self)
         engine = self._hco_engine
-        local = {"optimizer": sd["state"]} if engine.scheduler.rank_local_optimizer else None
+        local = {"optimizer": sd["state"]} if engine.checkpoint.rank_local_optimizer else None
         sd["hvd_commopt"] = engine.state_dict(rank_local=local)
         return sd
 

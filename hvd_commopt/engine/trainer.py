@@ -44,7 +44,7 @@ class Trainer:
             schedulers of :mod:`hvd_commopt.schedule`).
 
     Attributes:
-        engine, scheduler: the two parts.
+        engine, scheduler: the two parts; checkpoint: the scheduler's saved state.
         held_parts: other ranks' parts of the checkpoint loaded last, kept until the next step:
             rank 0 loads, then ``broadcast_optimizer_state`` sends them on (docs/wrapper.md#checkpoints).
     """
@@ -52,7 +52,7 @@ class Trainer:
     def __init__(self, engine: CommEngine, scheduler: StepScheduler, checkpoint: Checkpointable):
         self.engine = engine
         self.scheduler = scheduler
-        self._checkpoint = checkpoint
+        self.checkpoint = checkpoint
         self._capture = GradientCapture()
         self._sync_on_step = True
         self.held_parts: dict[int, dict] = {}
@@ -229,9 +229,9 @@ class Trainer:
         rank 0's result (docs/wrapper.md#checkpoints). **A collective: call it on every rank**
         (then save rank 0's), between steps. A schedule that keeps rounds in flight across steps
         drains them first (value-neutral), so no pending collective is saved."""
-        if self._checkpoint.drains_for_checkpoint:
+        if self.checkpoint.drains_for_checkpoint:
             self.drain()
-        return engine_state(self.engine, self._checkpoint, self.scheduler.step, self.host, self.held_parts,
+        return engine_state(self.engine, self.checkpoint, self.scheduler.step, self.host, self.held_parts,
                             rank_local)
 
     def load_state_dict(self, state: dict) -> dict:
@@ -240,7 +240,7 @@ class Trainer:
         the per-rank state was reset: another world size, docs/wrapper.md#checkpoints)."""
         self.engine.abandon()
         self.scheduler.abandon()
-        rank_local, self.held_parts = load_engine_state(self.engine, self._checkpoint, self.host, state)
+        rank_local, self.held_parts = load_engine_state(self.engine, self.checkpoint, self.host, state)
         return rank_local
 
     @property

@@ -1,7 +1,7 @@
 """The Scheduler interface and the port it drives the engine's rounds through.
 
 A scheduler owns the step: ``optimizer.step()`` always reaches :meth:`Scheduler.on_step` (through
-``CommEngine.run_step``), whatever the schedule, and only the scheduler changes the one step
+``Trainer.run_step``), whatever the schedule, and only the scheduler changes the one step
 counter. It sees the engine through :class:`RoundPort` (open/close/finish/release/abandon a round,
 the bucket layout, the tensor ops) and the adapter through a :class:`~hvd_commopt.host.ScheduleHost`
 (see :mod:`hvd_commopt.host` for the division of labour).
