@@ -3,7 +3,8 @@
 The engine (:mod:`hvd_commopt.engine`) knows buckets, rounds and reducers; the schedulers
 (:mod:`hvd_commopt.schedule`) know steps. Neither imports the other's module: the scheduler drives
 the engine through its round port, the engine calls the scheduler through a protocol. This
-function composes them and checks the combinations that involve both.
+function composes them into a :class:`~hvd_commopt.engine.trainer.Trainer` (the object adapters
+train through) and checks the combinations that involve both.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 
 from .comm.communicator import Communicator
 from .engine.engine import CommEngine
+from .engine.trainer import Trainer
 from .engine.tuner import PLANNED
 from .errors import ConfigError
 from .reduce.base import Average
@@ -22,8 +24,8 @@ __all__ = ["build_engine"]
 
 def build_engine(comm: Communicator, ops: TensorOps, *, schedule: Any = None, compression: Any = None,
                  fusion_threshold: int | None = None, op: str = Average, gradient_predivide_factor: float = 1.0,
-                 backward_passes_per_step: int = 1, fusion: str = "threshold", fusion_options: Any = None) -> CommEngine:
-    """An engine with the scheduler of ``schedule`` attached.
+                 backward_passes_per_step: int = 1, fusion: str = "threshold", fusion_options: Any = None) -> Trainer:
+    """An engine with the scheduler of ``schedule`` attached, both held by the returned Trainer.
 
     Args: those of :class:`~hvd_commopt.engine.CommEngine`, plus ``schedule``: a ``Schedule.*``
     config (default ``Schedule.sync()``; see :mod:`hvd_commopt.schedule`). Combinations the
@@ -37,5 +39,4 @@ def build_engine(comm: Communicator, ops: TensorOps, *, schedule: Any = None, co
     if fusion in PLANNED and not isinstance(scheduler, SyncScheduler):
         raise ConfigError(f"fusion={fusion!r} plans buckets from profiled synchronous steps; with schedule "
                           f"'{scheduler.name}' use fusion='threshold' or 'none'")
-    engine.attach_scheduler(scheduler)
-    return engine
+    return Trainer(engine, scheduler, scheduler)

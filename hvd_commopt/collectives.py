@@ -29,12 +29,13 @@ from .compress.user import UserCompressor, as_user_compressor
 from .engine.specs import verify_same_tensors
 from .errors import ConfigError
 from .negotiate import Request, negotiate
-from .reduce.base import Adasum, Average, Max, Min, Product, ReduceContext, RoundInfo, check_tensor_op
+from .reduce.base import Adasum, Average, Max, Min, Product, ReduceContext, RoundInfo, Sum, check_tensor_op
 from .reduce.dense import DenseAllreduce
 from .tensor_ops import TensorOps
 
 __all__ = ["Work", "allreduce", "allreduce_async", "allgather", "allgather_async", "broadcast", "broadcast_async",
-           "broadcast_tensors", "grouped_allreduce_async", "grouped_allgather_async", "barrier", "allgather_object"]
+           "broadcast_tensors", "grouped_allreduce_async", "grouped_allgather_async", "barrier", "allgather_object",
+           "resolve_op"]
 
 Tensor = Any
 
@@ -59,6 +60,17 @@ class Work:
             self._result, self._finished = self._finish(), True
             self._finish = None
         return self._result
+
+
+def resolve_op(average: bool | None, op: str | None) -> str:
+    """The op of an adapter's collective from Horovod's two arguments: ``op`` (``hco.Average``,
+    ``hco.Sum``, ...), or the old ``average`` flag (True: Average, False: Sum), Average when
+    neither is given. Both given is refused, as Horovod refuses it."""
+    if op is None:
+        return Average if average is None or average else Sum
+    if average is not None:
+        raise ConfigError("give either average= (Horovod's old flag) or op=, not both")
+    return op
 
 
 def _shape(ops: TensorOps, flat: Tensor, shape: Sequence[int] | None) -> tuple[int, ...]:

@@ -20,7 +20,7 @@ Horovod API, over the runtime's world communicator; the adapters only re-export 
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterable, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -31,7 +31,18 @@ from .dtypes import float32_to_half, half_to_float32
 from .errors import ConfigError, RankMismatchError
 
 __all__ = ["ProcessSet", "SubsetBackend", "ProcessSetRegistry", "global_process_set", "registry", "communicator_of",
-           "root_in_set", "add_process_set", "remove_process_set", "add_at_init"]
+           "root_in_set", "add_process_set", "remove_process_set", "add_at_init", "SplitsGroups"]
+
+
+@runtime_checkable
+class SplitsGroups(Protocol):
+    """A backend with native sub-groups (torch.distributed): a process set runs on its own group
+    instead of a :class:`SubsetBackend` over the world's."""
+
+    def split(self, ranks: list[int]) -> Backend | None:
+        """A backend over the sub-group ``ranks`` (world ranks; collective: every rank calls it);
+        None on the ranks outside it."""
+        ...
 
 _REDUCE = {"sum": np.add, "min": np.minimum, "max": np.maximum, "prod": np.multiply}
 
@@ -183,9 +194,9 @@ class ProcessSetRegistry:
         if any(s.ranks == ps.ranks for s in self.sets.values()):
             raise ConfigError(f"a process set with ranks {ps.ranks} is already registered")
         ps.process_set_id, self._next_id = self._next_id, self._next_id + 1
-        split = getattr(self.comm.backend, "split", None)
-        if split is not None:  # a backend with native groups (torch.distributed): every rank calls it
-            sub = split(ps.ranks)
+        backend = self.comm.backend
+        if isinstance(backend, SplitsGroups):  # native groups (torch.distributed): every rank calls it
+            sub = backend.split(ps.ranks)
         else:
             sub = SubsetBackend(self.comm.backend, ps.ranks) if self.comm.rank in ps.ranks else None
         if sub is not None:

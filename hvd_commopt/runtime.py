@@ -23,12 +23,31 @@ from __future__ import annotations
 import atexit
 import importlib.util
 import threading
+from typing import Any, Protocol, runtime_checkable
 
 from . import env, faults, timeline
 from .comm import Communicator, create_backend
 from .errors import ConfigError, HvdCommoptError, LaunchEnvironmentError
 
-__all__ = ["init", "choose_backend", "backend_name", "shutdown", "is_initialized", "communicator", "rank", "size", "local_rank", "local_size"]
+__all__ = ["init", "choose_backend", "backend_name", "shutdown", "is_initialized", "communicator", "rank", "size", "local_rank", "local_size",
+           "SplitPlanes"]
+
+
+@runtime_checkable
+class SplitPlanes(Protocol):
+    """A backend whose control plane is not its data plane (torch.distributed under mpirun keeps
+    MPI for control, and may carry small CPU collectives over it: docs/backends.md#control-plane,
+    docs/backends.md#small-on-mpi); the verbose start-up line names both."""
+
+    @property
+    def control(self) -> Any:
+        """The control plane (it has a ``name``)."""
+        ...
+
+    @property
+    def mpi_small_bytes(self) -> int:
+        """The largest CPU collective (bytes per rank) carried over MPI; 0: none."""
+        ...
 
 _lock = threading.Lock()
 _comm: Communicator | None = None
@@ -97,10 +116,11 @@ def init(backend: str | None = None, timeout_s: float | None = None, *, native: 
             raise LaunchEnvironmentError("internal: the local backend must have size 1")
         _comm, _backend = Communicator(be, timeout), name
         if env.verbose() and be.rank == 0:
-            control = getattr(be, "control", None)
-            plane = f"; control plane: {control.name}" if control is not None else ""
-            small = getattr(be, "mpi_small_bytes", 0)
-            plane += f"; CPU collectives of <= {small} bytes per rank over MPI" if small else ""
+            plane = ""
+            if isinstance(be, SplitPlanes):
+                plane = f"; control plane: {be.control.name}" if be.control is not None else ""
+                small = be.mpi_small_bytes
+                plane += f"; CPU collectives of <= {small} bytes per rank over MPI" if small else ""
             print(f"hvd_commopt: backend {name} ({why}{plane}); {be.size} ranks. Override with "
                   f"HVD_COMMOPT_BACKEND or init(backend=...)", flush=True)
         # atexit runs the last registered first: registered after the backend's own handler, the

@@ -149,7 +149,7 @@ class Timeline:
             return
         args = {"bytes_sent": int(handle.bytes_sent), "bytes_received": int(handle.bytes_received),
                 "queued_ms": round((start - handle._submitted) * 1e3, 3)}
-        if getattr(handle, "_error", None) is not None:
+        if handle._error is not None:
             args["error"] = type(handle._error).__name__
         self.complete(f"{handle.op} {handle.name}", "comm", start, end, args)
 

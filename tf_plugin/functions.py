@@ -78,7 +78,7 @@ def allreduce(tensor, average: bool | None = None, device_dense: str = "", devic
     Args:
         tensor: a dense tensor, or ``tf.IndexedSlices`` (allgathered, Horovod's sparse rule:
             the result is an IndexedSlices with every rank's rows; Sum/Average only).
-        average: Horovod's old flag (``op`` wins when both are given).
+        average: Horovod's old flag (True: Average, False: Sum); giving it with ``op`` is an error.
         compression: ``Compression.fp16``/``bf16`` cast for the wire (dense compressors only).
         op: ``hco.Average``, ``hco.Sum`` or ``hco.Adasum`` (docs/adasum.md#adasum).
         prescale_factor, postscale_factor: multiply before / after the reduction (integer
@@ -89,8 +89,7 @@ def allreduce(tensor, average: bool | None = None, device_dense: str = "", devic
     """
     del ignore_name_scope
     communicator = _comm(communicator, process_set)
-    if op is None:
-        op = Average if average is None or average else Sum
+    op = collectives.resolve_op(average, op)
     label = name or "allreduce"
     if isinstance(tensor, tf.IndexedSlices):
         return _allreduce_sparse(tensor, op, prescale_factor, postscale_factor, label, communicator)

@@ -29,12 +29,6 @@ from .functions import _GRAD_DTYPES, _allgather_grad, _allreduce_sparse, _comm, 
 __all__ = ["grouped_allreduce", "grouped_allgather", "alltoall", "reducescatter", "grouped_reducescatter"]
 
 
-def _op_of(op, average):
-    if op is None:
-        return Average if average is None or average else Sum
-    return op
-
-
 def _shape(t) -> tuple[int, ...]:
     return tuple(int(d) for d in t.shape)
 
@@ -61,7 +55,7 @@ def grouped_allreduce(tensors, average: bool | None = None, device_dense: str = 
     """Allreduce of a list of tensors as one operation (one cross-rank check, one fused
     reduction per dtype). ``tf.IndexedSlices`` members are allgathered (Sum/Average only)."""
     del device_dense, device_sparse, ignore_name_scope
-    op, label = _op_of(op, average), name or "grouped_allreduce"
+    op, label = collectives.resolve_op(average, op), name or "grouped_allreduce"
     comm = _comm(communicator, process_set)
     tensors = list(tensors)
     sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]

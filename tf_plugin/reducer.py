@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 import tensorflow as tf
 
 from hvd_commopt import build_engine, runtime
-from hvd_commopt.engine import CommEngine, TensorSpec
+from hvd_commopt.engine import TensorSpec, Trainer
 from hvd_commopt.engine.args import check_engine_args
 from hvd_commopt.errors import ConfigError
 from hvd_commopt.reduce import Average, check_op, make_reducer
@@ -33,7 +33,7 @@ from .ops import TFOps
 
 __all__ = ["GradientReducer", "clear_engines", "variable_names"]
 
-_ENGINES: dict[tuple, CommEngine] = {}
+_ENGINES: dict[tuple, Trainer] = {}
 _LOCK = threading.Lock()
 
 
@@ -104,7 +104,7 @@ class GradientReducer:
         self._communicator = communicator
         self.name = name
         self.ops = TFOps()
-        self.last_engine: CommEngine | None = None
+        self.last_engine: Trainer | None = None
         self._cache = _ENGINES if cache is None else cache
 
     # -- engine -------------------------------------------------------------------------------
@@ -112,7 +112,7 @@ class GradientReducer:
     def communicator(self):
         return self._communicator if self._communicator is not None else runtime.communicator()
 
-    def engine_for(self, specs: Sequence[TensorSpec], sources: tuple = ()) -> CommEngine:
+    def engine_for(self, specs: Sequence[TensorSpec], sources: tuple = ()) -> Trainer:
         """The cached engine for this configuration and tensor set (registered on first use:
         a collective check that every rank has the same tensors). ``sources``: identities of the
         variables, so two models of the same shapes do not share error-feedback state."""
@@ -130,7 +130,7 @@ class GradientReducer:
         self.last_engine = engine
         return engine
 
-    def engine_for_variables(self, variables: Sequence[Any]) -> CommEngine:
+    def engine_for_variables(self, variables: Sequence[Any]) -> Trainer:
         """The engine that reduces gradients of ``variables`` (built and registered if needed)."""
         return self.engine_for(self.specs_for(variables)[1], self.source_ids(variables))
 
@@ -158,7 +158,7 @@ class GradientReducer:
         return present, inputs
 
     @staticmethod
-    def _hand_in(engine: CommEngine, names: list[str], present: list[int], values: Sequence[Any]) -> None:
+    def _hand_in(engine: Trainer, names: list[str], present: list[int], values: Sequence[Any]) -> None:
         # Backward order (the last layer's gradient is ready first): each bucket launches as
         # soon as its last member is packed, while the earlier layers are still being packed.
         for j in range(len(values) - 1, -1, -1):
@@ -197,7 +197,7 @@ class GradientReducer:
 
     # -- the Keras wrapper: one core step, and the model update it leaves to the optimizer ------
     def step(self, grads: Sequence[Any], variables: Sequence[Any],
-             host_for: Callable[[CommEngine, list[str], list[Any]], Any]) -> tuple[list, Any]:
+             host_for: Callable[[Trainer, list[str], list[Any]], Any]) -> tuple[list, Any]:
         """One optimizer step by the core's scheduler, with the host ``host_for(engine, names,
         variables)``. Returns ``(update, apply)``: the gradients (aligned with ``variables``, None
         where there was none) the wrapped optimizer must still apply to the model, and whether it

@@ -166,7 +166,7 @@ def sparse_allreduce_async(tensor: torch.Tensor, name=None, op=None, process_set
     that waits and gives the result (Horovod's form)."""
     _check_name(name)
     from hvd_commopt.reduce import Average  # noqa: PLC0415
-    op = F._op(None, op)
+    op = collectives.resolve_op(None, op)
     t = tensor.detach().coalesce()
     idx, val = t.indices().t().contiguous(), t.values().contiguous()
     comm = F._comm(None, process_set)

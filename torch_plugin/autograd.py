@@ -7,8 +7,8 @@
 * reducescatter: the output gradient scaled (by the size for Sum, and the scale factors) and
   allgathered.
 
-The communication runs through the core (torch_plugin/functions.py's plain helpers), so these
-classes only record what backward needs.
+The communication runs through the core (torch_plugin/plain.py's helpers, which
+torch_plugin/functions.py shares), so these classes only record what backward needs.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import torch
 from hvd_commopt import scatter
 from hvd_commopt.reduce import Average, Sum
 
-from . import functions as F
+from . import plain as P
 
 __all__ = ["AllreduceFn", "GroupedAllreduceFn", "AllgatherFn", "GroupedAllgatherFn", "BroadcastFn", "AlltoallFn",
            "ReducescatterFn", "GroupedReducescatterFn"]
@@ -33,22 +33,22 @@ class AllreduceFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, kw, comm):
         ctx.kw, ctx.comm = kw, comm
-        return F._allreduce_plain(tensor, name, kw, comm)
+        return P.allreduce_plain(tensor, name, kw, comm)
 
     @staticmethod
     def backward(ctx, grad):
-        return F._allreduce_plain(grad.contiguous(), None, _grad_kw(ctx.kw), ctx.comm), None, None, None
+        return P.allreduce_plain(grad.contiguous(), None, _grad_kw(ctx.kw), ctx.comm), None, None, None
 
 
 class GroupedAllreduceFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, kw, comm, *tensors):
         ctx.kw, ctx.comm = kw, comm
-        return tuple(F._grouped_plain(list(tensors), name, kw, comm))
+        return tuple(P.grouped_allreduce_plain(list(tensors), name, kw, comm))
 
     @staticmethod
     def backward(ctx, *grads):
-        out = F._grouped_plain([g.contiguous() for g in grads], None, _grad_kw(ctx.kw), ctx.comm)
+        out = P.grouped_allreduce_plain([g.contiguous() for g in grads], None, _grad_kw(ctx.kw), ctx.comm)
         return (None, None, None, *out)
 
 
@@ -60,26 +60,26 @@ def _own_rows(gathered: torch.Tensor, rows: list[int], rank: int) -> torch.Tenso
 class AllgatherFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, comm):
-        out, rows = F._allgather_plain(tensor, name, comm)
+        out, rows = P.allgather_plain(tensor, name, comm)
         ctx.rows, ctx.comm = rows, comm
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        red = F._allreduce_plain(grad.contiguous(), None, _AVERAGE, ctx.comm)
+        red = P.allreduce_plain(grad.contiguous(), None, _AVERAGE, ctx.comm)
         return _own_rows(red, ctx.rows, ctx.comm.rank), None, None
 
 
 class GroupedAllgatherFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, comm, *tensors):
-        outs, rows = F._grouped_allgather_plain(list(tensors), name, comm)
+        outs, rows = P.grouped_allgather_plain(list(tensors), name, comm)
         ctx.rows, ctx.comm = rows, comm
         return tuple(outs)
 
     @staticmethod
     def backward(ctx, *grads):
-        reds = F._grouped_plain([g.contiguous() for g in grads], None, _AVERAGE, ctx.comm)
+        reds = P.grouped_allreduce_plain([g.contiguous() for g in grads], None, _AVERAGE, ctx.comm)
         return (None, None, *[_own_rows(red, rows, ctx.comm.rank) for red, rows in zip(reds, ctx.rows)])
 
 
@@ -87,11 +87,11 @@ class BroadcastFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, root, name, comm):
         ctx.root, ctx.comm = root, comm
-        return F.broadcast_(tensor.detach().clone(), name=name, communicator=comm, root_rank=root)
+        return P.broadcast_plain(tensor.detach().clone(), root, name, comm)
 
     @staticmethod
     def backward(ctx, grad):
-        red = F._allreduce_plain(grad.contiguous(), None, _AVERAGE, ctx.comm)
+        red = P.allreduce_plain(grad.contiguous(), None, _AVERAGE, ctx.comm)
         if ctx.comm.rank != ctx.root:
             red = torch.zeros_like(red)
         return red, None, None, None
@@ -99,7 +99,7 @@ class BroadcastFn(torch.autograd.Function):
 
 def _alltoall_plain(tensor, splits, name, comm):
     t = tensor.detach().contiguous()
-    out, recv = scatter.alltoall_async(comm, F._ops, t.reshape(-1), tuple(t.shape), splits,
+    out, recv = scatter.alltoall_async(comm, P.OPS, t.reshape(-1), tuple(t.shape), splits,
                                        name or "alltoall").wait()
     return out.reshape((-1,) + tuple(t.shape[1:])), recv
 
@@ -124,13 +124,13 @@ class ReducescatterFn(torch.autograd.Function):
     def forward(ctx, tensor, name, kw, comm):
         ctx.kw, ctx.comm = kw, comm
         t = tensor.detach()
-        work = scatter.reducescatter_async(comm, F._ops, F._flat_copy(t), tuple(t.shape),
+        work = scatter.reducescatter_async(comm, P.OPS, P.flat_copy(t), tuple(t.shape),
                                            name=name or "reducescatter", **kw)
         return work.wait().reshape((-1,) + tuple(t.shape[1:]))
 
     @staticmethod
     def backward(ctx, grad):
-        out, _ = F._allgather_plain(_scatter_grad(grad, ctx.kw, ctx.comm), None, ctx.comm)
+        out, _ = P.allgather_plain(_scatter_grad(grad, ctx.kw, ctx.comm), None, ctx.comm)
         return out, None, None, None
 
 
@@ -150,9 +150,9 @@ class GroupedReducescatterFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, kw, comm, *tensors):
         ctx.kw, ctx.comm = kw, comm
-        return tuple(F._grouped_reducescatter_plain(list(tensors), name, kw, comm))
+        return tuple(P.grouped_reducescatter_plain(list(tensors), name, kw, comm))
 
     @staticmethod
     def backward(ctx, *grads):
-        outs, _ = F._grouped_allgather_plain([_scatter_grad(g, ctx.kw, ctx.comm) for g in grads], None, ctx.comm)
+        outs, _ = P.grouped_allgather_plain([_scatter_grad(g, ctx.kw, ctx.comm) for g in grads], None, ctx.comm)
         return (None, None, None, *outs)

@@ -1,7 +1,7 @@
 """Tensor collectives and broadcasts for PyTorch (Horovod's names and argument names), a thin
 layer over :mod:`hvd_commopt.collectives` / :mod:`hvd_commopt.scatter`: flatten, call the core,
-reshape. Gradients flow through them (torch_plugin/autograd.py); ``*_async`` forms live in
-torch_plugin/async_ops.py."""
+reshape (the plain forms: torch_plugin/plain.py). Gradients flow through them
+(torch_plugin/autograd.py); ``*_async`` forms live in torch_plugin/async_ops.py."""
 from __future__ import annotations
 
 import io
@@ -13,42 +13,23 @@ from hvd_commopt import collectives, runtime
 from hvd_commopt.buckets import TensorSpec
 from hvd_commopt.errors import ConfigError
 from hvd_commopt.process_sets import ProcessSet, communicator_of as _comm, root_in_set as _root
-from hvd_commopt.reduce import Average, Sum
-from hvd_commopt.tensor_ops import register_ops
+from hvd_commopt.reduce import Average
 
-from .ops import TorchOps
+from . import plain
+from .autograd import (AllgatherFn, AllreduceFn, AlltoallFn, BroadcastFn, GroupedAllgatherFn, GroupedAllreduceFn,
+                       GroupedReducescatterFn, ReducescatterFn)
+from .plain import broadcast_plain
 
 __all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allreduce",
            "allreduce_", "allgather", "broadcast", "broadcast_", "grouped_allreduce", "grouped_allreduce_",
            "grouped_allgather", "alltoall", "reducescatter", "grouped_reducescatter", "allgather_object"]
 
-_ops = TorchOps()
-register_ops(torch.Tensor, _ops)  # Compression.fp16.compress(tensor), Horovod's form
-
-
-def _op(average: bool | None, op: str | None) -> str:
-    if op is None:
-        op = Average if average is None or average else Sum
-    elif average is not None:
-        raise ConfigError("give either average= (Horovod's old flag) or op=, not both")
-    return op
-
-
-def _flat_copy(tensor: torch.Tensor) -> torch.Tensor:
-    """A 1-D copy the core may overwrite."""
-    return tensor.detach().reshape(-1).clone()
-
-
-def _write_back(tensor: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
-    """Copy ``flat``'s values into ``tensor`` unless they already are its storage."""
-    with torch.no_grad():
-        if flat.data_ptr() != tensor.data_ptr() or not tensor.is_contiguous():
-            tensor.copy_(flat.view(tensor.shape))
-    return tensor
+# the plain helpers under the names torch_plugin/async_ops.py and api.py use
+_ops, _flat_copy, _write_back, _rest = plain.OPS, plain.flat_copy, plain.write_back, plain.rest_shape
 
 
 def _reduce_kw(average, op, compression, prescale_factor, postscale_factor) -> dict:
-    return {"op": _op(average, op), "compression": compression, "prescale_factor": prescale_factor,
+    return {"op": collectives.resolve_op(average, op), "compression": compression, "prescale_factor": prescale_factor,
             "postscale_factor": postscale_factor}
 
 
@@ -73,22 +54,15 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
               communicator=None, process_set: ProcessSet | None = None) -> torch.Tensor:
     """Allreduce into a new tensor (see :func:`allreduce_`); ``compression``: Compression.none/
     fp16/bf16 or a Horovod-style compressor; differentiable."""
-    from .autograd import AllreduceFn  # noqa: PLC0415 - autograd.py imports this module
     return AllreduceFn.apply(tensor, name, _reduce_kw(average, op, compression, prescale_factor, postscale_factor),
                              _comm(communicator, process_set))
-
-
-def _allreduce_plain(tensor: torch.Tensor, name: str | None, kw: dict, comm) -> torch.Tensor:
-    out = collectives.allreduce(comm, _ops, _flat_copy(tensor), shape=tuple(tensor.shape),
-                                name=name or "allreduce", **kw)
-    return out.reshape(tensor.shape)
 
 
 def grouped_allreduce_(tensors, average: bool | None = None, name: str | None = None, op: str | None = None,
                        prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                        process_set: ProcessSet | None = None, compression=None):
     """In-place allreduce of a list of tensors as one operation."""
-    outs = _grouped_plain(list(tensors), name, _reduce_kw(average, op, compression, prescale_factor,
+    outs = plain.grouped_allreduce_plain(list(tensors), name, _reduce_kw(average, op, compression, prescale_factor,
                                                            postscale_factor), _comm(None, process_set))
     return [_write_back(t, o.reshape(-1)) for t, o in zip(tensors, outs)]
 
@@ -98,66 +72,31 @@ def grouped_allreduce(tensors, average: bool | None = None, name: str | None = N
                       process_set: ProcessSet | None = None):
     """Allreduce of a list of tensors as one operation (one check, one fused reduction per
     dtype); new tensors, differentiable."""
-    from .autograd import GroupedAllreduceFn  # noqa: PLC0415
     kw = _reduce_kw(average, op, compression, prescale_factor, postscale_factor)
     return list(GroupedAllreduceFn.apply(name, kw, _comm(None, process_set), *tensors))
-
-
-def _grouped_plain(tensors, name, kw, comm):
-    work = collectives.grouped_allreduce_async(comm, _ops, [_flat_copy(t) for t in tensors],
-                                               [tuple(t.shape) for t in tensors], name=name or "grouped_allreduce", **kw)
-    return [o.reshape(t.shape) for o, t in zip(work.wait(), tensors)]
-
-
-def _rest(t: torch.Tensor) -> tuple:
-    return tuple(t.shape[1:]) if t.dim() > 0 else ()
 
 
 def allgather(tensor: torch.Tensor, name: str | None = None, communicator=None,
               process_set: ProcessSet | None = None) -> torch.Tensor:
     """Concatenate every rank's tensor along dim 0 (first dims may differ; others and the dtype
     must match); differentiable."""
-    from .autograd import AllgatherFn  # noqa: PLC0415
     return AllgatherFn.apply(tensor, name, _comm(communicator, process_set))
-
-
-def _allgather_plain(tensor: torch.Tensor, name: str | None, comm) -> tuple[torch.Tensor, list[int]]:
-    t = tensor.detach().contiguous()
-    rest = _rest(t)
-    out, rows = collectives.allgather_async(comm, _ops, t.reshape(-1), rest, name or "allgather").wait()
-    return (out.reshape((-1,) + rest) if t.dim() > 0 else out), rows
 
 
 def grouped_allgather(tensors, name: str | None = None, process_set: ProcessSet | None = None):
     """Allgather of a list of tensors as one operation; differentiable."""
-    from .autograd import GroupedAllgatherFn  # noqa: PLC0415
     return list(GroupedAllgatherFn.apply(name, _comm(None, process_set), *tensors))
-
-
-def _grouped_allgather_plain(tensors, name, comm):
-    """(gathered tensors, rows per rank of each)."""
-    ts = [t.detach().contiguous() for t in tensors]
-    outs = collectives.grouped_allgather_async(comm, _ops, [t.reshape(-1) for t in ts], [_rest(t) for t in ts],
-                                               name or "grouped_allgather").wait()
-    return ([o.reshape((-1,) + _rest(t)) if t.dim() > 0 else o for (o, _), t in zip(outs, ts)],
-            [rows for _, rows in outs])
 
 
 def broadcast_(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None, communicator=None,
                process_set: ProcessSet | None = None) -> torch.Tensor:
     """Overwrite ``tensor`` with root's, in place (``root_rank`` is a global rank)."""
-    flat = tensor.detach().reshape(-1)
-    if flat.data_ptr() != tensor.data_ptr() or not tensor.is_contiguous():
-        flat = flat.clone()
-    comm = _comm(communicator, process_set)
-    return _write_back(tensor, collectives.broadcast(comm, _ops, flat, _root(root_rank, process_set),
-                                                     name or "broadcast", tuple(tensor.shape)))
+    return broadcast_plain(tensor, _root(root_rank, process_set), name, _comm(communicator, process_set))
 
 
 def broadcast(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None, communicator=None,
               process_set: ProcessSet | None = None) -> torch.Tensor:
     """Root's tensor in a new tensor; differentiable."""
-    from .autograd import BroadcastFn  # noqa: PLC0415
     comm = _comm(communicator, process_set)
     return BroadcastFn.apply(tensor, _root(root_rank, process_set), name, comm)
 
@@ -166,7 +105,6 @@ def alltoall(tensor: torch.Tensor, splits=None, name: str | None = None, process
     """Send rows ``splits[j]`` (dim 0) to rank j, receive every rank's rows for this one.
     Returns the received tensor, or (tensor, received splits) when ``splits`` is given
     (Horovod's convention); differentiable."""
-    from .autograd import AlltoallFn  # noqa: PLC0415
     sp = None if splits is None else [int(s) for s in (splits.tolist() if isinstance(splits, torch.Tensor) else splits)]
     out, recv = AlltoallFn.apply(tensor, sp, name, _comm(None, process_set))
     return out if splits is None else (out, recv)
@@ -177,7 +115,6 @@ def reducescatter(tensor: torch.Tensor, name: str | None = None, compression=Non
                   postscale_factor: float = 1.0) -> torch.Tensor:
     """Reduce every rank's tensor and keep this rank's part of dim 0 (the first ``d0 % size``
     ranks get one row more); differentiable."""
-    from .autograd import ReducescatterFn  # noqa: PLC0415
     kw = _reduce_kw(None, op, compression, prescale_factor, postscale_factor)
     return ReducescatterFn.apply(tensor, name, kw, _comm(None, process_set))
 
@@ -186,17 +123,8 @@ def grouped_reducescatter(tensors, name: str | None = None, compression=None, op
                           process_set: ProcessSet | None = None, prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0):
     """Reducescatter of a list of tensors as one operation; differentiable."""
-    from .autograd import GroupedReducescatterFn  # noqa: PLC0415
     kw = _reduce_kw(None, op, compression, prescale_factor, postscale_factor)
     return list(GroupedReducescatterFn.apply(name, kw, _comm(None, process_set), *tensors))
-
-
-def _grouped_reducescatter_plain(tensors, name, kw, comm):
-    from hvd_commopt import scatter  # noqa: PLC0415
-    work = scatter.grouped_reducescatter_async(comm, _ops, [_flat_copy(t) for t in tensors],
-                                               [tuple(t.shape) for t in tensors],
-                                               name=name or "grouped_reducescatter", **kw)
-    return [o.reshape((-1,) + tuple(t.shape[1:])) for o, t in zip(work.wait(), tensors)]
 
 
 def allgather_object(obj: Any, name: str | None = None, process_set: ProcessSet | None = None,

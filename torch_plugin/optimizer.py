@@ -14,7 +14,7 @@ Differences from Horovod, on purpose:
   gradient, so ranks stay identical even when they use different parameters (DDP's
   ``find_unused_parameters`` outcome, with no extra pass).
 
-Every ``step()`` is the core's step (``CommEngine.run_step``), whatever the schedule: the
+Every ``step()`` is the core's step (``Trainer.run_step``), whatever the schedule: the
 synchronous schedule reduces and runs the wrapped optimizer; delayed and model-averaging
 schedules (``schedule=Schedule.od()/.ssd()/.cd()/.cocod()/.local_sgd()``) do their own thing. This
 adapter only supplies a :class:`~torch_plugin.host.TorchScheduleHost` ("run the wrapped optimizer
@@ -33,7 +33,7 @@ import weakref
 import torch
 
 from hvd_commopt import build_engine, runtime
-from hvd_commopt.engine import CommEngine, TensorSpec
+from hvd_commopt.engine import TensorSpec, Trainer
 from hvd_commopt.engine.tuner import FusionOptions
 from hvd_commopt.errors import ConfigError, HvdCommoptError
 from hvd_commopt.process_sets import registry
@@ -50,7 +50,7 @@ __all__ = ["DistributedOptimizer", "Average", "Sum"]
 class _DistributedOptimizerMixin:
     """Methods grafted onto the wrapped optimizer's class."""
 
-    def _hco_setup(self, named_parameters, engine: CommEngine) -> None:
+    def _hco_setup(self, named_parameters, engine: Trainer) -> None:
         self._hco_engine = engine
         handles = [p.register_post_accumulate_grad_hook(self._hco_make_hook(n)) for n, p in named_parameters]
         me = weakref.ref(self)
@@ -72,7 +72,7 @@ class _DistributedOptimizerMixin:
         return hook
 
     @property
-    def comm_engine(self) -> CommEngine:
+    def comm_engine(self) -> Trainer:
         return self._hco_engine
 
     @property
@@ -133,7 +133,7 @@ class _DistributedOptimizerMixin:
         ``broadcast_optimizer_state`` sends it) and continues bit-exactly."""
         sd = self._hco_base.state_dict(self)
         engine = self._hco_engine
-        local = {"optimizer": sd["state"]} if engine.scheduler.rank_local_optimizer else None
+        local = {"optimizer": sd["state"]} if engine.checkpoint.rank_local_optimizer else None
         sd["hvd_commopt"] = engine.state_dict(rank_local=local)
         return sd
 

@@ -1,4 +1,4 @@
-"""CommEngine: the one object the adapters talk to.
+"""CommEngine: the buckets and the rounds of gradients on their way through the collectives.
 
 Wait-free backpropagation with tensor fusion: gradients are copied into their bucket's fusion
 buffer as they become ready (or, where the reducer's selection reads them in place, kept as they
@@ -8,16 +8,15 @@ Buckets are launched strictly in plan order (a bucket that completes early waits
 predecessors), which keeps the sequence of collectives identical on every rank without Horovod's
 per-cycle negotiation; the plan follows backward order, so in practice nothing waits.
 
-Per step, adapters call :meth:`grad_ready` from their gradient hooks, then :meth:`run_step`
-(``optimizer.step()``), whatever the schedule. The step itself belongs to the scheduler
-(:mod:`hvd_commopt.schedule`, attached by :func:`hvd_commopt.build_engine`): it owns the one
+Per step, adapters call :meth:`grad_ready` from their gradient hooks, then ``run_step``
+(``optimizer.step()``), whatever the schedule, on the :class:`~hvd_commopt.engine.trainer.Trainer`
+that :func:`hvd_commopt.build_engine` returns: it holds this engine and the scheduler
+(:mod:`hvd_commopt.schedule`) and hands every step to the scheduler. The scheduler owns the one
 step counter, decides which reducer each round uses and when a round is applied, and drives the
 rounds through the narrow port this engine offers it (:meth:`close_round`, :meth:`finish_round`,
 :meth:`release_round`, :meth:`abandon_round`, :attr:`buckets`, :attr:`names`). This module
-imports nothing from the schedule package: the scheduler is seen through :class:`StepScheduler`.
-The calls that hand the step to the scheduler (:meth:`run_step`, :meth:`synchronize`,
-:meth:`drain`, checkpoints, ...) and its wiring are the base class's,
-:class:`~hvd_commopt.engine.step_api.StepApi`; this module keeps the buckets and the rounds.
+imports nothing from the schedule package: the scheduler is seen through
+:class:`~hvd_commopt.engine.ports.RoundSource` (the round plan, the step counter, draining).
 
 Rounds: a step's gradients form a :class:`~hvd_commopt.engine.rounds.Round` with its own fusion
 buffers (from a pool), so delayed schedules can keep several rounds in flight.
@@ -36,29 +35,28 @@ from ..compress.base import Compressor
 from ..select.grad_parts import GradParts
 from ..errors import ConfigError, HvdCommoptError
 from ..fusion.threshold import validate_plan
-from ..host import GradientCapture
 from ..reduce import make_reducer
 from ..reduce.base import Average, ReduceContext, Reducer, RoundInfo, check_op
 from ..tensor_ops import TensorOps
 from .args import check_backward_passes, check_predivide
 from .buffer_pool import BufferPool
-from .ports import StepScheduler, own_reducer
+from .ports import RoundSource, own_reducer
 from .relayout import relayout_state
 from .rounds import ReducedGrads, Round
 from .settings import DERIVED, engine_settings
 from .specs import verify_same_settings, verify_same_tensors
 from .stats import StepStats
-from .step_api import StepApi
 from .tuner import FusionTuner
 
-__all__ = ["CommEngine", "StepScheduler"]
+__all__ = ["CommEngine"]
 
 
-class CommEngine(StepApi):
+class CommEngine:
     """Buckets, fusion buffers, rounds and reduction; the step runs in the attached scheduler.
 
-    Build it with :func:`hvd_commopt.build_engine` (which also builds and attaches the scheduler
-    for ``schedule=``).
+    Build it with :func:`hvd_commopt.build_engine`, which also builds the scheduler for
+    ``schedule=``, attaches it and returns the :class:`~hvd_commopt.engine.trainer.Trainer`
+    holding both.
 
     Args:
         comm: the communicator.
@@ -97,18 +95,23 @@ class CommEngine(StepApi):
         self._backward: list[TensorSpec] = []
         self._buckets: list[Bucket] = []
         self._slot: dict[str, tuple[Bucket, int]] = {}  # name -> (its bucket, its offset in the buffer)
-        self._lock = threading.RLock()
+        # serialises the hooks (grad_ready) and the steps: the Trainer holds it around a step
+        self.lock = threading.RLock()
         self._round: Round | None = None       # the round the hooks are filling
         self._pool = BufferPool(ops)            # per bucket: fusion buffers of released rounds, for reuse
         self._countdown: dict[str, int] = {}
-        self._sync_on_step = True
-        self._capture = GradientCapture()
-        self.scheduler: StepScheduler | None = None
-        # other ranks' parts of the checkpoint loaded last, until the next step: rank 0 loads, then
-        # broadcast_optimizer_state sends them on (docs/wrapper.md#checkpoints)
-        self.held_parts: dict[int, dict] = {}
+        self.scheduler: RoundSource | None = None
         self.tuner = FusionTuner(fusion, comm, threshold_bytes=self.fusion_threshold, reducer=self.reducer,
                                  ops=ops, options=fusion_options)
+
+    def attach_scheduler(self, scheduler: RoundSource) -> None:
+        """Set the scheduler the rounds are opened for (done by :func:`hvd_commopt.build_engine`)."""
+        self.scheduler = scheduler
+
+    def _sched(self) -> RoundSource:
+        if self.scheduler is None:
+            raise HvdCommoptError("this CommEngine has no scheduler: build it with hvd_commopt.build_engine(...)")
+        return self.scheduler
 
     # -- registration -------------------------------------------------------------------------
     def register(self, specs: Sequence[TensorSpec], backward_order: Sequence[str] | None = None,
@@ -143,7 +146,7 @@ class CommEngine(StepApi):
 
     def set_plan(self, plan: Sequence[Sequence[int]]) -> None:
         """Replace the bucketing (between steps only). The caller makes it identical on all ranks."""
-        with self._lock:
+        with self.lock:
             if self.in_flight:
                 raise HvdCommoptError("cannot change the fusion plan while gradients are in flight; "
                                       "call it between optimizer steps")
@@ -164,7 +167,7 @@ class CommEngine(StepApi):
 
     def _build_buckets(self, plan: Sequence[Sequence[int]]) -> list[Bucket]:
         # a sparse reducer sends 1-D tensors whole, in buckets of their own (docs/topk.md#dense-1d)
-        return build_buckets(self._backward, plan, getattr(self.reducer, "keeps_dense", None))
+        return build_buckets(self._backward, plan, self.reducer.keeps_dense)
 
     @property
     def backward_names(self) -> list[str]:
@@ -221,7 +224,7 @@ class CommEngine(StepApi):
             _timeline.instant(f"grad {name}", "backward")
         if self.tuner.recording:
             self.tuner.grad_ready(name, tensor)
-        with self._lock:
+        with self.lock:
             slot = self._slot.get(name)
             if slot is None:
                 raise ConfigError(f"gradient for unregistered tensor {name!r}")
@@ -250,8 +253,7 @@ class CommEngine(StepApi):
         flat = rnd.flats[i]
         if flat is None:
             flat = rnd.flats[i] = self._pool.take(bucket, tensor)
-            reads = getattr(rnd.reducer, "reads_parts", None)
-            if reads is not None and reads(bucket, self.ops):  # docs/selection.md#grad-parts
+            if rnd.reducer.reads_parts(bucket, self.ops):  # docs/selection.md#grad-parts
                 rnd.parts[i] = []
         parts = rnd.parts.get(i)
         if parts is None:
@@ -290,7 +292,7 @@ class CommEngine(StepApi):
         communicate gradients this step. The scheduler finishes it now (synchronous path) or in
         a later step (delayed schedules).
         """
-        with self._lock:
+        with self.lock:
             rnd = self._current_round()
             if rnd is None:
                 return None
@@ -345,7 +347,7 @@ class CommEngine(StepApi):
     def release_round(self, rnd: Round) -> None:
         """Return a finished round's fusion buffers to the pool; each is reused once no view of it
         is alive (a host may keep the views :meth:`finish_round` returned)."""
-        with self._lock:
+        with self.lock:
             if len(rnd.flats) == len(self._buckets):
                 self._pool.give_back(rnd.flats)
             rnd.flats = []
@@ -353,17 +355,17 @@ class CommEngine(StepApi):
     def abandon_round(self, rnd: Round) -> None:
         """Wait for a round's launched collectives (every rank's stream of collectives stays
         aligned), drop their results and release its buffers."""
-        with self._lock:
+        with self.lock:
             for p in rnd.pending.values():
                 rnd.reducer.finish(p, self.ctx)
             rnd.pending.clear()
             self.release_round(rnd)
 
-    # -- dropping a step mid-way (the other lifecycle calls are StepApi's) -------------------------
+    # -- dropping a step mid-way (the other lifecycle calls are the Trainer's) ---------------------
     def abandon(self) -> None:
         """Drop this step's packed gradients (e.g. load_state_dict mid-step). Waits for any
         launched collectives first, so every rank's stream of collectives stays aligned."""
-        with self._lock:
+        with self.lock:
             if self._round is not None:
                 self.abandon_round(self._round)
             self._reset_step()

@@ -8,12 +8,15 @@ corrupt memory or hang, so each is compared once at wrap time, by value.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 from ..buckets import Bucket
+from ..reduce.base import Reducer
+from .ports import RoundSource
 from .specs import Setting
+from .tuner import FusionTuner
 
-__all__ = ["engine_settings", "plan_setting", "DERIVED"]
+__all__ = ["SettingsPort", "CountsPerBucket", "engine_settings", "plan_setting", "DERIVED"]
 
 SAME_ARG = "pass the same {} on every rank"
 # Follows from the others and the tensors; reported only when nothing else differs.
@@ -24,24 +27,44 @@ def plan_setting(plan: Sequence[Sequence[int]], hint: str) -> Setting:
     return Setting([list(map(int, g)) for g in plan], hint)
 
 
-def _schedule(scheduler: Any) -> Any:
-    config = getattr(scheduler, "config", None)
+@runtime_checkable
+class SettingsPort(Protocol):
+    """What the wrap-time check reads of the engine (implemented by :class:`~hvd_commopt.engine.CommEngine`)."""
+
+    tuner: FusionTuner
+    fusion_threshold: int
+    fusion_threshold_source: str
+    reducer: Reducer
+    op: str
+    gradient_predivide_factor: float
+    scheduler: RoundSource | None
+
+
+@runtime_checkable
+class CountsPerBucket(Protocol):
+    """A sparse reducer's selector that sends ``k_for(numel, bucket, step)`` values per bucket."""
+
+    def k_for(self, numel: int, bucket: Bucket | None, step: int) -> int: ...
+
+
+def _schedule(scheduler: RoundSource) -> Any:
+    config = scheduler.config
     if dataclasses.is_dataclass(config) and not isinstance(config, type):
         return {"schedule": type(config).__name__, **dataclasses.asdict(config)}
     return repr(config)
 
 
-def _k_per_bucket(reducer: Any, buckets: Sequence[Bucket]) -> Any:
-    k_for = getattr(getattr(reducer, "compressor", None), "k_for", None)
-    if not getattr(reducer, "sparse", False) or k_for is None:
+def _k_per_bucket(reducer: Reducer, buckets: Sequence[Bucket]) -> Any:
+    selector = reducer.compressor
+    if not reducer.sparse or not isinstance(selector, CountsPerBucket):
         return None
     try:  # a per-layer density callable is compared through what it returns
-        return [int(k_for(b.numel, b, 0)) for b in buckets]
+        return [int(selector.k_for(b.numel, b, 0)) for b in buckets]
     except Exception as e:  # noqa: BLE001 - shown on every rank instead of raised on this one
         return f"error: {type(e).__name__}: {e}"
 
 
-def engine_settings(engine: Any, plan: Sequence[Sequence[int]], buckets: Sequence[Bucket]) -> dict[str, Setting]:
+def engine_settings(engine: SettingsPort, plan: Sequence[Sequence[int]], buckets: Sequence[Bucket]) -> dict[str, Setting]:
     """The settings of ``engine`` (a :class:`~hvd_commopt.engine.CommEngine`) with ``plan``."""
     tuner = engine.tuner
     src = engine.fusion_threshold_source

@@ -46,8 +46,9 @@ Choices:
   measurement is the median period on this rank with the new plan (each rank's report carries
   its own measurement; rank 0 prints its own). The threshold plan gets the same pair from the
   profiled steps, which checks the model on the plan that was actually run.
-* Sparse reducers keep error-feedback residuals per bucket name; a plan change leaves the old
-  buckets' residuals unused (a one-off loss of the residual mass at the switch).
+* Sparse reducers keep error-feedback residuals per bucket name; a plan change moves them onto
+  the new buckets, element by element, so no residual mass is lost at the switch
+  (docs/lags-omgs.md#replan-residuals).
 """
 from __future__ import annotations
 

@@ -30,6 +30,8 @@ __all__ = [
     "allgather_time",
     "topk_allgather_time",
     "gtopk_time",
+    "oktopk_time",
+    "hist_bins",
     "sparse_k",
 ]
 
@@ -211,6 +213,25 @@ def gtopk_time(k: int, ranks: int, link: AlphaBeta, value_bytes: int = 4, index_
     return sum(link.time(m) for m in _gtopk_messages(ranks, k, value_bytes, index_bytes, algorithm))
 
 
+def hist_bins(k: int) -> int:
+    """Bins of Ok-Topk's magnitude histogram (int32 counts over the keys' top bits): 1024 (the
+    exponent and 2 mantissa bits) below k = 2048, else 4096, so it stays small beside 2k pairs."""
+    return 1024 if k < 2048 else 4096
+
+
+def oktopk_time(k: int, ranks: int, link: AlphaBeta, value_bytes: int = 4, index_bytes: int = 4) -> float:
+    """Seconds of one Ok-Topk allreduce over a link model (docs/oktopk.md#traffic): P-1 pairwise
+    rounds of about k/P pairs (split and reduce), ring allreduces of the magnitude histogram
+    (:func:`hist_bins`) and of 256 sub-bins, and an allgatherv of about k/P pairs per rank."""
+    p = ranks
+    if p == 1 or k == 0:
+        return 0.0
+    part = k / p * (value_bytes + index_bytes)
+    return ((p - 1) * link.time(part) + ring_allreduce_time(4 * hist_bins(k), p, link)
+            + ring_allreduce_time(4 * 256, p, link)
+            + allgather_time(part, p, link))
+
+
 def sparse_k(nbytes: int, density: float, elem_bytes: int = 4) -> int:
     """Entries a Top-k compressor keeps for a bucket: ``max(int(n·ρ), 1)`` (docs/wrapper.md#k-per-bucket), 0 if empty."""
     if not (0 < density <= 1):
@@ -312,7 +333,6 @@ class CostModel:
             sparse_k(0, density, elem_bytes)
             return lambda nbytes: self.gtopk_time(nbytes, density, elem_bytes, value_bytes, index_bytes)
         if compression == "oktopk":  # docs/oktopk.md#traffic: pairwise rounds on the p2p fit if any
-            from .sparse_scaling import oktopk_time
             sparse_k(0, density, elem_bytes)
             link = self.p2p if self.p2p is not None else self.allgather
             return lambda nbytes: oktopk_time(sparse_k(nbytes, density, elem_bytes), self.ranks, link,

@@ -215,7 +215,7 @@ class AdasumReducer(Reducer):
 
     def __init__(self, compressor: Compressor | None = None):
         self.compressor = compressor or NoneCompressor()
-        if getattr(self.compressor, "name", None) not in _CAST_COMPRESSORS:
+        if not isinstance(self.compressor, Compressor) or self.compressor.name not in _CAST_COMPRESSORS:
             raise ConfigError(f"op=Adasum takes Compression.none, fp16 or bf16, got {self.compressor!r}: Adasum "
                               f"combines floating vectors, it cannot run on quantized or sparse payloads")
 

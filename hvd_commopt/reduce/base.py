@@ -121,10 +121,13 @@ class Reducer(abc.ABC):
     Attributes:
         name: short name for reports.
         sparse: True when buckets are sparsified (the fusion planner then uses OMGS's model).
+        compressor: what the payload is made of (a compressor, or a sparse reducer's selector);
+            shared by the copies :meth:`fresh` makes. None for a reducer without one.
     """
 
     name: str = "abstract"
     sparse: bool = False
+    compressor: Any = None
 
     @abc.abstractmethod
     def start(self, bucket: Bucket, rnd: RoundInfo, flat: Any, ctx: ReduceContext) -> Pending:
@@ -153,6 +156,12 @@ class Reducer(abc.ABC):
         """A *finite* bucket's round is skipped because another bucket of the same step was not
         finite (a loss scaler then skips the whole step): its memory goes back to the snapshot
         too, so the skipped step leaves no trace anywhere (docs/wrapper.md#nonfinite-step)."""
+
+    def reads_parts(self, bucket: Bucket, ops: TensorOps) -> bool:
+        """Whether :meth:`start` may be handed ``bucket``'s gradients unpacked, where they are
+        (:class:`~hvd_commopt.select.grad_parts.GradParts`; docs/selection.md#grad-parts): no,
+        unless a reducer's selection reads them in its own pass."""
+        return False
 
     def keeps_dense(self, spec: Any) -> bool:
         """Whether tensor ``spec`` (a :class:`~hvd_commopt.buckets.TensorSpec`) leaves its fusion
@@ -201,9 +210,8 @@ class Reducer(abc.ABC):
                     walk(x)
 
         walk(self)
-        compressor = getattr(self, "compressor", None)
-        if compressor is not None:
-            memo[id(compressor)] = compressor  # shared: a config (DGC's epoch is set for all)
+        if self.compressor is not None:
+            memo[id(self.compressor)] = self.compressor  # shared: a config (DGC's epoch is set for all)
         return copy.deepcopy(self, memo)
 
     #: Whether this reducer keeps state that differs from rank to rank (residuals, DGC memory).

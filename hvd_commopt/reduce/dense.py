@@ -105,7 +105,7 @@ class DenseAllreduce(Reducer):
                 "memory": None if self.memory is None else self.memory.config()}
 
     def price(self, cost: Any, select_s: float | None = None, select_c0: float = 0.0) -> Pricing:
-        ratio = getattr(self.compressor, "wire_bytes_ratio", 1.0)
+        ratio = self.compressor.wire_bytes_ratio
         what = "dense allreduce" if ratio == 1.0 else f"allreduce of {self.compressor.name} ({ratio:g} of the bytes)"
         return dense_pricing(cost, ratio, what)
 

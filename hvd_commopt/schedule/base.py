@@ -1,7 +1,7 @@
 """The Scheduler interface and the port it drives the engine's rounds through.
 
 A scheduler owns the step: ``optimizer.step()`` always reaches :meth:`Scheduler.on_step` (through
-``CommEngine.run_step``), whatever the schedule, and only the scheduler changes the one step
+``Trainer.run_step``), whatever the schedule, and only the scheduler changes the one step
 counter. It sees the engine through :class:`RoundPort` (open/close/finish/release/abandon a round,
 the bucket layout, the tensor ops) and the adapter through a :class:`~hvd_commopt.host.ScheduleHost`
 (see :mod:`hvd_commopt.host` for the division of labour).
@@ -9,7 +9,7 @@ the bucket layout, the tensor ops) and the adapter through a :class:`~hvd_commop
 from __future__ import annotations
 
 import abc
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, runtime_checkable
 
 from ..buckets import Bucket
 from ..comm.communicator import Communicator
@@ -78,6 +78,7 @@ def with_override(snapshot: Any, override: Any) -> Any:
     return [dict(s, **o) for s, o in zip(snapshot, override)]
 
 
+@runtime_checkable
 class RoundPort(Protocol):
     """What a scheduler may use of the engine (implemented by :class:`~hvd_commopt.engine.CommEngine`).
 
@@ -155,7 +156,7 @@ class Scheduler(abc.ABC):
 
     # -- wiring -------------------------------------------------------------------------------
     def attach(self, host: ScheduleHost) -> None:
-        if self.needs_weights and not getattr(host, "holds_weights", True):
+        if self.needs_weights and not host.holds_weights:
             raise ConfigError(
                 f"schedule '{self.name}' updates the weights itself (a global replica, a local update or "
                 f"model averaging), which a wrapper that only returns gradients cannot do. Use the "

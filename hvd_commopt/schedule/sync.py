@@ -11,7 +11,8 @@ from __future__ import annotations
 import warnings
 from typing import Any, Callable
 
-from .base import Scheduler
+from .base import RoundPort, Scheduler
+from .config import SyncConfig
 
 __all__ = ["SyncScheduler"]
 
@@ -21,7 +22,7 @@ class SyncScheduler(Scheduler):
     needs_weights = False
     drains_for_checkpoint = False
 
-    def __init__(self, config: Any, port: Any):
+    def __init__(self, config: SyncConfig, port: RoundPort):
         super().__init__(config, port)
         self._synchronized = False  # synchronize() ran since the last step
 

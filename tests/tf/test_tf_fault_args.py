@@ -62,3 +62,14 @@ def test_one_topk_object_for_two_tapes_keeps_one_residual_per_engine():
     for a, b in zip(shared, separate):
         for x, y in zip(a, b):
             np.testing.assert_array_equal(x, y)
+
+
+def test_average_and_op_together_are_refused_as_horovod_does():
+    """Horovod raises when both the old ``average`` flag and ``op`` are given; so does the TF
+    adapter, as the torch one does (resolved once: hvd_commopt.collectives.resolve_op)."""
+    hco.init()
+    with pytest.raises(ConfigError, match="not both"):
+        hco.allreduce(tf.ones([2]), average=True, op=hco.Sum)
+    with pytest.raises(ConfigError, match="not both"):
+        hco.grouped_allreduce([tf.ones([2])], average=False, op=hco.Average)
+    assert np.array_equal(hco.allreduce(tf.ones([2]), average=False).numpy(), np.ones(2))  # one of them: fine

@@ -55,6 +55,14 @@ def test_root_rank_outside_the_job_is_refused_at_size_one(size_one):
     hco.broadcast_parameters(model.state_dict(), root_rank=0)  # the valid root still works
 
 
+def test_average_and_op_together_are_refused_as_horovod_does(size_one):
+    with pytest.raises(ConfigError, match="not both"):
+        hco.allreduce(torch.ones(2), average=True, op=hco.Sum)
+    with pytest.raises(ConfigError, match="not both"):
+        hco.grouped_allreduce([torch.ones(2)], average=False, op=hco.Average)
+    assert torch.equal(hco.allreduce(torch.ones(2), average=False), torch.ones(2))  # one of them: fine
+
+
 def test_second_optimizer_over_the_same_parameters_is_refused_until_the_first_is_dropped(size_one):
     model = make_model()
     first = hco.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),

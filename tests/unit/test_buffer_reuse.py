@@ -39,14 +39,14 @@ def test_buffer_reused_when_free_second_one_while_held_oldest_forgotten():
         for t in range(9):
             g = step(eng, host, comm.rank, t)
             grads.append((g, host.calls[-1]["grads"]))  # copied when the optimizer ran
-            bufs.append(id(eng._pool.spares[0][-1]))  # the buffer this round used, just released
+            bufs.append(id(eng.engine._pool.spares[0][-1]))  # the buffer this round used, just released
             if t == 2:
                 ops.held.add(bufs[-1])       # the host keeps round 2's views
             if t == 4:
                 ops.held.clear()              # ... and drops them
             if t >= 5:
                 ops.held.add(bufs[-1])       # from round 5 on it keeps every round's views
-        return bufs, [len(s) for s in eng._pool.spares], grads
+        return bufs, [len(s) for s in eng.engine._pool.spares], grads
     out = run_ranks(2, body)
     for bufs, spares, _ in out:
         assert bufs[0] == bufs[1] == bufs[2]          # free: the same buffer every round

@@ -127,7 +127,7 @@ def test_ssd_state_machine_rounds_names_and_base_switches():
             one_step(eng, host, comm.rank, t)
             record(comm, eng, host, t)
             assert not eng.in_flight  # rounds of earlier steps don't block zero_grad
-        return names, max(len(s) for s in eng._pool.spares)
+        return names, max(len(s) for s in eng.engine._pool.spares)
     names, pool = run_ranks(2, body)[0]
     # warm-up steps keep the synchronous names; later rounds are tagged with their step
     assert names[:6] == ["bucket0:v", "bucket1:b", "bucket2:w"] * 2

@@ -62,7 +62,7 @@ def run_step(eng, clock, tb, grads, fwd=FWD):
 def run_until_planned(eng, clock, tb, rank, extra=0):
     n = eng.tuner.options.warmup_steps + eng.tuner.options.profile_steps + extra
     for s in range(n):
-        run_step(eng, clock, tb, grads_for(rank, s, [eng._specs[nm] for nm in eng.names]))
+        run_step(eng, clock, tb, grads_for(rank, s, [eng.engine._specs[nm] for nm in eng.names]))
 
 
 # -- profiler -----------------------------------------------------------------------------------
