@@ -34,9 +34,9 @@ import numpy as np
 
 from ..buckets import Bucket
 from ..tensor_ops import TensorOps
-from .topk import Density, SparseCompressor
+from .selector import Density, Selector
 
-__all__ = ["RandomKCompressor", "randomk_indices", "RANDOMK_MIN_DENSITY"]
+__all__ = ["RandomKSelector", "randomk_indices", "RANDOMK_MIN_DENSITY"]
 
 # below this density random-k with momentum did not reach S-SGD's accuracy (docs/topk.md#randomk-momentum)
 RANDOMK_MIN_DENSITY = 0.3
@@ -50,7 +50,7 @@ def randomk_indices(seed: int, name: str, step: int, n: int, k: int) -> np.ndarr
     return np.sort(rng.choice(n, size=k, replace=False, shuffle=False)).astype(np.int64)
 
 
-class RandomKCompressor(SparseCompressor):
+class RandomKSelector(Selector):
     """k uniformly random elements of the bucket, the same k on every rank.
 
     Args:
@@ -97,4 +97,4 @@ class RandomKCompressor(SparseCompressor):
         return {**super().config(), "seed": self.seed, "unbiased": self.unbiased}
 
     def __repr__(self) -> str:
-        return f"RandomKCompressor(density={self.density!r}, seed={self.seed}, unbiased={self.unbiased})"
+        return f"RandomKSelector(density={self.density!r}, seed={self.seed}, unbiased={self.unbiased})"

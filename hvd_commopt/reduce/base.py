@@ -8,7 +8,7 @@ that depends on the step (random-k's shared seed, DGC's warm-up epoch) reads ``r
 collectives are named ``rnd.wire(bucket)`` (distinct for rounds in flight together).
 
 A reducer composes a :class:`~hvd_commopt.compress.base.Compressor` or a selector with the
-collectives its payload needs, and with a :class:`~hvd_commopt.compress.memory.Memory` when it
+collectives its payload needs, and with a :class:`~hvd_commopt.memory.base.Memory` when it
 remembers what it did not send. ``start`` returns a :class:`Pending` whose ``state`` is a small
 record type of the reducer's own.
 """
@@ -17,13 +17,14 @@ from __future__ import annotations
 import abc
 import copy
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from ..buckets import Bucket
 from ..comm.communicator import Communicator
-from ..compress.error_feedback import TensorStore
 from ..errors import ConfigError
 from ..fusion.pricing import Pricing, dense_pricing
+from ..host import ScheduleHost
+from ..memory.error_feedback import TensorStore
 from ..tensor_ops import TensorOps
 
 __all__ = ["Reducer", "ReduceContext", "Pending", "RoundInfo", "Average", "Sum", "REDUCE_AVERAGING_OPS",
@@ -121,10 +122,13 @@ class Reducer(abc.ABC):
     Attributes:
         name: short name for reports.
         sparse: True when buckets are sparsified (the fusion planner then uses OMGS's model).
+        compressor: the compressor or selector the reducer is built from (None: none); shared,
+            not copied, by :meth:`fresh`.
     """
 
     name: str = "abstract"
     sparse: bool = False
+    compressor: Any = None
 
     @abc.abstractmethod
     def start(self, bucket: Bucket, rnd: RoundInfo, flat: Any, ctx: ReduceContext) -> Pending:
@@ -153,6 +157,18 @@ class Reducer(abc.ABC):
         """A *finite* bucket's round is skipped because another bucket of the same step was not
         finite (a loss scaler then skips the whole step): its memory goes back to the snapshot
         too, so the skipped step leaves no trace anywhere (docs/wrapper.md#nonfinite-step)."""
+
+    def bind_host(self, host: ScheduleHost, names: list[str]) -> Any:
+        """The wrapped optimizer (``host``, with the registered tensor ``names``) is attached: a
+        reducer whose memory applies the momentum itself (momentum correction) takes the
+        optimizer's and returns the host's hyper-parameter override that runs the optimizer
+        without it (docs/dgc.md#optimizer-momentum). None: nothing to override (the default)."""
+        return None
+
+    def relayout(self, ops: TensorOps, old: Sequence[Bucket], new: Sequence[Bucket]) -> None:
+        """The bucket layout changed from ``old`` to ``new`` between steps (a re-plan): per-bucket
+        state follows its tensors into the new buckets (docs/lags-omgs.md#replan-residuals).
+        Nothing to move by default (a reducer without state)."""
 
     def keeps_dense(self, spec: Any) -> bool:
         """Whether tensor ``spec`` (a :class:`~hvd_commopt.buckets.TensorSpec`) leaves its fusion
@@ -201,9 +217,8 @@ class Reducer(abc.ABC):
                     walk(x)
 
         walk(self)
-        compressor = getattr(self, "compressor", None)
-        if compressor is not None:
-            memo[id(compressor)] = compressor  # shared: a config (DGC's epoch is set for all)
+        if self.compressor is not None:
+            memo[id(self.compressor)] = self.compressor  # shared: a config (DGC's epoch is set for all)
         return copy.deepcopy(self, memo)
 
     #: Whether this reducer keeps state that differs from rank to rank (residuals, DGC memory).

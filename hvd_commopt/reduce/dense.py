@@ -9,15 +9,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from ..buckets import Bucket
 from ..compress.base import Compressor
 from ..compress.cast import NoneCompressor
 from ..compress import nonfinite
-from ..compress.memory import Memory
 from ..errors import ConfigError
 from ..fusion.pricing import Pricing, dense_pricing
+from ..memory.base import Memory
+from ..tensor_ops import TensorOps
 from .base import Pending, ReduceContext, Reducer, RoundInfo
 
 __all__ = ["DenseAllreduce"]
@@ -105,9 +106,14 @@ class DenseAllreduce(Reducer):
                 "memory": None if self.memory is None else self.memory.config()}
 
     def price(self, cost: Any, select_s: float | None = None, select_c0: float = 0.0) -> Pricing:
-        ratio = getattr(self.compressor, "wire_bytes_ratio", 1.0)
+        ratio = self.compressor.wire_bytes_ratio
         what = "dense allreduce" if ratio == 1.0 else f"allreduce of {self.compressor.name} ({ratio:g} of the bytes)"
         return dense_pricing(cost, ratio, what)
+
+    def relayout(self, ops: TensorOps, old: Sequence[Bucket], new: Sequence[Bucket]) -> None:
+        """The memory's per-bucket state follows its tensors (docs/lags-omgs.md#replan-residuals)."""
+        if self.memory is not None:
+            self.memory.relayout(ops, old, new)
 
     @property
     def holds_rank_state(self) -> bool:
