@@ -71,7 +71,7 @@ class LayerwiseK:
         """``TopKCompressor.select_acc`` of a multi-member bucket: (values, ascending
         bucket-relative indices, acc = r + addend), one finiteness verdict for the bucket."""
         sel = self._comp.selection
-        if not getattr(ops, "slices_are_views", False):
+        if not ops.slices_are_views:
             addend = addend_ops.made(ops, addend)  # a member's u' would not land in the bucket's buffer
         target = r if out is None else out
         if ops.device_name(r) == "cpu" and ops.dtype_name(r) in HOST_DTYPES:
@@ -106,4 +106,4 @@ class LayerwiseK:
         sum was written into a view of it; else the members' sums end to end."""
         if addend is None:
             return r
-        return target if getattr(ops, "slices_are_views", False) else ops.cat(sums)
+        return target if ops.slices_are_views else ops.cat(sums)

@@ -8,20 +8,20 @@ Three stores implement :class:`Memory`:
 * :class:`~hvd_commopt.memory.momentum.MomentumCorrection`: DGC's memory with the wrapped
   optimizer's momentum, the momentum correction of Top-k, gTop-k and LAGS (a :class:`MomentumMemory`).
 
-Reducers call it with the bucket's name (``Bucket.name``) as the key::
+Reducers call it with the bucket's name (``Bucket.name``) as the key, ``name``::
 
-    acc = memory.compensate(ops, key, flat)          # what could be sent now (flat + residual)
-    memory.update(ops, key, acc, sent_idx)           # sparse: residual = acc zeroed at sent_idx
-    vals, idx = memory.compensate_select(ops, key, flat, select)   # the three fused (fuses_selection)
-    memory.update_quantized(ops, key, acc, sent)     # dense lossy: residual = acc - sent
-    memory.restore(ops, key, idx, vals)              # selected but not delivered: add back
-    x   = memory.compensate_dense(ops, key, flat)    # all of it is sent: residual -> 0
-    out = memory.finish_dense(ops, key, reduced)     # post-processing of a dense result
-    memory.residual(ops, key, like)                  # the stored residual (None = zero)
-    memory.snapshot(ops, key, like, step)            # before a round: a copy to roll back to
-    memory.skip(key)                                 # this rank's bucket is NaN/Inf: left untouched
-    memory.rollback(ops, key, step)                  # the reduced bucket is NaN/Inf: undo the round
-    memory.relayout(ops, old_buckets, new_buckets)   # a re-plan: the state follows the tensors
+    acc = memory.compensate(ops, name, flat)          # what could be sent now (flat + residual)
+    memory.update(ops, name, acc, sent_idx)           # sparse: residual = acc zeroed at sent_idx
+    vals, idx = memory.compensate_select(ops, name, flat, select)   # the three fused (fuses_selection)
+    memory.update_quantized(ops, name, acc, sent)     # dense lossy: residual = acc - sent
+    memory.restore(ops, name, idx, vals)              # selected but not delivered: add back
+    x   = memory.compensate_dense(ops, name, flat)    # all of it is sent: residual -> 0
+    out = memory.finish_dense(ops, name, reduced)     # post-processing of a dense result
+    memory.residual(ops, name, like)                  # the stored residual (None = zero)
+    memory.snapshot(ops, name, like, step)            # before a round: a copy to roll back to
+    memory.skip(name)                                 # this rank's bucket is NaN/Inf: left untouched
+    memory.rollback(ops, name, step)                  # the reduced bucket is NaN/Inf: undo the round
+    memory.relayout(ops, old_buckets, new_buckets)    # a re-plan: the state follows the tensors
     memory.config() / memory.state_dict() / memory.load_state_dict(state)
 
 Declared capabilities (attributes, no probing): ``fuses_selection`` (``compensate_select`` may
@@ -63,50 +63,50 @@ class Memory(Protocol):
     #: :meth:`compensate_select` passes a bucket's unpacked gradients to the selection as they are
     reads_parts: bool
 
-    def compensate(self, ops: TensorOps, key: str, flat: Tensor) -> Tensor:
+    def compensate(self, ops: TensorOps, name: str, flat: Tensor) -> Tensor:
         """The tensor to select from: ``flat`` plus what is remembered (into flat allowed)."""
         ...
 
-    def update(self, ops: TensorOps, key: str, acc: Tensor, sent_idx: Tensor) -> None:
+    def update(self, ops: TensorOps, name: str, acc: Tensor, sent_idx: Tensor) -> None:
         """A sparse selection of ``acc`` at ``sent_idx`` was sent; remember the rest."""
         ...
 
-    def compensate_select(self, ops: TensorOps, key: str, flat: Tensor, select: SelectFn) -> tuple[Tensor, Tensor]:
+    def compensate_select(self, ops: TensorOps, name: str, flat: Tensor, select: SelectFn) -> tuple[Tensor, Tensor]:
         """:meth:`compensate`, ``select`` and :meth:`update` with the add fused into the selection's
         pass (docs/selection.md#fused-ef), bit-identical to the three steps; ``(values, indices)``."""
         ...
 
-    def update_quantized(self, ops: TensorOps, key: str, acc: Tensor, sent: Tensor) -> None:
+    def update_quantized(self, ops: TensorOps, name: str, acc: Tensor, sent: Tensor) -> None:
         """A lossy dense encoding of ``acc`` was sent, worth ``sent`` locally; remember acc - sent."""
         ...
 
-    def restore(self, ops: TensorOps, key: str, idx: Tensor, vals: Tensor) -> None:
+    def restore(self, ops: TensorOps, name: str, idx: Tensor, vals: Tensor) -> None:
         """Values that were selected but not delivered (gTop-k's dropped entries) come back."""
         ...
 
-    def compensate_dense(self, ops: TensorOps, key: str, flat: Tensor) -> Tensor:
+    def compensate_dense(self, ops: TensorOps, name: str, flat: Tensor) -> Tensor:
         """Everything is sent this step (density 1, a lossless correction): the tensor to send."""
         ...
 
-    def finish_dense(self, ops: TensorOps, key: str, reduced: Tensor) -> Tensor:
+    def finish_dense(self, ops: TensorOps, name: str, reduced: Tensor) -> Tensor:
         """Post-process the reduced result of a :meth:`compensate_dense` step."""
         ...
 
-    def snapshot(self, ops: TensorOps, key: str, like: Tensor, step: int) -> None:
-        """Copy the state of ``key`` before round ``step`` (what :meth:`rollback` restores)."""
+    def snapshot(self, ops: TensorOps, name: str, like: Tensor, step: int) -> None:
+        """Copy the state of ``name`` before round ``step`` (what :meth:`rollback` restores)."""
         ...
 
-    def skip(self, key: str) -> None:
-        """This rank's bucket was not finite this round: the state of ``key`` stays as it is."""
+    def skip(self, name: str) -> None:
+        """This rank's bucket was not finite this round: the state of ``name`` stays as it is."""
         ...
 
-    def rollback(self, ops: TensorOps, key: str, step: int) -> bool:
+    def rollback(self, ops: TensorOps, name: str, step: int) -> bool:
         """Round ``step``'s reduced bucket was not finite: restore the snapshot (False when a
         later round has already replaced it)."""
         ...
 
-    def residual(self, ops: TensorOps, key: str, like: Tensor) -> Tensor | None:
-        """What is remembered for ``key`` (None = nothing), for tests and diagnostics."""
+    def residual(self, ops: TensorOps, name: str, like: Tensor) -> Tensor | None:
+        """What is remembered for ``name`` (None = nothing), for tests and diagnostics."""
         ...
 
     def residuals(self) -> dict[str, Tensor]:
