@@ -85,13 +85,13 @@ class RandomKSelector(Selector):
             warnings.warn(f"random-k with error feedback and the optimizer's momentum {momentum} applied after "
                           f"the exchange diverges: each entry's residual grows for about 1/density steps and "
                           f"is then multiplied by the momentum. Use momentum_correction=True (the default).",
-                          RuntimeWarning, stacklevel=3)
+                          RuntimeWarning, stacklevel=4)
         elif d is not None and d < RANDOMK_MIN_DENSITY:
             warnings.warn(f"random-k at density {d} sends each entry about every {1 / d:.0f} steps, so with "
                           f"momentum {momentum} the update it applies is that many steps stale; it did not train "
                           f"below density {RANDOMK_MIN_DENSITY} at lr 0.1 (docs/topk.md#randomk-momentum). Use "
                           f"Compression.topk/gtopk at low density, or density >= {RANDOMK_MIN_DENSITY}, or a "
-                          f"smaller lr.", RuntimeWarning, stacklevel=3)
+                          f"smaller lr.", RuntimeWarning, stacklevel=4)
 
     def config(self) -> dict:
         return {**super().config(), "seed": self.seed, "unbiased": self.unbiased}

@@ -2,11 +2,12 @@
 
 A memory that applies the momentum itself (a :class:`~hvd_commopt.memory.base.MomentumMemory`:
 DGC's, Top-k/gTop-k/LAGS's ``momentum_correction``) applies it before selection, so the wrapped
-optimizer must not apply it again. When the optimizer is attached, the sparse reducers
-(``SparseReducer.bind_host``) give a memory built with ``momentum=None`` the optimizer's momentum,
-and return the host's hyper-parameter override that runs the optimizer without it; the scheduler
-lays that override over every update. The selector is told the momentum that will be applied
-(``Selector.check_momentum``: random-k's warning, docs/topk.md#randomk-momentum).
+optimizer must not apply it again. When the optimizer is attached, the reducers with a memory
+(``SparseReducer.bind_host``, ``DenseAllreduce.bind_host``) give a memory built with
+``momentum=None`` the optimizer's momentum, and return the host's hyper-parameter override that
+runs the optimizer without it; the scheduler lays that override over every update. A sparse
+reducer's selector is told the momentum that will be applied (``Selector.check_momentum``:
+random-k's warning, docs/topk.md#randomk-momentum).
 """
 from __future__ import annotations
 
@@ -20,13 +21,14 @@ from ..memory.base import Memory, MomentumMemory
 __all__ = ["bind_momentum_memory"]
 
 
-def bind_momentum_memory(memory: Memory, selector: Selector, host: ScheduleHost, names: list[str]) -> Any:
+def bind_momentum_memory(memory: Memory, host: ScheduleHost, names: list[str], selector: Selector | None = None) -> Any:
     """Bind the wrapped optimizer's momentum to ``memory`` where it applies momentum; the host's
     override that switches the optimizer's momentum off, or None when there is nothing to switch
-    off (no momentum correction, no optimizer, or an optimizer without momentum)."""
+    off (no momentum correction, no optimizer, or an optimizer without momentum). ``selector``:
+    the sparse reducer's, told the momentum that will be applied."""
     corrected = isinstance(memory, MomentumMemory)
     known = host.holds_weights  # a gradient-capturing host has no optimizer
-    if known and names:  # e.g. random-k's warning (docs/topk.md#randomk-momentum)
+    if selector is not None and known and names:  # e.g. random-k's warning (docs/topk.md#randomk-momentum)
         mu0 = float(host.param_hyper(names[0], "momentum", 0.0) or 0.0)
         selector.check_momentum(memory.momentum if corrected and not memory.from_optimizer else mu0, corrected)
     if not corrected or not names or not known:

@@ -278,7 +278,7 @@ class SparseReducer(Reducer):
     def bind_host(self, host: ScheduleHost, names: list[str]) -> Any:
         """Momentum correction takes the wrapped optimizer's momentum (docs/dgc.md#optimizer-momentum):
         :func:`~hvd_commopt.reduce.momentum.bind_momentum_memory` on this reducer's memory."""
-        return bind_momentum_memory(self.memory, self.compressor, host, names)
+        return bind_momentum_memory(self.memory, host, names, self.compressor)
 
     def relayout(self, ops: TensorOps, old: Sequence[Bucket], new: Sequence[Bucket]) -> None:
         """The memory's per-bucket state follows its tensors (docs/lags-omgs.md#replan-residuals)."""

@@ -13,7 +13,7 @@ from hvd_commopt.host import GradientCapture, MomentumSwitch, ScheduleHost
 from hvd_commopt.memory import DGCMemory, ErrorFeedback, Memory, MomentumCorrection, MomentumMemory
 from hvd_commopt.reduce import DenseAllreduce, GTopK, OkTopK, Reducer, SparseAllgather, SparseReducer
 from hvd_commopt.reduce.adasum import AdasumReducer
-from tests.unit.schedule_helpers import NumpyHost, SwitchableMomentumHost
+from tests.unit.schedule_helpers import NumpyHost, SwitchableMomentumHost, init_params
 
 MEMORIES = {
     "error_feedback": lambda: ErrorFeedback(),
@@ -122,3 +122,16 @@ def test_hosts_declare_whether_they_can_switch_the_momentum_off():
     assert not isinstance(NumpyHost({}), MomentumSwitch)
     assert not isinstance(GradientCapture(), MomentumSwitch)
     assert isinstance(NumpyHost({}), ScheduleHost)
+
+
+@pytest.mark.parametrize("make", [lambda: Compression.dgc(0.01), lambda: Compression.topk(0.01),
+                                  lambda: DenseAllreduce(Compression.none, MomentumCorrection())])
+def test_bind_host_gives_a_momentum_memory_the_optimizers_momentum(make):
+    red = make()
+    assert red.bind_host(SwitchableMomentumHost(init_params(), momentum=0.9), ["w", "b"]) == {"momentum": 0.0}
+    assert red.memory.momentum == 0.9  # the optimizer then runs without its momentum
+
+
+def test_bind_host_leaves_error_feedback_alone():
+    for red in (Compression.topk(0.01, momentum_correction=False), DenseAllreduce(Compression.fp16, ErrorFeedback())):
+        assert red.bind_host(SwitchableMomentumHost(init_params(), momentum=0.9), ["w"]) is None
