@@ -38,7 +38,7 @@ __all__ = ["LayerwiseK"]
 
 class LayerwiseK:
     """The per-member plan ``((offset, numel, k), ...)`` of a compressor's buckets, and the
-    selection that follows it. ``comp`` is the :class:`~hvd_commopt.compress.topk.TopKCompressor`
+    selection that follows it. ``comp`` is the :class:`~hvd_commopt.compress.topk.TopKSelector`
     it serves (its density, ``min_k``, ``dense_1d`` and selection)."""
 
     def __init__(self, comp: Any):
@@ -68,7 +68,7 @@ class LayerwiseK:
 
     def select_acc(self, ops: Any, plan: tuple, r: Any, bucket: Any, step: int, addend: Any,
                    out: Any = None, finite: list | None = None) -> tuple[Any, Any, Any]:
-        """``TopKCompressor.select_acc`` of a multi-member bucket: (values, ascending
+        """``TopKSelector.select_acc`` of a multi-member bucket: (values, ascending
         bucket-relative indices, acc = r + addend), one finiteness verdict for the bucket."""
         sel = self._comp.selection
         if not ops.slices_are_views:

@@ -32,7 +32,8 @@ class SampledThreshold:
         self.guesses: dict[str, float] = {}  # bucket -> where its next sweep starts (speed only; dgc_select)
 
     def sampling(self, numel: int, ratio: float) -> tuple[int, int, int]:
-        """(sample_stride, num_samples, top_k_samples) as the reference's ``DGCCompressor.initialize`` computes them."""
+        """(sample_stride, num_samples, top_k_samples) as the reference's ``DGCCompressor.initialize``
+        computes them."""
         if self.sample_ratio >= 1.0:
             stride, num_samples = 1, numel
         else:

@@ -194,7 +194,7 @@ class Reducer(abc.ABC):
         """A reducer with this one's configuration, the same compressor object, and none of its
         per-bucket state: for a second engine built from the same object
         (docs/cross-rank-check.md#shared-compression). The state lives in
-        :class:`~hvd_commopt.compress.error_feedback.TensorStore` objects, which start empty;
+        :class:`~hvd_commopt.memory.error_feedback.TensorStore` objects, which start empty;
         anything else is deep-copied as it is now (a reducer keeping per-bucket state elsewhere
         overrides this)."""
         memo: dict[int, Any] = {}
