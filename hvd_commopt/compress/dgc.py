@@ -75,6 +75,7 @@ class DGCSelector(Selector, SampledThreshold):
 
     name = "dgc"
     fuses_memory = True
+    selection: Selection
 
     def __init__(self, density: Density = 0.001, sample_ratio: float = 0.01, strided_sample: bool = True,
                  compress_upper_bound: float = 1.3, compress_lower_bound: float = 0.8,

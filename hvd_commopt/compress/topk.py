@@ -50,6 +50,7 @@ class TopKSelector(Selector):
 
     name = "topk"
     fuses_memory = True
+    selection: Selection
 
     def __init__(self, density: Density = 0.001, selection: str = "exact", tau: int = 16, band: float = 0.2,
                  min_k: int = 1, dense_1d: bool = True, layerwise: bool = False):

@@ -57,11 +57,17 @@ class Memory(Protocol):
     """Per-bucket state that carries what was not sent into later steps."""
 
     nonfinite: str
-    #: :meth:`compensate_select` may stand for compensate + select + update (False: a memory
-    #: that remembers nothing, e.g. ``ErrorFeedback(enabled=False)``)
-    fuses_selection: bool
-    #: :meth:`compensate_select` passes a bucket's unpacked gradients to the selection as they are
-    reads_parts: bool
+
+    @property
+    def fuses_selection(self) -> bool:
+        """:meth:`compensate_select` may stand for compensate + select + update (False: a memory
+        that remembers nothing, e.g. ``ErrorFeedback(enabled=False)``)."""
+        ...
+
+    @property
+    def reads_parts(self) -> bool:
+        """:meth:`compensate_select` passes a bucket's unpacked gradients to the selection as they are."""
+        ...
 
     def compensate(self, ops: TensorOps, name: str, flat: Tensor) -> Tensor:
         """The tensor to select from: ``flat`` plus what is remembered (into flat allowed)."""

@@ -26,12 +26,12 @@ def bind_momentum_memory(memory: Memory, host: ScheduleHost, names: list[str], s
     override that switches the optimizer's momentum off, or None when there is nothing to switch
     off (no momentum correction, no optimizer, or an optimizer without momentum). ``selector``:
     the sparse reducer's, told the momentum that will be applied."""
-    corrected = isinstance(memory, MomentumMemory)
+    mem = memory if isinstance(memory, MomentumMemory) else None
     known = host.holds_weights  # a gradient-capturing host has no optimizer
     if selector is not None and known and names:  # e.g. random-k's warning (docs/topk.md#randomk-momentum)
         mu0 = float(host.param_hyper(names[0], "momentum", 0.0) or 0.0)
-        selector.check_momentum(memory.momentum if corrected and not memory.from_optimizer else mu0, corrected)
-    if not corrected or not names or not known:
+        selector.check_momentum(mem.momentum if mem is not None and not mem.from_optimizer else mu0, mem is not None)
+    if mem is None or not names or not known:
         return None
     mus = {float(host.param_hyper(n, "momentum", 0.0) or 0.0) for n in names}
     nest = {bool(host.param_hyper(n, "nesterov", False)) for n in names}
@@ -40,17 +40,17 @@ def bind_momentum_memory(memory: Memory, host: ScheduleHost, names: list[str], s
                           f"optimizer's groups have momenta {sorted(mus)} (nesterov {sorted(nest)}); use one "
                           f"momentum, or pass momentum= to the compression and wrap an optimizer without momentum")
     mu, nesterov = mus.pop(), nest.pop()
-    if memory.from_optimizer:
-        memory.bind_momentum(mu, nesterov)
-    elif mu and (mu != memory.momentum or nesterov != memory.nesterov):
-        raise ConfigError(f"the compression applies momentum {memory.momentum} itself and the wrapped optimizer "
+    if mem.from_optimizer:
+        mem.bind_momentum(mu, nesterov)
+    elif mu and (mu != mem.momentum or nesterov != mem.nesterov):
+        raise ConfigError(f"the compression applies momentum {mem.momentum} itself and the wrapped optimizer "
                           f"has momentum {mu}: that would apply momentum twice. Pass momentum=None to the "
                           f"compression (it then takes the optimizer's), or wrap an optimizer with momentum=0")
     if not mu:
         return None
     off = host.hyper_without_momentum() if isinstance(host, MomentumSwitch) else None
-    if off is None and memory.auto:
-        memory.bind_momentum(0.0)  # the optimizer keeps its momentum: plain error feedback (Keras)
+    if off is None and mem.auto:
+        mem.bind_momentum(0.0)  # the optimizer keeps its momentum: plain error feedback (Keras)
         return None
     if off is None:
         raise ConfigError(f"the wrapped optimizer has momentum {mu}, which the compression applies itself "

@@ -43,6 +43,7 @@ def _members(proto: type) -> dict[str, object]:
             continue
         out.update({n: None for n in getattr(cls, "__annotations__", {})})
         out.update({n: v for n, v in vars(cls).items() if callable(v) and not n.startswith("_")})
+        out.update({n: None for n, v in vars(cls).items() if isinstance(v, property)})  # read-only attributes
     return out
 
 
