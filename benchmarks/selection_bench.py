@@ -16,7 +16,7 @@ Targets (docs/selection.md#selection-bench): exact <= 4 passes, threshold reuse 
 
 ``--layers L`` adds the layer-wise selection (docs/lags-omgs.md#lags-merged) of a bucket of L
 equal members, fused with the residual add, in passes over the whole bucket: ``layerwise``
-(``TopKCompressor(layerwise=True)``, the batched CPU path), ``per member`` (the exact fused step
+(``TopKSelector(layerwise=True)``, the batched CPU path), ``per member`` (the exact fused step
 once per member, what one bucket per layer runs) and ``whole`` (one top-k of the bucket, k the
 members' sum).
 
@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from benchmarks.common import table, write_json
-from hvd_commopt.compress.error_feedback import ErrorFeedback
+from hvd_commopt.memory.error_feedback import ErrorFeedback
 from hvd_commopt.select import host_native
 from hvd_commopt.select.strategies import ExactTopK, ReuseTopK
 from torch_plugin.ops import TorchOps
@@ -86,7 +86,7 @@ def measure(n: int, d: float, reps: int, slow_refs: bool) -> dict:
 
 def measure_layerwise(n: int, layers: int, d: float, reps: int) -> dict:
     from hvd_commopt.buckets import Bucket, TensorSpec
-    from hvd_commopt.compress.topk import TopKCompressor
+    from hvd_commopt.compress.topk import TopKSelector
     m = n // layers
     b = Bucket.of(0, [TensorSpec(f"l{i}", (m,), "float32") for i in range(layers)])
     rng = np.random.default_rng(n + layers)
@@ -94,7 +94,7 @@ def measure_layerwise(n: int, layers: int, d: float, reps: int) -> dict:
     r = torch.from_numpy(rng.standard_normal(b.numel).astype(np.float32))
     buf = torch.empty_like(r)
     one_pass = _median(lambda: torch.abs(r, out=buf), reps)
-    lw, whole = TopKCompressor(d, layerwise=True), TopKCompressor(d)
+    lw, whole = TopKSelector(d, layerwise=True), TopKSelector(d)
     k_l = max(int(m * d), 1)
     ex = ExactTopK()
 

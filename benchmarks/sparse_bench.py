@@ -58,7 +58,7 @@ def build_model():
 def selection_throughput(n: int, densities: list[float], reps: int) -> list[dict]:
     import torch
 
-    from hvd_commopt.compress import DGCCompressor
+    from hvd_commopt.compress import DGCSelector
     from torch_plugin.ops import TorchOps
 
     torch.set_num_threads(1)
@@ -82,7 +82,7 @@ def selection_throughput(n: int, densities: list[float], reps: int) -> list[dict
                      "seconds": med(lambda: ops.topk_abs(t, k))})
         rows.append({"op": "torch.topk(|t|) raw", "density": d,
                      "seconds": med(lambda: torch.topk(t.abs(), k, sorted=False))})
-        dgc = DGCCompressor(d)
+        dgc = DGCSelector(d)
         rows.append({"op": "DGC sampled threshold", "density": d,
                      "seconds": med(lambda: dgc.select(ops, t, None, 0))})
     copy_s = rows[0]["seconds"]

@@ -14,7 +14,7 @@ gradient (the default 25 MiB cap gives one bucket for models up to ~6.5M fp32 pa
 bucket per layer (``fusion_threshold=0``) is LAGS-SGD, each layer sparsified and sent from the
 backward hooks while backward continues. ``Compression.topk(density, layerwise=True)`` selects
 LAGS's per-layer top-k inside fused buckets, one exchange per bucket. ``density`` may be a dict or callable for per-layer
-densities (see :class:`hvd_commopt.compress.topk.DensitySpec`).
+densities (see :class:`hvd_commopt.compress.selector.DensitySpec`).
 """
 from __future__ import annotations
 
@@ -22,11 +22,13 @@ from typing import Sequence
 
 from .errors import ConfigError
 from .compress.cast import BF16Compressor, FP16Compressor, NoneCompressor
-from .compress.dgc import DGCCompressor, DGCMemory
-from .compress.error_feedback import ErrorFeedback
-from .compress.momentum import MomentumCorrection
-from .compress.randomk import RandomKCompressor
-from .compress.topk import Density, TopKCompressor
+from .compress.dgc import DGCSelector
+from .compress.randomk import RandomKSelector
+from .compress.selector import Density
+from .compress.topk import TopKSelector
+from .memory.dgc import DGCMemory
+from .memory.error_feedback import ErrorFeedback
+from .memory.momentum import MomentumCorrection
 from .reduce.gtopk import GTopK
 from .reduce.oktopk import OkTopK
 from .reduce.sparse_allgather import SparseAllgather
@@ -88,7 +90,7 @@ class Compression:
                 whole (docs/lags-omgs.md#lags-merged); a dict or callable density is then asked by
                 tensor name. Exact selection only.
         """
-        return SparseAllgather(TopKCompressor(density, selection, tau, band, min_k=min_k, dense_1d=dense_1d,
+        return SparseAllgather(TopKSelector(density, selection, tau, band, min_k=min_k, dense_1d=dense_1d,
                                               layerwise=layerwise),
                                _memory(error_feedback, momentum_correction, momentum_masking, nonfinite), index_dtype)
 
@@ -107,7 +109,7 @@ class Compression:
             raise ConfigError("unbiased random-k scales the sent values by n/k, an estimate of the whole "
                               "gradient; error feedback would send the rest again later. Pass "
                               "error_feedback=False with unbiased=True")
-        return SparseAllgather(RandomKCompressor(density, seed, min_k, unbiased, dense_1d),
+        return SparseAllgather(RandomKSelector(density, seed, min_k, unbiased, dense_1d),
                                _memory(error_feedback, momentum_correction, momentum_masking, nonfinite))
 
     @staticmethod
@@ -128,7 +130,7 @@ class Compression:
         :mod:`hvd_commopt.compress.dgc`). ``selection`` "sampled" is DGC's threshold; "exact" or
         "threshold" select k = ceil(n·ratio) as :meth:`topk` does (docs/selection.md).
         """
-        comp = DGCCompressor(density, sample_ratio=sample_ratio, warmup_epochs=warmup_epochs,
+        comp = DGCSelector(density, sample_ratio=sample_ratio, warmup_epochs=warmup_epochs,
                              warmup_coeff=warmup_coeff, steps_per_epoch=steps_per_epoch, seed=seed,
                              selection=selection, tau=tau, band=band, dense_1d=dense_1d)
         mem = DGCMemory(momentum=momentum, nesterov=nesterov, momentum_masking=momentum_masking,

@@ -23,7 +23,7 @@ from typing import Any, Callable, Protocol, runtime_checkable
 
 from .errors import HvdCommoptError
 
-__all__ = ["ScheduleHost", "GradientCapture"]
+__all__ = ["ScheduleHost", "MomentumSwitch", "GradientCapture"]
 
 Tensor = Any
 
@@ -81,6 +81,18 @@ class ScheduleHost(Protocol):
                 None = the current hyper-parameters.
             closure: passed to the optimizer (PyTorch's ``step(closure)``).
         """
+        ...
+
+
+@runtime_checkable
+class MomentumSwitch(Protocol):
+    """A host whose wrapped optimizer can run without its momentum (torch.optim.SGD's can, Keras'
+    cannot): what momentum correction needs when it applies the optimizer's momentum itself
+    (docs/dgc.md#optimizer-momentum)."""
+
+    def hyper_without_momentum(self) -> Any:
+        """The hyper-parameter override (the shape of :meth:`ScheduleHost.hyper`) that runs the
+        optimizer without momentum; None when this optimizer cannot."""
         ...
 
 

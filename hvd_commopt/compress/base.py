@@ -1,7 +1,7 @@
 """Compressor: what moves in a dense exchange. A compressor never communicates (GRACE's lesson); it
 declares the collective its payload needs so the engine can check compatibility when the
 optimizer is built. Sparse selections (top-k, random-k, DGC) are not compressors but selectors
-(:class:`~hvd_commopt.compress.topk.SparseCompressor`), used by the sparse reducers."""
+(:class:`~hvd_commopt.compress.selector.Selector`), used by the sparse reducers."""
 from __future__ import annotations
 
 import abc

@@ -34,9 +34,9 @@ import numpy as np
 
 from ..buckets import Bucket
 from ..tensor_ops import TensorOps
-from .topk import Density, SparseCompressor
+from .selector import Density, Selector
 
-__all__ = ["RandomKCompressor", "randomk_indices", "RANDOMK_MIN_DENSITY"]
+__all__ = ["RandomKSelector", "randomk_indices", "RANDOMK_MIN_DENSITY"]
 
 # below this density random-k with momentum did not reach S-SGD's accuracy (docs/topk.md#randomk-momentum)
 RANDOMK_MIN_DENSITY = 0.3
@@ -50,7 +50,7 @@ def randomk_indices(seed: int, name: str, step: int, n: int, k: int) -> np.ndarr
     return np.sort(rng.choice(n, size=k, replace=False, shuffle=False)).astype(np.int64)
 
 
-class RandomKCompressor(SparseCompressor):
+class RandomKSelector(Selector):
     """k uniformly random elements of the bucket, the same k on every rank.
 
     Args:
@@ -85,16 +85,16 @@ class RandomKCompressor(SparseCompressor):
             warnings.warn(f"random-k with error feedback and the optimizer's momentum {momentum} applied after "
                           f"the exchange diverges: each entry's residual grows for about 1/density steps and "
                           f"is then multiplied by the momentum. Use momentum_correction=True (the default).",
-                          RuntimeWarning, stacklevel=3)
+                          RuntimeWarning, stacklevel=4)
         elif d is not None and d < RANDOMK_MIN_DENSITY:
             warnings.warn(f"random-k at density {d} sends each entry about every {1 / d:.0f} steps, so with "
                           f"momentum {momentum} the update it applies is that many steps stale; it did not train "
                           f"below density {RANDOMK_MIN_DENSITY} at lr 0.1 (docs/topk.md#randomk-momentum). Use "
                           f"Compression.topk/gtopk at low density, or density >= {RANDOMK_MIN_DENSITY}, or a "
-                          f"smaller lr.", RuntimeWarning, stacklevel=3)
+                          f"smaller lr.", RuntimeWarning, stacklevel=4)
 
     def config(self) -> dict:
         return {**super().config(), "seed": self.seed, "unbiased": self.unbiased}
 
     def __repr__(self) -> str:
-        return f"RandomKCompressor(density={self.density!r}, seed={self.seed}, unbiased={self.unbiased})"
+        return f"RandomKSelector(density={self.density!r}, seed={self.seed}, unbiased={self.unbiased})"

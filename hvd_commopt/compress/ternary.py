@@ -1,6 +1,6 @@
 """Ternary quantization (MXNet's 2-bit ``quantize_2bit``), the compression of CD-SGD (docs/cd-sgd.md#update-rule).
 
-With error feedback (:class:`~hvd_commopt.compress.error_feedback.ErrorFeedback`, which keeps
+With error feedback (:class:`~hvd_commopt.memory.error_feedback.ErrorFeedback`, which keeps
 ``r = acc - theta*s``), per bucket and step::
 
     acc = r + g;   s = +1 if acc >= theta, -1 if acc <= -theta, else 0;   r = acc - theta*s

@@ -9,12 +9,21 @@ a quantiser with per-rank scales does not). See docs/horovod_api.md#compressors.
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from ..tensor_ops import TensorOps
 from .base import Compressor
 
-__all__ = ["UserCompressor", "as_user_compressor"]
+__all__ = ["HorovodCompressor", "UserCompressor", "as_user_compressor"]
+
+
+@runtime_checkable
+class HorovodCompressor(Protocol):
+    """Horovod's compressor interface (an object, or a class with static methods)."""
+
+    def compress(self, tensor: Any) -> tuple[Any, Any]: ...
+
+    def decompress(self, tensor: Any, ctx: Any) -> Any: ...
 
 
 def _positional(fn: Any) -> int | None:
@@ -48,9 +57,8 @@ class UserCompressor(Compressor):
 def as_user_compressor(obj: Any) -> UserCompressor | None:
     """A UserCompressor when ``obj`` has Horovod's ``compress(tensor)`` / ``decompress(tensor,
     ctx)`` (one and two required arguments), else None."""
-    comp, dec = getattr(obj, "compress", None), getattr(obj, "decompress", None)
-    if not (callable(comp) and callable(dec)):
+    if not isinstance(obj, HorovodCompressor) or not (callable(obj.compress) and callable(obj.decompress)):
         return None
-    if _positional(comp) != 1 or _positional(dec) != 2:
+    if _positional(obj.compress) != 1 or _positional(obj.decompress) != 2:
         return None
     return UserCompressor(obj)

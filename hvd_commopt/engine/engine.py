@@ -41,7 +41,6 @@ from ..tensor_ops import TensorOps
 from .args import check_backward_passes, check_predivide
 from .buffer_pool import BufferPool
 from .ports import RoundSource, own_reducer
-from .relayout import relayout_state
 from .rounds import ReducedGrads, Round
 from .settings import DERIVED, engine_settings
 from .specs import verify_same_settings, verify_same_tensors
@@ -153,14 +152,12 @@ class CommEngine:
             validate_plan(plan, len(self._backward))
             if self.scheduler is not None and self.scheduler.outstanding:
                 self.scheduler.drain()  # earlier rounds use the old layout; draining is value-neutral
-            old = getattr(self, "_buckets", None)
+            old = self._buckets
             self.plan = [list(g) for g in plan]
             self._buckets = self._build_buckets(self.plan)
             if old and [b.name for b in old] != [b.name for b in self._buckets]:
-                # residuals/velocities are keyed by bucket: move them (docs/lags-omgs.md#replan-residuals)
-                state, moved = relayout_state(self.ops, self.reducer.state_dict(), old, self._buckets)
-                if moved:
-                    self.reducer.load_state_dict(state)
+                # residuals/velocities are keyed by bucket: the reducer moves them (docs/lags-omgs.md#replan-residuals)
+                self.reducer.relayout(self.ops, old, self._buckets)
             self._slot = {n: (b, off) for b in self._buckets for n, off in zip(b.names, b.offsets)}
             self._pool.reset(len(self._buckets))
             self._reset_step()

@@ -1,7 +1,7 @@
 """Reducers (how a bucket is reduced): dense allreduce (with optional compression and memory), and
 the sparse reducers on one base (selection + memory): Top-k/random-k/DGC allgather and gTop-k."""
 from ..compress.base import Compressor
-from ..compress.topk import SparseCompressor
+from ..compress.selector import Selector
 from ..compress.user import as_user_compressor
 from ..errors import ConfigError
 from .adasum import AdasumReducer
@@ -36,7 +36,7 @@ def make_reducer(compression: Compressor | Reducer | None, op: str = Average) ->
     user = as_user_compressor(compression)  # Horovod's compress(tensor) / decompress(tensor, ctx)
     if user is not None:
         return DenseAllreduce(user)
-    if isinstance(compression, SparseCompressor):
+    if isinstance(compression, Selector):
         raise ConfigError(f"{compression!r} needs a sparse exchange; pass the reducer built by "
                           f"Compression.{compression.name}(...) instead of the bare selector")
     raise ConfigError(f"compression must be a Compression.* value, got {compression!r}")

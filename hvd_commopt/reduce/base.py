@@ -8,7 +8,7 @@ that depends on the step (random-k's shared seed, DGC's warm-up epoch) reads ``r
 collectives are named ``rnd.wire(bucket)`` (distinct for rounds in flight together).
 
 A reducer composes a :class:`~hvd_commopt.compress.base.Compressor` or a selector with the
-collectives its payload needs, and with a :class:`~hvd_commopt.compress.memory.Memory` when it
+collectives its payload needs, and with a :class:`~hvd_commopt.memory.base.Memory` when it
 remembers what it did not send. ``start`` returns a :class:`Pending` whose ``state`` is a small
 record type of the reducer's own.
 """
@@ -17,13 +17,14 @@ from __future__ import annotations
 import abc
 import copy
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from ..buckets import Bucket
 from ..comm.communicator import Communicator
-from ..compress.error_feedback import TensorStore
 from ..errors import ConfigError
 from ..fusion.pricing import Pricing, dense_pricing
+from ..host import ScheduleHost
+from ..memory.error_feedback import TensorStore
 from ..tensor_ops import TensorOps
 
 __all__ = ["Reducer", "ReduceContext", "Pending", "RoundInfo", "Average", "Sum", "REDUCE_AVERAGING_OPS",
@@ -163,6 +164,18 @@ class Reducer(abc.ABC):
         unless a reducer's selection reads them in its own pass."""
         return False
 
+    def bind_host(self, host: ScheduleHost, names: list[str]) -> Any:
+        """The wrapped optimizer (``host``, with the registered tensor ``names``) is attached: a
+        reducer whose memory applies the momentum itself (momentum correction) takes the
+        optimizer's and returns the host's hyper-parameter override that runs the optimizer
+        without it (docs/dgc.md#optimizer-momentum). None: nothing to override (the default)."""
+        return None
+
+    def relayout(self, ops: TensorOps, old: Sequence[Bucket], new: Sequence[Bucket]) -> None:
+        """The bucket layout changed from ``old`` to ``new`` between steps (a re-plan): per-bucket
+        state follows its tensors into the new buckets (docs/lags-omgs.md#replan-residuals).
+        Nothing to move by default (a reducer without state)."""
+
     def keeps_dense(self, spec: Any) -> bool:
         """Whether tensor ``spec`` (a :class:`~hvd_commopt.buckets.TensorSpec`) leaves its fusion
         group for a bucket sent uncompressed (docs/topk.md#dense-1d): never, for dense reducers."""
@@ -187,7 +200,7 @@ class Reducer(abc.ABC):
         """A reducer with this one's configuration, the same compressor object, and none of its
         per-bucket state: for a second engine built from the same object
         (docs/cross-rank-check.md#shared-compression). The state lives in
-        :class:`~hvd_commopt.compress.error_feedback.TensorStore` objects, which start empty;
+        :class:`~hvd_commopt.memory.error_feedback.TensorStore` objects, which start empty;
         anything else is deep-copied as it is now (a reducer keeping per-bucket state elsewhere
         overrides this)."""
         memo: dict[int, Any] = {}

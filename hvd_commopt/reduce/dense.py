@@ -9,16 +9,19 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from ..buckets import Bucket
 from ..compress.base import Compressor
 from ..compress.cast import NoneCompressor
 from ..compress import nonfinite
-from ..compress.memory import Memory
 from ..errors import ConfigError
 from ..fusion.pricing import Pricing, dense_pricing
+from ..host import ScheduleHost
+from ..memory.base import Memory
+from ..tensor_ops import TensorOps
 from .base import Pending, ReduceContext, Reducer, RoundInfo
+from .momentum import bind_momentum_memory
 
 __all__ = ["DenseAllreduce"]
 
@@ -108,6 +111,15 @@ class DenseAllreduce(Reducer):
         ratio = self.compressor.wire_bytes_ratio
         what = "dense allreduce" if ratio == 1.0 else f"allreduce of {self.compressor.name} ({ratio:g} of the bytes)"
         return dense_pricing(cost, ratio, what)
+
+    def bind_host(self, host: ScheduleHost, names: list[str]) -> Any:
+        """A memory that applies momentum takes the wrapped optimizer's (docs/dgc.md#optimizer-momentum)."""
+        return None if self.memory is None else bind_momentum_memory(self.memory, host, names)
+
+    def relayout(self, ops: TensorOps, old: Sequence[Bucket], new: Sequence[Bucket]) -> None:
+        """The memory's per-bucket state follows its tensors (docs/lags-omgs.md#replan-residuals)."""
+        if self.memory is not None:
+            self.memory.relayout(ops, old, new)
 
     @property
     def holds_rank_state(self) -> bool:  # type: ignore[override]  # the base's class-level default, computed here

@@ -53,14 +53,15 @@ import numpy as np
 
 from ..buckets import Bucket
 from ..comm.communicator import CountingLink
-from ..compress.error_feedback import ErrorFeedback
-from ..compress.memory import Memory
-from ..compress.topk import Density, TopKCompressor
+from ..compress.selector import Density
+from ..compress.topk import TopKSelector
 from ..errors import ConfigError
 from ..fusion.pricing import Pricing, sparse_pricing
+from ..memory.base import Memory
+from ..memory.error_feedback import ErrorFeedback
 from ..tensor_ops import TensorOps
 from .base import Pending, ReduceContext, RoundInfo
-from .sparse import Selection, SparseReducer, index_dtype_for
+from .sparse import PendingSelection, SparseReducer, index_dtype_for
 
 __all__ = ["GTopK", "merge", "gtopk_exchange", "gtopk_simulate"]
 
@@ -225,7 +226,7 @@ class GTopK(SparseReducer):
                  min_k: int = 1, dense_1d: bool = True):
         if algorithm not in ALGORITHMS:
             raise ConfigError(f"gTop-k algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
-        super().__init__(TopKCompressor(density, min_k=min_k, dense_1d=dense_1d), memory if memory is not None else ErrorFeedback(error_feedback),
+        super().__init__(TopKSelector(density, min_k=min_k, dense_1d=dense_1d), memory if memory is not None else ErrorFeedback(error_feedback),
                          index_dtype, dense_when_full)
         self.algorithm = algorithm
 
@@ -238,7 +239,7 @@ class GTopK(SparseReducer):
         k = ops.numel(idx)
         name = rnd.wire(bucket)
         if comm.size == 1:
-            return Pending(name, Selection(idx, vals, n, bucket.name, local=True))
+            return Pending(name, PendingSelection(idx, vals, n, bucket.name, local=True))
         idt = index_dtype_for(n, self.index_dtype)
         if self.algorithm == "allgather":
             fn = self._allgather_fn(ops, idx, vals, k, idt)
@@ -246,7 +247,7 @@ class GTopK(SparseReducer):
             def fn(link: CountingLink, deadline: float) -> tuple[Any, Any, Any]:
                 return gtopk_exchange(link, ops, idx, vals, k, idt)
         handle = comm.run_async(fn, name=f"{name}.gtopk", op="gtopk")
-        return Pending(name, Selection(idx, vals, n, bucket.name), (handle,))
+        return Pending(name, PendingSelection(idx, vals, n, bucket.name), (handle,))
 
     @staticmethod
     def _allgather_fn(ops: TensorOps, idx: Any, vals: Any, k: int, idt: str):

@@ -29,20 +29,22 @@ the arrays' memory (hvd_commopt/comm/host_link.py, docs/oktopk.md#backends).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
 from ..buckets import Bucket
 from ..comm.host_link import host_link
-from ..compress.error_feedback import ErrorFeedback
-from ..compress.memory import Memory
-from ..compress.topk import Density, TopKCompressor
+from ..compress.selector import Density
+from ..compress.topk import TopKSelector
 from ..errors import ConfigError
 from ..fusion.pricing import Pricing, sparse_pricing
 from ..fusion.sparse_scaling import hist_bins
+from ..memory.base import Memory
+from ..memory.error_feedback import ErrorFeedback
+from ..tensor_ops import TensorOps
 from .base import Pending, ReduceContext, RoundInfo
-from .sparse import Selection, SparseReducer, index_dtype_for
+from .sparse import PendingSelection, SparseReducer, index_dtype_for
 
 __all__ = ["OkTopK", "oktopk_exchange", "balanced_bounds", "global_topk_mask", "REBALANCE_BINS"]
 
@@ -198,7 +200,7 @@ class OkTopK(SparseReducer):
         if isinstance(rebalance, bool) or not isinstance(rebalance, int) or rebalance < 1:
             raise ConfigError(f"rebalance must be an integer >= 1 (steps between region load balancing), got "
                               f"{rebalance!r}; use 1 to rebalance every step")
-        super().__init__(TopKCompressor(density, selection, tau, band, min_k=min_k, dense_1d=dense_1d),
+        super().__init__(TopKSelector(density, selection, tau, band, min_k=min_k, dense_1d=dense_1d),
                          memory if memory is not None else ErrorFeedback(error_feedback), index_dtype, dense_when_full)
         self.rebalance = rebalance
         self.last_info: dict[str, dict] = {}  # bucket -> what this rank sent in its last exchange
@@ -212,7 +214,7 @@ class OkTopK(SparseReducer):
         vals, idx, n = sel
         name = rnd.wire(bucket)
         if comm.size == 1:
-            return Pending(name, Selection(idx, vals, n, bucket.name, flat, local=True))
+            return Pending(name, PendingSelection(idx, vals, n, bucket.name, flat, local=True))
         k = ops.numel(idx)
         idt = index_dtype_for(n, self.index_dtype)
         I = np.asarray(ops.to_numpy(idx), dtype=np.int64)
@@ -225,7 +227,7 @@ class OkTopK(SparseReducer):
         def fn(link: Any, deadline: float):
             return oktopk_exchange(host_link(link, ops), I, V, n, k, cuts, idt)
         handle = comm.run_async(fn, name=f"{name}.oktopk", op="oktopk")
-        return Pending(name, Selection(idx, vals, n, bucket.name, flat), (handle,))
+        return Pending(name, PendingSelection(idx, vals, n, bucket.name, flat), (handle,))
 
     def exchanged(self, pending: Pending, ctx: ReduceContext) -> tuple[Any, Any]:
         st, ops = pending.state, ctx.ops
@@ -243,6 +245,12 @@ class OkTopK(SparseReducer):
 
     def price(self, cost: Any, select_s: float | None = None, select_c0: float = 0.0) -> Pricing:
         return sparse_pricing(cost, "oktopk", self.density, select_s, select_c0)
+
+    def relayout(self, ops: TensorOps, old: Sequence[Bucket], new: Sequence[Bucket]) -> None:
+        """The memory's state follows its tensors; the region cuts of the old buckets are dropped
+        (the new buckets are balanced on their first step)."""
+        super().relayout(ops, old, new)
+        self._bounds.clear()
 
     def state_dict(self) -> dict:
         return {**super().state_dict(),

@@ -1,8 +1,8 @@
 """What every sparse reducer shares: select-with-memory, the density-1 path, the index dtype.
 
 :class:`SparseReducer` is the base of the sparse allreduces (Top-k allgather, gTop-k): a selector
-(:class:`~hvd_commopt.compress.topk.SparseCompressor`) composed with a memory
-(:class:`~hvd_commopt.compress.memory.Memory`). Per bucket and round, :meth:`SparseReducer.select`
+(:class:`~hvd_commopt.compress.selector.Selector`) composed with a memory
+(:class:`~hvd_commopt.memory.base.Memory`). Per bucket and round, :meth:`SparseReducer.select`
 is the common prologue::
 
     acc          = prescale·flat + residual          memory.compensate
@@ -30,19 +30,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from ..buckets import Bucket
 from ..compress import nonfinite
 from ..select.grad_parts import GradParts
-from ..compress.memory import Memory
 from ..select.kernels import kernels_for
 from ..select.strategies import folds_finite, fused_with, select_with_memory
-from ..compress.topk import SparseCompressor
+from ..compress.selector import Selector
 from ..errors import ConfigError
+from ..host import ScheduleHost
+from ..memory.base import Memory
+from ..tensor_ops import TensorOps
 from .base import Pending, ReduceContext, Reducer, RoundInfo
+from .momentum import bind_momentum_memory
 
-__all__ = ["SparseReducer", "Selection", "WholeBucket", "index_dtype_for", "prescaled", "dense_start",
+__all__ = ["SparseReducer", "PendingSelection", "WholeBucket", "index_dtype_for", "prescaled", "dense_start",
            "dense_finish", "scatter_result"]
 
 INDEX_DTYPES = ("int32", "int64")
@@ -106,7 +109,7 @@ class WholeBucket:
 
 
 @dataclass
-class Selection:
+class PendingSelection:
     """A bucket's sparse exchange in flight: this rank's selection (what the memory gets back of
     it when the exchange drops entries), the bucket's size and name, where to build the result."""
 
@@ -151,7 +154,7 @@ class SparseReducer(Reducer):
 
     sparse = True
 
-    def __init__(self, compressor: SparseCompressor, memory: Memory, index_dtype: str | None = None,
+    def __init__(self, compressor: Selector, memory: Memory, index_dtype: str | None = None,
                  dense_when_full: bool = True):
         index_dtype_for(0, index_dtype)  # validate early
         self.compressor = compressor
@@ -172,8 +175,7 @@ class SparseReducer(Reducer):
         to its pass, on an adapter whose native top-k reads them. Any other path packs them first."""
         return (kernels_for(ops).reads_grad_parts and bucket.dtype in ("float32", "float64")
                 and not bucket.dense and fused_with(self.compressor, self.memory)
-                and bool(getattr(self.memory, "reads_parts", False))
-                and bool(getattr(self.compressor, "reads_parts", False)))
+                and self.memory.reads_parts and self.compressor.reads_parts)
 
     def select(self, bucket: Bucket, rnd: RoundInfo, flat: Any, ctx: ReduceContext) -> Pending | tuple[Any, Any, int]:
         """The prologue: the bucket sent whole (a started dense :class:`Pending`) when its k is
@@ -188,7 +190,7 @@ class SparseReducer(Reducer):
         k = self.compressor.k_for(n, bucket, rnd.step)
         whole = self.dense_when_full and k >= n
         fold = not whole and folds_finite(self.compressor, self.memory)
-        if parts is not None and not (fold and ctx.prescale == 1.0 and getattr(self.memory, "reads_parts", False)):
+        if parts is not None and not (fold and ctx.prescale == 1.0 and self.memory.reads_parts):
             flat, parts = parts.pack(), None
         flat = prescaled(flat, ctx)
         self.memory.snapshot(ops, bucket.name, flat, rnd.step)
@@ -241,7 +243,7 @@ class SparseReducer(Reducer):
         subclass's half of :meth:`finish`)."""
         raise NotImplementedError
 
-    def restore_dropped(self, ops: Any, st: Selection, dropped: Any) -> None:
+    def restore_dropped(self, ops: Any, st: PendingSelection, dropped: Any) -> None:
         """Give the memory back this rank's selected entries at positions ``dropped`` (of its
         selection) that the exchange did not deliver (docs/gtopk.md#t-gt-5)."""
         self.memory.restore(ops, st.key, ops.gather(st.idx, dropped), ops.gather(st.vals, dropped))
@@ -272,8 +274,16 @@ class SparseReducer(Reducer):
 
     def stats(self) -> dict:
         """The selection's statistics (threshold reuse: per-bucket k drift; docs/selection.md#reuse)."""
-        fn = getattr(self.compressor, "selection_stats", None)
-        return fn() if fn is not None else {}
+        return self.compressor.selection_stats()
+
+    def bind_host(self, host: ScheduleHost, names: list[str]) -> Any:
+        """Momentum correction takes the wrapped optimizer's momentum (docs/dgc.md#optimizer-momentum):
+        :func:`~hvd_commopt.reduce.momentum.bind_momentum_memory` on this reducer's memory."""
+        return bind_momentum_memory(self.memory, host, names, self.compressor)
+
+    def relayout(self, ops: TensorOps, old: Sequence[Bucket], new: Sequence[Bucket]) -> None:
+        """The memory's per-bucket state follows its tensors (docs/lags-omgs.md#replan-residuals)."""
+        self.memory.relayout(ops, old, new)
 
     def residual(self, ops: Any, key: str, like: Any) -> Any | None:
         """The memory's residual (velocity for DGC) of the bucket named ``key``; None = zero."""

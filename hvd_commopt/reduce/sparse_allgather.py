@@ -28,11 +28,11 @@ from typing import Any
 
 from ..buckets import Bucket
 from ..select import grad_parts
-from ..compress.error_feedback import ErrorFeedback
-from ..compress.memory import Memory
-from ..compress.topk import SparseCompressor
+from ..compress.selector import Selector
 from ..errors import ConfigError
 from ..fusion.pricing import Pricing, sparse_pricing
+from ..memory.base import Memory
+from ..memory.error_feedback import ErrorFeedback
 from .base import Pending, ReduceContext, RoundInfo
 from .packed import pack_parts, unpack_gathered
 from .sparse import SparseReducer, index_dtype_for
@@ -60,23 +60,23 @@ class SparseAllgather(SparseReducer):
     """Sparsified reduction of a bucket: local selection + error feedback + allgather.
 
     Args:
-        compressor: the selection (``TopKCompressor``, ``RandomKCompressor``, ``DGCCompressor``).
+        compressor: the selector (``TopKSelector``, ``RandomKSelector``, ``DGCSelector``).
         memory: ``ErrorFeedback()`` (default), ``ErrorFeedback(enabled=False)`` or ``DGCMemory``.
         index_dtype: "int32", "int64" or None (int32 when it can hold every index).
         dense_when_full: reduce buckets with k == n by a dense allreduce (see the module doc).
 
     Example::
 
-        reducer = SparseAllgather(TopKCompressor(0.001))      # = Compression.topk(0.001)
+        reducer = SparseAllgather(TopKSelector(0.001))        # = Compression.topk(0.001)
         opt = DistributedOptimizer(opt, model.named_parameters(), compression=reducer,
                                    fusion_threshold=0)        # 0: one bucket per layer (LAGS)
     """
 
     name = "sparse_allgather"
 
-    def __init__(self, compressor: SparseCompressor, memory: Memory | None = None, index_dtype: str | None = None,
+    def __init__(self, compressor: Selector, memory: Memory | None = None, index_dtype: str | None = None,
                  dense_when_full: bool = True):
-        if not isinstance(compressor, SparseCompressor):
+        if not isinstance(compressor, Selector):
             raise ConfigError(f"SparseAllgather needs a sparse compressor (top-k, random-k, DGC), got "
                               f"{compressor!r}; dense compressors go through DenseAllreduce")
         if compressor.collective not in ("sparse", "allreduce"):
@@ -124,9 +124,8 @@ class SparseAllgather(SparseReducer):
         return sparse_pricing(cost, kind, self.density, select_s, select_c0)
 
     def set_epoch(self, epoch: int) -> None:
-        """Forwarded to the compressor (DGC's sparsity warm-up)."""
-        if hasattr(self.compressor, "set_epoch"):
-            self.compressor.set_epoch(epoch)
+        """Forwarded to the selector (DGC's sparsity warm-up)."""
+        self.compressor.set_epoch(epoch)
 
     def __repr__(self) -> str:
         return f"SparseAllgather({self.compressor!r}, {self.memory!r})"

@@ -19,53 +19,9 @@ from ..host import ScheduleHost
 from ..reduce.base import ReduceContext, Reducer
 from ..tensor_ops import TensorOps
 
-__all__ = ["RoundPort", "Scheduler", "RoundPlan", "bind_optimizer_momentum", "with_override"]
+__all__ = ["RoundPort", "Scheduler", "RoundPlan", "with_override"]
 
 Tensor = Any
-
-
-def bind_optimizer_momentum(reducer: Reducer, host: ScheduleHost, names: list[str]) -> Any:
-    """Momentum correction (DGC, Top-k/gTop-k/LAGS with ``momentum_correction``) applies the
-    momentum before selection, so the wrapped optimizer must not apply it again
-    (docs/dgc.md#optimizer-momentum). Give a memory built with ``momentum=None`` the wrapped
-    optimizer's momentum, and return the host's hyper-parameter override that runs the optimizer
-    without its momentum (None when there is nothing to switch off).
-    """
-    mem = getattr(reducer, "memory", None)
-    corrected = getattr(mem, "applies_momentum", False)
-    known = getattr(host, "holds_weights", True)  # a gradient-capturing host has no optimizer
-    check = getattr(getattr(reducer, "compressor", None), "check_momentum", None)
-    if check is not None and known and names:  # e.g. random-k's warning (docs/topk.md#randomk-momentum)
-        mu0 = float(host.param_hyper(names[0], "momentum", 0.0) or 0.0)
-        check(mem.momentum if corrected and not mem.from_optimizer else mu0, corrected)
-    if not corrected or not names or not known:
-        return None
-    mus = {float(host.param_hyper(n, "momentum", 0.0) or 0.0) for n in names}
-    nest = {bool(host.param_hyper(n, "nesterov", False)) for n in names}
-    if len(mus) > 1 or len(nest) > 1:
-        raise ConfigError(f"momentum correction needs one momentum for every parameter, but the wrapped "
-                          f"optimizer's groups have momenta {sorted(mus)} (nesterov {sorted(nest)}); use one "
-                          f"momentum, or pass momentum= to the compression and wrap an optimizer without momentum")
-    mu, nesterov = mus.pop(), nest.pop()
-    if mem.from_optimizer:
-        mem.bind_momentum(mu, nesterov)
-    elif mu and (mu != mem.momentum or nesterov != mem.nesterov):
-        raise ConfigError(f"the compression applies momentum {mem.momentum} itself and the wrapped optimizer "
-                          f"has momentum {mu}: that would apply momentum twice. Pass momentum=None to the "
-                          f"compression (it then takes the optimizer's), or wrap an optimizer with momentum=0")
-    if not mu:
-        return None
-    switch = getattr(host, "hyper_without_momentum", None)
-    off = switch() if switch is not None else None
-    if off is None and getattr(mem, "auto", False):
-        mem.bind_momentum(0.0)  # the optimizer keeps its momentum: plain error feedback (Keras)
-        return None
-    if off is None:
-        raise ConfigError(f"the wrapped optimizer has momentum {mu}, which the compression applies itself "
-                          f"(momentum correction), and this optimizer/adapter cannot run without it: wrap "
-                          f"an optimizer with momentum=0 (e.g. keras.optimizers.SGD(lr)) and pass "
-                          f"momentum={mu} to the compression")
-    return off
 
 
 def with_override(snapshot: Any, override: Any) -> Any:
@@ -163,7 +119,8 @@ class Scheduler(abc.ABC):
                 f"optimizer wrapper (torch_plugin.DistributedOptimizer, tf_plugin.DistributedOptimizer for "
                 f"Keras) with this schedule.")
         self._host = host
-        self._hyper_override = bind_optimizer_momentum(self.port.reducer, host, self.port.names)
+        # momentum correction: the reducer binds the optimizer's momentum (docs/dgc.md#optimizer-momentum)
+        self._hyper_override = self.port.reducer.bind_host(host, self.port.names)
 
     @property
     def host(self) -> ScheduleHost:

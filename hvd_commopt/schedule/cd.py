@@ -25,7 +25,7 @@ Residuals are keyed by bucket name (``Bucket.name``): every round of a bucket sh
 from __future__ import annotations
 
 from ..compress.cast import NoneCompressor
-from ..compress.error_feedback import ErrorFeedback
+from ..memory.error_feedback import ErrorFeedback
 from ..compress.ternary import TernaryCompressor
 from ..reduce.base import Reducer
 from ..reduce.dense import DenseAllreduce

@@ -38,7 +38,7 @@ __all__ = ["LayerwiseK"]
 
 class LayerwiseK:
     """The per-member plan ``((offset, numel, k), ...)`` of a compressor's buckets, and the
-    selection that follows it. ``comp`` is the :class:`~hvd_commopt.compress.topk.TopKCompressor`
+    selection that follows it. ``comp`` is the :class:`~hvd_commopt.compress.topk.TopKSelector`
     it serves (its density, ``min_k``, ``dense_1d`` and selection)."""
 
     def __init__(self, comp: Any):
@@ -68,10 +68,10 @@ class LayerwiseK:
 
     def select_acc(self, ops: Any, plan: tuple, r: Any, bucket: Any, step: int, addend: Any,
                    out: Any = None, finite: list | None = None) -> tuple[Any, Any, Any]:
-        """``TopKCompressor.select_acc`` of a multi-member bucket: (values, ascending
+        """``TopKSelector.select_acc`` of a multi-member bucket: (values, ascending
         bucket-relative indices, acc = r + addend), one finiteness verdict for the bucket."""
         sel = self._comp.selection
-        if not getattr(ops, "slices_are_views", False):
+        if not ops.slices_are_views:
             addend = addend_ops.made(ops, addend)  # a member's u' would not land in the bucket's buffer
         target = r if out is None else out
         if ops.device_name(r) == "cpu" and ops.dtype_name(r) in HOST_DTYPES:
@@ -107,4 +107,4 @@ class LayerwiseK:
         sum was written into a view of it; else the members' sums end to end."""
         if addend is None:
             return r
-        return target if getattr(ops, "slices_are_views", False) else ops.cat(sums)
+        return target if ops.slices_are_views else ops.cat(sums)

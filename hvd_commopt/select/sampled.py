@@ -36,7 +36,7 @@ _EXACT = {"float32": np.float32, "float64": np.float64}  # dtypes whose bound is
 
 def sampled_select(c: Any, ops: Any, acc: Any, bucket: Any, step: int, addend: Any = None, out: Any = None,
                    finite: list | None = None) -> tuple[Any, Any, Any]:
-    """``DGCCompressor.sampled_select`` (``c`` the compressor; the module docstring)."""
+    """``DGCSelector`` (and Top-k's "sampled" mode) (``c`` the compressor; the module docstring)."""
     n = ops.numel(acc)
     ratio = c.ratio(bucket, n, step)
     k = c.k_for(n, bucket, step)

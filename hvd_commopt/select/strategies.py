@@ -12,7 +12,7 @@ Three modes, chosen per compressor (``Compression.topk(density, selection=...)``
   exact k-th value is recomputed every ``tau`` steps and reused in between; a step keeps every
   ``|x| >= thr`` while the count stays within ``[k(1-band), k(1+band)]``, else it recomputes
   (docs/selection.md#reuse). Approximate by the user's choice; the drift is in the stats.
-* ``"sampled"`` — DGC's sampled threshold (:class:`~hvd_commopt.compress.dgc.DGCCompressor`).
+* ``"sampled"`` — DGC's sampled threshold (:class:`~hvd_commopt.compress.dgc.DGCSelector`).
 
 :func:`select_with_memory` is the sparse reducers' prologue (compensate, select, update) with
 error feedback fused into the selection where the memory allows it: the gradient is added into
@@ -165,9 +165,8 @@ class ReuseTopK:
 
 def fused_with(compressor: Any, memory: Any) -> bool:
     """Whether :func:`select_with_memory` fuses the memory's add into the selection (the memory
-    offers ``compensate_select``, the compressor ``select_acc``): ``flat`` then stays intact."""
-    return (getattr(memory, "compensate_select", None) is not None and getattr(compressor, "select_acc", None)
-            is not None and getattr(memory, "enabled", False))
+    declares ``fuses_selection``, the selector ``fuses_memory``): ``flat`` then stays intact."""
+    return compressor.fuses_memory and memory.fuses_selection
 
 
 def folds_finite(compressor: Any, memory: Any) -> bool:
@@ -175,14 +174,15 @@ def folds_finite(compressor: Any, memory: Any) -> bool:
     (docs/selection.md#finite-sweep): fused, with a selection mode that keeps no state across
     steps (exact, sampled), so that selecting a non-finite step and rolling the memory back
     leaves nothing behind."""
-    return fused_with(compressor, memory) and getattr(compressor, "folds_finite", False)
+    return fused_with(compressor, memory) and compressor.folds_finite
 
 
 def select_with_memory(compressor: Any, memory: Any, ops: Any, bucket: Any, step: int, flat: Tensor,
                        finite: list | None = None):
     """The sparse reducers' prologue: ``(values, indices)`` of ``flat`` + what the memory holds,
-    the memory updated. Fused (docs/selection.md#fused-ef) when the memory offers
-    ``compensate_select`` and the compressor ``select_acc``; otherwise compensate, select, update.
+    the memory updated. Fused (docs/selection.md#fused-ef) when both declare it (:func:`fused_with`):
+    the memory's ``compensate_select`` calls the selector's ``select_acc``; otherwise compensate,
+    select, update.
     ``finite``: a list the fused selection appends its verdict on the sum's finiteness to (True,
     False, or None when its pass could not tell; docs/selection.md#finite-sweep)."""
     key = bucket.name if bucket is not None else ""

@@ -10,7 +10,8 @@ import torch
 
 import torch_plugin as hco
 from hvd_commopt import NumpyOps, Schedule
-from hvd_commopt.compress import ErrorFeedback, TernaryCompressor
+from hvd_commopt.compress import TernaryCompressor
+from hvd_commopt.memory import ErrorFeedback
 from hvd_commopt.reduce import DenseAllreduce
 from hvd_commopt.reduce.base import ReduceContext
 from tests.reducers import start

@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 
 import torch_plugin as hco  # noqa: E402
 from hvd_commopt import Compression, run_ranks  # noqa: E402
-from hvd_commopt.compress import ErrorFeedback  # noqa: E402
+from hvd_commopt.memory import ErrorFeedback  # noqa: E402
 from hvd_commopt.compress.cast import FP16Compressor  # noqa: E402
 from hvd_commopt.reduce import DenseAllreduce  # noqa: E402
 

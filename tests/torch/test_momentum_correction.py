@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 import torch_plugin as hco  # noqa: E402
 from hvd_commopt import Compression, ConfigError, run_ranks  # noqa: E402
-from hvd_commopt.compress.momentum import MomentumCorrection  # noqa: E402
+from hvd_commopt.memory.momentum import MomentumCorrection  # noqa: E402
 
 torch.manual_seed(0)
 INIT = copy.deepcopy(torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3)).state_dict())
@@ -105,11 +105,11 @@ def test_dgc_without_an_optimizer_needs_its_momentum():
 
 
 def test_min_k_floor_per_layer():
-    from hvd_commopt.compress.topk import TopKCompressor
-    c = TopKCompressor(0.01, min_k=16)
+    from hvd_commopt.compress.topk import TopKSelector
+    c = TopKSelector(0.01, min_k=16)
     assert c.k_for(144) == 16 and c.k_for(10_000) == 100 and c.k_for(8) == 8
     with pytest.raises(ConfigError, match="min_k"):
-        TopKCompressor(0.01, min_k=0)
+        TopKSelector(0.01, min_k=0)
 
 
 def test_randomk_warns_where_it_was_measured_not_to_train():

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from hvd_commopt.compress.error_feedback import ErrorFeedback
+from hvd_commopt.memory.error_feedback import ErrorFeedback
 from hvd_commopt.select.strategies import ExactTopK, ReuseTopK
 from hvd_commopt.numpy_ops import NumpyOps
 from hvd_commopt.select.host_numpy import OPS
@@ -485,7 +485,7 @@ def test_layerwise_selection_is_each_members_top_k_in_every_framework(variant, w
     """docs/lags-omgs.md#lags-merged: the members' exact top-k, bucket-relative and ascending, the
     accumulator equal to r + g; in place where the framework's slices are views."""
     from hvd_commopt.buckets import Bucket, TensorSpec
-    from hvd_commopt.compress.topk import TopKCompressor
+    from hvd_commopt.compress.topk import TopKSelector
     ops = VARIANTS[variant]
     specs = [TensorSpec("a", (300, 200), "float32"), TensorSpec("b", (50, 20), "float32"),
              TensorSpec("c", (40000,), "float32")]
@@ -494,7 +494,7 @@ def test_layerwise_selection_is_each_members_top_k_in_every_framework(variant, w
     g = rng.standard_normal(b.numel).astype(np.float32)
     g[[10, 20, 60005, 60900]] = 4.0  # ties
     r = rng.standard_normal(b.numel).astype(np.float32)
-    comp = TopKCompressor({"a": 0.001, "b": 0.05, "c": 0.002}, layerwise=True)
+    comp = TopKSelector({"a": 0.001, "b": 0.05, "c": 0.002}, layerwise=True)
     rt, gt = to_native(ops, r), to_native(ops, g)
     out = ops.empty(b.numel, "float32", like=rt) if with_out else None
     vals, idx, acc = comp.select_acc(ops, rt, b, 0, gt, out, fin := [])

@@ -7,12 +7,13 @@ import numpy as np
 import pytest
 
 from hvd_commopt import Compression, ConfigError, NumpyOps, run_ranks
-from hvd_commopt.compress import (BF16Compressor, DensitySpec, DGCCompressor, DGCMemory, FP16Compressor,
-                                  NoneCompressor, RandomKCompressor, TopKCompressor)
+from hvd_commopt.compress import (BF16Compressor, DensitySpec, DGCSelector, FP16Compressor, NoneCompressor,
+                                  RandomKSelector, TopKSelector)
+from hvd_commopt.memory.dgc import DGCMemory
 from hvd_commopt.compress.dgc import warmup_ratio
 from hvd_commopt.compress.randomk import randomk_indices
 from hvd_commopt.buckets import Bucket, TensorSpec
-from hvd_commopt.compress.error_feedback import ErrorFeedback
+from hvd_commopt.memory.error_feedback import ErrorFeedback
 from hvd_commopt.engine import make_reducer
 from hvd_commopt.reduce import DenseAllreduce, GTopK, ReduceContext, SparseAllgather
 from tests.reducers import bucket, reduce_once
@@ -100,30 +101,30 @@ def test_density_spec_resolution():
 
 
 def test_k_per_bucket_rule():
-    c = TopKCompressor(0.01)
+    c = TopKSelector(0.01)
     assert c.k_for(1000) == 10
     assert c.k_for(150) == 1      # int(1.5) = 1
     assert c.k_for(3) == 1        # a layer smaller than 1/density still sends one
-    assert TopKCompressor(1.0).k_for(7) == 7
-    assert DGCCompressor(0.01).k_for(150) == 2  # DGC: ceil
+    assert TopKSelector(1.0).k_for(7) == 7
+    assert DGCSelector(0.01).k_for(150) == 2  # DGC: ceil
 
 
 # -- top-k ------------------------------------------------------------------------------------
 def test_topk_is_exact_with_ties_to_lower_index():
     x = np.array([1, -3, 3, 0, 2, -3, 1], dtype=np.float32)
-    vals, idx = TopKCompressor(3 / 7 + 1e-9).select(ops, x)
+    vals, idx = TopKSelector(3 / 7 + 1e-9).select(ops, x)
     assert idx.tolist() == [1, 2, 5] and vals.tolist() == [-3, 3, -3]
-    vals, idx = TopKCompressor(2 / 7 + 1e-9).select(ops, x)
+    vals, idx = TopKSelector(2 / 7 + 1e-9).select(ops, x)
     assert idx.tolist() == [1, 2]  # three tie at |3|: the two lowest indices win
     x = rand(5000, seed=3)
-    vals, idx = TopKCompressor(0.01).select(ops, x)
+    vals, idx = TopKSelector(0.01).select(ops, x)
     ref = np.sort(np.argsort(-np.abs(x), kind="stable")[:50])
     np.testing.assert_array_equal(idx, ref)
     np.testing.assert_array_equal(vals, x[ref])
 
 
 def test_topk_select_scatters_back_to_the_selected_entries():
-    c = TopKCompressor(0.1)
+    c = TopKSelector(0.1)
     x = rand(100)
     vals, idx = c.select(ops, x)
     y = ops.scatter_add(ops.zeros(100, "float32"), idx, vals)
@@ -148,7 +149,7 @@ def test_randomk_without_memory_allreduces_the_same_indices():
     data = [rand(1000, seed=r) for r in range(3)]
 
     def body(comm):
-        red = SparseAllgather(RandomKCompressor(0.05, seed=1), ErrorFeedback(enabled=False))
+        red = SparseAllgather(RandomKSelector(0.05, seed=1), ErrorFeedback(enabled=False))
         ctx = ReduceContext(comm, ops, 1.0, 1.0 / comm.size)
         return [reduce_once(red, "b", data[comm.rank].copy(), ctx, step=s) for s in range(2)]
 
@@ -163,11 +164,11 @@ def test_randomk_without_memory_allreduces_the_same_indices():
 
 
 def test_make_reducer_checks_the_collective():
-    for selector in (TopKCompressor(0.1), RandomKCompressor(0.1)):
+    for selector in (TopKSelector(0.1), RandomKSelector(0.1)):
         with pytest.raises(ConfigError, match="sparse exchange"):
             make_reducer(selector)
     with pytest.raises(ConfigError, match="not an allreduce"):
-        DenseAllreduce(DGCCompressor(0.1))
+        DenseAllreduce(DGCSelector(0.1))
     with pytest.raises(ConfigError, match="sparse compressor"):
         SparseAllgather(FP16Compressor())
     for red in (Compression.topk(0.1), Compression.randomk(0.1), Compression.dgc(0.1, momentum=0.9), Compression.gtopk(0.1)):
@@ -193,22 +194,22 @@ def test_dgc_warmup_follows_the_code_not_the_readme():
 
 
 def test_dgc_epoch_from_steps_or_set_epoch():
-    c = DGCCompressor(0.001, warmup_epochs=5, steps_per_epoch=10)
+    c = DGCSelector(0.001, warmup_epochs=5, steps_per_epoch=10)
     assert c.ratio(None, 10**6, step=0) == pytest.approx(0.001 ** (1 / 6))
     assert c.ratio(None, 10**6, step=25) == pytest.approx(0.001 ** (3 / 6))
     c.set_epoch(9)
     assert c.ratio(None, 10**6, step=0) == 0.001
     with pytest.raises(ConfigError, match="steps_per_epoch"):
-        DGCCompressor(0.001, warmup_epochs=5).ratio(None, 100)
+        DGCSelector(0.001, warmup_epochs=5).ratio(None, 100)
     with pytest.raises(ConfigError, match="one ratio per warm-up epoch"):
-        DGCCompressor(0.001, warmup_epochs=5, warmup_coeff=[0.1, 0.01])
+        DGCSelector(0.001, warmup_epochs=5, warmup_coeff=[0.1, 0.01])
     red = Compression.dgc(0.001, warmup_epochs=2, steps_per_epoch=1, momentum=0.9)
     red.set_epoch(1)
     assert red.compressor.ratio(None, 100) == pytest.approx(0.001 ** (2 / 3))
 
 
 def test_dgc_sampling_parameters_match_reference():
-    c = DGCCompressor(0.001)
+    c = DGCSelector(0.001)
     stride, ns, tks = c.sampling(1_000_000, 0.001)
     # reference: max(pct=10000, cpr=2000) -> stride ceil(1e6/1e4/32)*32+1 = 129, reduced by 8 until >= 1e4
     assert (stride, ns) == (97, 1_000_000 // 97) and tks == math.ceil(ns * 0.001)
@@ -217,7 +218,7 @@ def test_dgc_sampling_parameters_match_reference():
 
 def test_dgc_select_near_k_and_large_values():
     x = rand(200_000, seed=5)
-    c = DGCCompressor(0.001)
+    c = DGCSelector(0.001)
     for step in range(3):
         vals, idx = c.select(ops, x, bucket("bucket0:w"), step)
         k = 200
@@ -230,7 +231,7 @@ def test_dgc_select_near_k_and_large_values():
 
 def test_dgc_select_with_full_sampling_is_exact_topk():
     x = rand(20_000, seed=6)
-    vals, idx = DGCCompressor(0.01, sample_ratio=1.0).select(ops, x, bucket("b"), 0)
+    vals, idx = DGCSelector(0.01, sample_ratio=1.0).select(ops, x, bucket("b"), 0)
     _, ref = ops.topk_abs(x, 200)
     np.testing.assert_array_equal(idx, ref)
 

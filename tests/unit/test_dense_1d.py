@@ -10,8 +10,8 @@ import pytest
 
 from hvd_commopt import Compression, NumpyOps, build_engine, run_ranks
 from hvd_commopt.buckets import TensorSpec, build_buckets
-from hvd_commopt.compress.dgc import DGCCompressor
-from hvd_commopt.compress.topk import TopKCompressor
+from hvd_commopt.compress.dgc import DGCSelector
+from hvd_commopt.compress.topk import TopKSelector
 from hvd_commopt.errors import ConfigError, RankMismatchError
 from tests.unit.schedule_helpers import reduce_all, reducer_memory
 
@@ -59,8 +59,8 @@ def test_build_buckets_moves_1d_members_out_merges_them_and_orders_by_arrival():
         (("b",), "float32", True), (("d",), "float64", True)]
 
 
-@pytest.mark.parametrize("make, k_mat", [(lambda: TopKCompressor(0.01), 1),    # int(192 * 0.01)
-                                          (lambda: DGCCompressor(0.01), 2)])   # ceil(192 * 0.01)
+@pytest.mark.parametrize("make, k_mat", [(lambda: TopKSelector(0.01), 1),    # int(192 * 0.01)
+                                          (lambda: DGCSelector(0.01), 2)])   # ceil(192 * 0.01)
 def test_k_of_a_dense_bucket_is_its_size(make, k_mat):
     comp = make()
     vec, mat = build_buckets(list(reversed(SPECS)), [[0, 1, 2, 3]], lambda s: len(s.shape) <= 1)

@@ -13,7 +13,7 @@ import pytest
 
 from hvd_commopt import NumpyOps
 from hvd_commopt.buckets import Bucket
-from hvd_commopt.compress import DGCCompressor
+from hvd_commopt.compress import DGCSelector
 from hvd_commopt.select import addend as addend_ops
 from hvd_commopt.select.addend import MomentumAddend
 from hvd_commopt.select.host import HostKernels
@@ -108,7 +108,7 @@ def test_sweep_first_equals_sample_first(dtype, case, addend, monkeypatch):
     monkeypatch.setattr(HostKernels, "abs_where", counted)
     bucket = Bucket.of(0, [TensorSpec("w", (N,), np.dtype(dtype).name)])
     hits = {"sweeps": 0, "filters": 0, "resample": 0}
-    new, ref = DGCCompressor(0.01), DGCCompressor(0.01)
+    new, ref = DGCSelector(0.01), DGCSelector(0.01)
     for step in range(6):
         x, g, u = _step_data(case, step, dtype)
         got = []

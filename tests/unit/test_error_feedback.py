@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from hvd_commopt import Compression, ConfigError, NumpyOps, run_ranks
-from hvd_commopt.compress import DGCCompressor, DGCMemory, ErrorFeedback, TopKCompressor
+from hvd_commopt.compress import DGCSelector, TopKSelector
+from hvd_commopt.memory import DGCMemory, ErrorFeedback
 from hvd_commopt.reduce import ReduceContext
 from tests.reducers import bucket, reduce_once
 
@@ -22,7 +23,7 @@ def grads(steps, n, seed=0, dtype=np.float32):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
 @pytest.mark.parametrize("density", [0.001, 0.05, 0.5])
 def test_invariant_bit_exact_over_steps(dtype, density):
-    ef, comp = ErrorFeedback(), TopKCompressor(density)
+    ef, comp = ErrorFeedback(), TopKSelector(density)
     residual = np.zeros(3000, dtype)
     for step, g in enumerate(grads(6, 3000, dtype=dtype)):
         acc = ef.compensate(ops, "b", g.copy())
@@ -70,7 +71,7 @@ def test_dense_path_clears_the_residual():
 
 
 def test_dgc_velocity_invariant_and_masks():
-    mem, comp = DGCMemory(momentum=0.9), DGCCompressor(0.01, sample_ratio=1.0)
+    mem, comp = DGCMemory(momentum=0.9), DGCSelector(0.01, sample_ratio=1.0)
     for step, g in enumerate(grads(5, 2000)):
         v = mem.compensate(ops, "b", g.copy())
         v_before = v.copy()
@@ -86,7 +87,7 @@ def test_dgc_velocity_invariant_and_masks():
 def test_state_dict_round_trip_continues_identically():
     gs = grads(8, 500, seed=3)
     ef_a = ErrorFeedback()
-    comp = TopKCompressor(0.02)
+    comp = TopKSelector(0.02)
 
     def step(ef, g, i):
         acc = ef.compensate(ops, "b", g.copy())

@@ -9,27 +9,28 @@ import numpy as np
 import pytest
 
 from hvd_commopt import NumpyOps
-from hvd_commopt.compress.dgc import DGCCompressor, DGCMemory
-from hvd_commopt.compress.error_feedback import ErrorFeedback
-from hvd_commopt.compress.momentum import MomentumCorrection
+from hvd_commopt.compress.dgc import DGCSelector
+from hvd_commopt.memory.dgc import DGCMemory
+from hvd_commopt.memory.error_feedback import ErrorFeedback
+from hvd_commopt.memory.momentum import MomentumCorrection
 from hvd_commopt.select.strategies import select_with_memory
-from hvd_commopt.compress.topk import TopKCompressor
+from hvd_commopt.compress.topk import TopKSelector
 
 N = 100_000  # above ExactTopK.small_n: the sampled bracket and the fused candidate pass run
 
 CASES = {
-    "mc_mu0": lambda: (TopKCompressor(0.01), _bound(MomentumCorrection(), 0.0, False)),
-    "mc_mu09": lambda: (TopKCompressor(0.01), _bound(MomentumCorrection(), 0.9, False)),
-    "mc_mu09_nesterov": lambda: (TopKCompressor(0.01), _bound(MomentumCorrection(), 0.9, True)),
-    "mc_mu09_thr": lambda: (TopKCompressor(0.01, selection="threshold", tau=3),
+    "mc_mu0": lambda: (TopKSelector(0.01), _bound(MomentumCorrection(), 0.0, False)),
+    "mc_mu09": lambda: (TopKSelector(0.01), _bound(MomentumCorrection(), 0.9, False)),
+    "mc_mu09_nesterov": lambda: (TopKSelector(0.01), _bound(MomentumCorrection(), 0.9, True)),
+    "mc_mu09_thr": lambda: (TopKSelector(0.01, selection="threshold", tau=3),
                             _bound(MomentumCorrection(), 0.9, False)),
-    "mc_nomask": lambda: (TopKCompressor(0.01), _bound(MomentumCorrection(momentum_masking=False), 0.9, False)),
-    "dgc_exact": lambda: (DGCCompressor(0.01, selection="exact"), DGCMemory(0.9)),
-    "dgc_exact_nesterov": lambda: (DGCCompressor(0.01, selection="exact"), DGCMemory(0.9, nesterov=True)),
-    "dgc_threshold": lambda: (DGCCompressor(0.01, selection="threshold", tau=3), DGCMemory(0.9)),
-    "dgc_sampled": lambda: (DGCCompressor(0.01), DGCMemory(0.9)),
-    "ef": lambda: (TopKCompressor(0.01), ErrorFeedback()),
-    "ef_thr": lambda: (TopKCompressor(0.01, selection="threshold", tau=3), ErrorFeedback()),
+    "mc_nomask": lambda: (TopKSelector(0.01), _bound(MomentumCorrection(momentum_masking=False), 0.9, False)),
+    "dgc_exact": lambda: (DGCSelector(0.01, selection="exact"), DGCMemory(0.9)),
+    "dgc_exact_nesterov": lambda: (DGCSelector(0.01, selection="exact"), DGCMemory(0.9, nesterov=True)),
+    "dgc_threshold": lambda: (DGCSelector(0.01, selection="threshold", tau=3), DGCMemory(0.9)),
+    "dgc_sampled": lambda: (DGCSelector(0.01), DGCMemory(0.9)),
+    "ef": lambda: (TopKSelector(0.01), ErrorFeedback()),
+    "ef_thr": lambda: (TopKSelector(0.01, selection="threshold", tau=3), ErrorFeedback()),
 }
 
 

@@ -13,12 +13,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("hvd_commopt", "torch_plugin", "tf_plugin")
 
-# The one circle another branch removes: compress/topk.py builds a private DGC object to borrow
-# its sampled selection. The memory branch removes it (the sampled selection moves to select/);
-# delete this exception when that lands.
-KNOWN = {frozenset({"hvd_commopt.compress.dgc", "hvd_commopt.compress.topk"})}
-
-
 def _modules() -> dict[str, Path]:
     out = {}
     for pkg in PACKAGES:
@@ -108,9 +102,4 @@ def test_the_scan_sees_function_level_and_relative_imports():
 
 
 def test_no_import_circle():
-    graph = _graph()
-    for pair in KNOWN:
-        a, b = sorted(pair)
-        graph[a].discard(b)
-        graph[b].discard(a)
-    assert _circles(graph) == []
+    assert _circles(_graph()) == []

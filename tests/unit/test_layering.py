@@ -21,6 +21,14 @@ FORBIDDEN = {
     # the memories, the reducers and the engine
     "select": {"engine", "reduce", "schedule", "compress", "comm", "fusion", "builder", "runtime", "collectives",
                "numpy_ops", "calibrate", "process_sets", "compression"},
+    "memory": {"reduce", "engine", "schedule", "builder", "collectives", "runtime", "comm", "fusion"},
+}
+
+# package -> modules (of hvd_commopt, dotted) it must never import: a memory knows no selector
+# (compress's selectors and selection strategies) and no adapter
+FORBIDDEN_MODULES = {
+    "memory": {"compress.selector", "compress.topk", "compress.dgc", "compress.randomk",
+               "compress.sampling", "select.strategies", "torch_plugin", "tf_plugin", "torch", "tensorflow"},
 }
 ADAPTERS = ("torch", "tensorflow", "torch_plugin", "tf_plugin")
 
@@ -44,6 +52,38 @@ def _imports(path: Path) -> set[str]:
         elif isinstance(node, ast.Import):
             out |= {a.name.split(".")[1] for a in node.names if a.name.startswith("hvd_commopt.")}
     return out
+
+
+def _modules(path: Path) -> set[str]:
+    """Every module ``path`` imports, dotted: under hvd_commopt without the prefix (``compress.topk``;
+    ``from ..compress import topk`` counts as ``compress`` and ``compress.topk``), others as written."""
+    pkg = path.relative_to(CORE).parts[:-1]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = list(pkg[: len(pkg) - node.level + 1]) + (node.module.split(".") if node.module else [])
+            elif node.module and node.module.startswith("hvd_commopt."):
+                parts = node.module.split(".")[1:]
+            else:
+                out.add(node.module or "")
+                continue
+            base = ".".join(parts)
+            out |= {base} | {f"{base}.{a.name}" if base else a.name for a in node.names}
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                out.add(a.name[len("hvd_commopt."):] if a.name.startswith("hvd_commopt.") else a.name)
+    return out
+
+
+def test_memory_imports_no_selector_and_no_adapter() -> None:
+    bad = []
+    for layer, banned in FORBIDDEN_MODULES.items():
+        for f in (CORE / layer).rglob("*.py"):
+            hit = {m for m in _modules(f) if any(m == b or m.startswith(b + ".") for b in banned)}
+            if hit:
+                bad.append(f"{f.relative_to(CORE)} imports {sorted(hit)}")
+    assert not bad, bad
 
 
 def test_layers_import_downwards_only() -> None:

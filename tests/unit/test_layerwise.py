@@ -11,7 +11,7 @@ import pytest
 from hvd_commopt import Compression, NumpyOps, build_engine, run_ranks
 from hvd_commopt.buckets import Bucket, TensorSpec
 from hvd_commopt.select.strategies import ExactTopK
-from hvd_commopt.compress.topk import TopKCompressor
+from hvd_commopt.compress.topk import TopKSelector
 from hvd_commopt.errors import ConfigError
 from tests.unit.schedule_helpers import reduce_all, reducer_memory
 
@@ -85,10 +85,10 @@ def test_k_is_the_sum_of_each_members_own_k_and_the_density_is_asked_by_tensor_n
         asked.append((name, n))
         return {"l2.w": 0.1, "l1.w": 0.01}.get(name, 0.5)
 
-    comp = TopKCompressor(density, layerwise=True, min_k=5)
+    comp = TopKSelector(density, layerwise=True, min_k=5)
     assert comp.k_for(b.numel, b) == 96 + 5 + 140  # int(960·0.1), max(int(3.84), 5), int(280·0.5)
     assert asked == [("l2.w", 960), ("l1.w", 384), ("l3.w", 280)]
-    assert TopKCompressor(density, min_k=5).k_for(b.numel, b) == int(b.numel * 0.5)  # whole bucket: its name
+    assert TopKSelector(density, min_k=5).k_for(b.numel, b) == int(b.numel * 0.5)  # whole bucket: its name
     one = Bucket.of(1, [SPECS[2]])
     assert comp.k_for(one.numel, one) == 96  # one tensor: the bucket's rule, which asks the bucket name
     assert comp.config()["layerwise"] is True and "layerwise=True" in repr(comp)
@@ -100,7 +100,7 @@ def test_each_member_gets_its_exact_top_k_and_the_bucket_is_accumulated_in_place
     g = rng.standard_normal(b.numel).astype(np.float32)
     g[[3, 500, 1000, 1300]] = 9.0  # ties inside members
     r = rng.standard_normal(b.numel).astype(np.float32)
-    comp = TopKCompressor(0.05, layerwise=True)
+    comp = TopKSelector(0.05, layerwise=True)
     acc_before = r + g
     vals, idx, acc = comp.select_acc(ops, r, b, 0, g, None, fin := [])
     assert acc is r  # NumPy slices are views: one sweep, in place
@@ -126,7 +126,7 @@ def test_each_member_gets_its_exact_top_k_and_the_bucket_is_accumulated_in_place
 def test_the_finiteness_verdict_is_the_buckets():
     specs = [TensorSpec("a", (200, 200), "float32"), TensorSpec("b", (300, 150), "float32")]
     b = Bucket.of(0, specs)
-    comp = TopKCompressor(0.01, layerwise=True)
+    comp = TopKSelector(0.01, layerwise=True)
     g = np.random.default_rng(3).standard_normal(b.numel).astype(np.float32)
     for bad, want in ((None, [True]), (41000, [False]), (7, [False])):
         r = np.zeros_like(g)
@@ -158,7 +158,7 @@ def test_bad_layerwise_arguments_name_the_fix():
         Compression.topk(0.01, layerwise=True, selection="threshold")
     with pytest.raises(ConfigError, match="selection='exact'"):
         Compression.topk(0.01, layerwise=True, selection="sampled")
-    comp = TopKCompressor({"l1.w": 0.1}, layerwise=True)
+    comp = TopKSelector({"l1.w": 0.1}, layerwise=True)
     with pytest.raises(ConfigError, match="no density for tensor 'l3.w'"):
         comp.k_for(384 + 280, Bucket.of(0, [SPECS[0], SPECS[4]]))
 
@@ -195,7 +195,7 @@ def test_the_batched_host_path_equals_the_per_member_path(case):
             g[off:off + n] *= 10.0 ** (3 * i - 6)
     got, want = [], []
     for ops_, res in ((ops, got), (_DeviceOps(), want)):
-        comp = TopKCompressor(0.003, layerwise=True, min_k=4)
+        comp = TopKSelector(0.003, layerwise=True, min_k=4)
         rr = r.copy()
         with np.errstate(invalid="ignore"):
             v, i, acc = comp.select_acc(ops_, rr, b, 0, g, None, fin := [])
@@ -211,7 +211,7 @@ def test_a_missed_bracket_is_finished_exactly():
     member is finished by the per-member path, with the same result."""
     from hvd_commopt.select import layerwise_host
     b = _bucket([40000, 50000])
-    comp = TopKCompressor(0.01, layerwise=True)
+    comp = TopKSelector(0.01, layerwise=True)
     x = np.random.default_rng(2).uniform(-1, 1, b.numel).astype(np.float32)
     plan = layerwise_host._Plan(comp.selection.exact, comp._layers.of(b, b.numel), ops, x)
     x[plan.sidx] = 10.0 + np.arange(plan.sidx.size, dtype=np.float32)  # huge, on the sample only
@@ -231,7 +231,7 @@ def test_momentum_made_in_each_members_sweep_equals_made_first(members, monkeypa
     b = Bucket.of(0, [TensorSpec(f"m{i}", (n,), "float32") for i, n in enumerate(members)])
     rng = np.random.default_rng(11)
     u, g, v = (rng.standard_normal(b.numel).astype(np.float32) for _ in range(3))
-    comp = TopKCompressor(0.02, layerwise=True)
+    comp = TopKSelector(0.02, layerwise=True)
     want_u = ops.scale_add_into(np.empty_like(u), u, 0.9, g)
     want = comp.select_acc(ops, v.copy(), b, 0, want_u, np.empty_like(v), [])
     a = MomentumAddend(u.copy(), 0.9, g, np.empty_like(u))

@@ -13,7 +13,8 @@ import pytest
 
 from hvd_commopt import Compression, NumpyOps, run_ranks
 from hvd_commopt.buckets import Bucket
-from hvd_commopt.compress import ErrorFeedback, TernaryCompressor
+from hvd_commopt.compress import TernaryCompressor
+from hvd_commopt.memory import ErrorFeedback
 from hvd_commopt.compress.cast import FP16Compressor
 from hvd_commopt.compress.nonfinite import NonFiniteGradientError
 from hvd_commopt.errors import ConfigError

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from hvd_commopt import Compression, Schedule, build_engine, run_ranks
-from hvd_commopt.compress import ErrorFeedback, TernaryCompressor, wire_dtype_for
+from hvd_commopt.compress import TernaryCompressor, wire_dtype_for
+from hvd_commopt.memory import ErrorFeedback
 from hvd_commopt.errors import ConfigError, RankMismatchError
 from hvd_commopt.reduce import DenseAllreduce
 from hvd_commopt.schedule import CDScheduler

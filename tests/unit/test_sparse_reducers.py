@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from hvd_commopt import Compression, NumpyOps, TensorSpec, build_engine, run_ranks
-from hvd_commopt.compress import TopKCompressor
+from hvd_commopt.compress import TopKSelector
 from hvd_commopt.compress.randomk import randomk_indices
 from hvd_commopt.reduce import DenseAllreduce, GTopK, ReduceContext, SparseAllgather
 from hvd_commopt.reduce.gtopk import gtopk_simulate, merge
@@ -84,7 +84,7 @@ def test_density_one_equals_dense_bit_exact(factory):
 def test_density_one_through_the_sparse_paths(P):
     data = data_for(P, 2, 200)
     dense = run(P, DenseAllreduce, data, 2)
-    topk = run(P, lambda: SparseAllgather(TopKCompressor(1.0), dense_when_full=False), data, 2)
+    topk = run(P, lambda: SparseAllgather(TopKSelector(1.0), dense_when_full=False), data, 2)
     gtopk = run(P, lambda: GTopK(1.0, dense_when_full=False), data, 2)
     for r in range(P):
         for s in range(2):
@@ -302,7 +302,7 @@ SPECS = [TensorSpec("w1", (40, 25), "float32"), TensorSpec("b1", (3,), "float32"
 
 class SpyTopK(SparseAllgather):
     def __init__(self, log, density):
-        super().__init__(TopKCompressor(density, dense_1d=False))  # b1 selected too, as the LAGS paper does
+        super().__init__(TopKSelector(density, dense_1d=False))  # b1 selected too, as the LAGS paper does
         self.log = log
 
     def start(self, bucket, rnd, flat, ctx):

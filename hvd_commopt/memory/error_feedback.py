@@ -2,7 +2,7 @@
 
 Reference: GRACE's ``ResidualMemory`` (sands-lab/grace) and the HKBU Top-k code (docs/topk.md#update-rule:
 ``acc = grad + residual; ...; residual = acc; residual[idx] = 0``); the invariant test is the
-epfml/powersgd one. Implements :class:`~hvd_commopt.compress.memory.Memory`, for sparse
+epfml/powersgd one. Implements :class:`~hvd_commopt.memory.base.Memory`, for sparse
 selections (Top-k, random-k, gTop-k) and for lossy dense encodings (CD-SGD's ternary signs,
 ``residual = acc - theta*s``, MXNet's ``r -= theta`` / ``r += theta``, docs/cd-sgd.md#update-rule).
 
@@ -20,14 +20,15 @@ before then.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
+from ..buckets import Bucket
+from ..compress.nonfinite import check_policy
 from ..errors import ConfigError
 from ..tensor_ops import TensorOps
-
-from .nonfinite import check_policy
+from .relayout import relayout_flats
 
 __all__ = ["TensorStore", "ErrorFeedback"]
 
@@ -147,7 +148,7 @@ class Generations:
 
 
 class ErrorFeedback:
-    """Residual memory keyed by bucket name (a :class:`~hvd_commopt.compress.memory.Memory`).
+    """Residual memory keyed by bucket name (a :class:`~hvd_commopt.memory.base.Memory`).
 
     Args:
         enabled: False makes it a no-op (plain sparsification: unsent values are dropped).
@@ -164,6 +165,13 @@ class ErrorFeedback:
         # round's update writes into a second one, so each bucket has two buffers.
         self._gen = Generations(self._res)
         self._skipped: set[str] = set()
+
+    reads_parts = False  # the fused step adds the packed bucket to the residual
+
+    @property
+    def fuses_selection(self) -> bool:
+        """:meth:`compensate_select` stands for compensate + select + update (when enabled)."""
+        return self.enabled
 
     def snapshot(self, ops: TensorOps, name: str, like: Any, step: int) -> None:
         """Keep the residual before round ``step`` (for :meth:`rollback`); no copy is made."""
@@ -265,6 +273,12 @@ class ErrorFeedback:
     def residuals(self) -> dict[str, Any]:
         """The residuals in use, by bucket name (for tests and diagnostics)."""
         return {n: self._res.live(n) for n in self._res.names() if self._res.live(n) is not None}
+
+    def relayout(self, ops: TensorOps, old: Sequence[Bucket], new: Sequence[Bucket]) -> None:
+        """A re-plan: each tensor's residual moves into its new bucket (docs/lags-omgs.md#replan-residuals)."""
+        moved = relayout_flats(ops, self._res.state_dict(), old, new)
+        if moved is not None:
+            self.load_state_dict({"residuals": moved})
 
     def config(self) -> dict:
         return {"name": "error_feedback", "enabled": self.enabled, "nonfinite": self.nonfinite}

@@ -1,6 +1,6 @@
 """Momentum correction for any sparse reducer (docs/topk.md#momentum-correction).
 
-DGC's memory (:class:`~hvd_commopt.compress.dgc.DGCMemory`: ``u = μu + g; v += u``, send the
+DGC's memory (:class:`~hvd_commopt.memory.dgc.DGCMemory`: ``u = μu + g; v += u``, send the
 selection of ``v``, zero ``v`` (and with masking ``u``) where sent) is the momentum correction of
 the DGC and gTop-k reference code. :class:`MomentumCorrection` is that memory as an option of
 Top-k, gTop-k and LAGS (``Compression.topk/gtopk(momentum_correction=...)``), and of any reducer
@@ -8,8 +8,9 @@ built on :class:`~hvd_commopt.reduce.sparse.SparseReducer`: the reducer's ``sele
 calls ``memory.compensate`` / ``memory.update`` and ``memory.restore`` for values dropped later,
 so a new sparse reducer gets the correction by taking this memory.
 
-The momentum is the wrapped optimizer's: the scheduler binds it when the optimizer is attached
-and runs the optimizer without momentum (:func:`hvd_commopt.schedule.base.bind_optimizer_momentum`).
+The momentum is the wrapped optimizer's: the reducer binds it when the optimizer is attached and
+the scheduler runs the optimizer without momentum (``Reducer.bind_host``,
+:func:`hvd_commopt.reduce.momentum.bind_momentum_memory`).
 Unlike DGC's own memory, with no optimizer attached (``DistributedGradientTape``,
 ``reduce_step``) it runs with μ = 0, which is plain error feedback (the gradients are returned
 to a caller who applies its own optimizer).
