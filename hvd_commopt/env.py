@@ -143,9 +143,9 @@ def verbose() -> bool:
 
 
 def sparse_update() -> bool:
-    """Always True. HVD_COMMOPT_SPARSE_UPDATE is gone: the sparse update applies wherever it is the
-    dense step bit for bit (docs/wrapper.md#sparse-update), and tests and benchmarks switch it with
-    ``torch_plugin.sparse_update.ENABLED``. Kept until torch_plugin/host.py stops asking."""
+    """Always True: the sparse update has no environment switch. It applies wherever it is the dense
+    step bit for bit (docs/wrapper.md#sparse-update); tests and benchmarks switch it with
+    ``torch_plugin.sparse_update.ENABLED``. Kept only until torch_plugin/host.py stops asking."""
     return True
 
 
