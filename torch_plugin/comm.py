@@ -91,8 +91,8 @@ class TorchDistBackend(Backend):
         # reducers ask for the size once per bucket and step)
         self._rank, self._size = dist.get_rank(self._pg), dist.get_world_size(self._pg)
         # small CPU collectives over the MPI control plane's transport (docs/backends.md#small-on-mpi)
-        small = env.mpi_small_bytes(chosen, mpi_small_bytes)
-        self._lane = MPILane.open(self._control, small) if kind == "gloo" else None
+        self._lane = (MPILane.open(self._control, env.mpi_small_bytes(chosen, mpi_small_bytes))
+                      if kind == "gloo" else None)
 
     @property
     def lane(self) -> MPILane | None:
