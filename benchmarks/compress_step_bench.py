@@ -13,7 +13,7 @@ native ones (docs/selection.md#native-sweep); ``dense_plain`` / ``topk_plain`` /
 (opt-in): ``dense`` / ``topk`` / ``dgc`` with the native kernels' streaming stores off
 (docs/selection.md#streaming-stores); ``topk_denseupd`` / ``dgc_denseupd`` (opt-in): ``topk`` /
 ``dgc`` with the wrapped optimizer's own dense step instead of the sparse update
-(``HVD_COMMOPT_SPARSE_UPDATE=0``, docs/wrapper.md#sparse-update); ``topk_plainres`` /
+(``torch_plugin.sparse_update.ENABLED = False`` around its steps, docs/wrapper.md#sparse-update); ``topk_plainres`` /
 ``dgc_plainres`` (opt-in): ``topk`` / ``dgc`` with the sparse result zeroed then scatter-added
 instead of built in one pass (docs/selection.md#scatter-sum); ``lags`` (opt-in): ``topk`` with
 one bucket per layer (``fusion_threshold=0``, LAGS-SGD's exchange per layer). Prints the median step and its
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import os
 import sys
 from pathlib import Path
 
@@ -72,6 +71,17 @@ def _plain_result(step):
     one-pass build (docs/selection.md#scatter-sum): ``HostKernels.scatter_sum`` says "no such pass"."""
     from hvd_commopt.select.host import HostKernels
     return _with_attr(step, HostKernels, "scatter_sum", lambda self, buf, idx, vals, scale: None)
+
+
+def _dense_update(step):
+    """``step`` with the wrapped optimizer's own dense step, not the sparse update
+    (docs/wrapper.md#sparse-update)."""
+    from torch_plugin import sparse_update
+
+    def switch(on):
+        prev, sparse_update.ENABLED = sparse_update.ENABLED, on
+        return prev
+    return _with_setting(step, switch, False)
 
 
 def _plain_stores(step):
@@ -141,20 +151,14 @@ def main() -> None:
             kw = {} if comps[name] is None else {"compression": comps[name]}
             if name == "lags":
                 kw["fusion_threshold"] = 0  # one bucket per layer
-            saved = os.environ.get("HVD_COMMOPT_SPARSE_UPDATE")
-            if name.endswith("_denseupd"):  # read when the optimizer is wrapped
-                os.environ["HVD_COMMOPT_SPARSE_UPDATE"] = "0"
             opt = hco.DistributedOptimizer(opt, named_parameters=m.named_parameters(), **kw)
-            if saved is None:  # the caller's own setting, if any, holds for the other variants
-                os.environ.pop("HVD_COMMOPT_SPARSE_UPDATE", None)
-            else:
-                os.environ["HVD_COMMOPT_SPARSE_UPDATE"] = saved
         models[name] = (m, opt)
 
     steps = {k: train_step(*v, x, y) for k, v in models.items()}
     steps.update({k: _numpy_sweep(steps[k]) for k in steps if k.endswith("_np")})
     steps.update({k: _plain_stores(steps[k]) for k in steps if k.endswith("_plain")})
     steps.update({k: _plain_result(steps[k]) for k in steps if k.endswith("_plainres")})
+    steps.update({k: _dense_update(steps[k]) for k in steps if k.endswith("_denseupd")})
     comm = runtime.communicator()
     samples = time_blocks(steps, args.blocks, args.steps, barrier=comm.barrier)
     med = {k: max(comm.allgather_object(sorted(v)[len(v) // 2])) for k, v in samples.items()}

@@ -13,7 +13,7 @@ burst of ``--burst-ms`` (the end of backward) and, separately, back to back:
 * ``backend``: ``TorchDistBackend.allreduce_`` (async work + ``wait(timeout)``, control-plane
   marks), main thread;
 * ``comm``: ``Communicator.allreduce_tensor_async`` + ``wait`` through the progress thread
-  (``direct_start`` off);
+  (``hvd_commopt.comm.direct.START_ON_CALLER`` off);
 * ``ddp``: DDP's backward over one parameter of the same size, minus the same backward without
   DDP (DDP's reducer launches the bucket from the autograd hook, its own Gloo group).
 
@@ -46,7 +46,8 @@ def _rank_main(args: argparse.Namespace) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import torch_plugin as hco
-    from torch_plugin.comm import _gather_single
+    from hvd_commopt.comm import direct
+    from torch_plugin.pair_sum import gather_single
     torch.set_num_threads(1)
     comm = hco.init()
     be = comm.backend
@@ -74,7 +75,7 @@ def _rank_main(args: argparse.Namespace) -> None:
     gathered = torch.empty(comm.size * n)
 
     def p_allgather():  # one exchange at 2 ranks where the allreduce makes two (then a local sum)
-        _gather_single(gathered, t, group=plain)
+        gather_single(gathered, t, group=plain)
 
     def p_ourpg():
         dist.all_reduce(t, group=be._pg)
@@ -83,9 +84,9 @@ def _rank_main(args: argparse.Namespace) -> None:
         be.allreduce_(t, "sum", "hop", time.monotonic() + 60)
 
     def p_comm():
-        comm.direct_start = False
+        direct.START_ON_CALLER = False
         comm.wait(comm.allreduce_tensor_async(None, t, "sum", "hop"))
-        comm.direct_start = True
+        direct.START_ON_CALLER = True
 
     def p_ddp():
         ddp(x).sum().backward()
@@ -121,9 +122,9 @@ def _rank_main(args: argparse.Namespace) -> None:
             if k == "plain":
                 work = dist.all_reduce(t_over, group=plain, async_op=True)
             elif k in ("queued", "direct"):
-                comm.direct_start = k == "direct"
+                direct.START_ON_CALLER = k == "direct"
                 handle = comm.allreduce_tensor_async(None, t_over, "sum", "overlap")
-                comm.direct_start = True
+                direct.START_ON_CALLER = True
             t0 = time.perf_counter()
             mlp(xin).square().mean().backward()
             dt = time.perf_counter() - t0

@@ -1,5 +1,8 @@
 """The only place that reads ``os.environ``: typed getters for deployment knobs and launch detection.
 
+(Two writes that configure a library we start stay where they happen, each with its reason:
+Open MPI's yield setting in comm/mpi.py and Gloo's interface in torch_plugin/rendezvous.py.)
+
 An explicit argument always wins over an environment variable; an environment variable wins over
 the default. ``HOROVOD_*`` spellings of the same knob are honoured so that a Horovod job script
 keeps working after changing one import.
@@ -24,6 +27,8 @@ __all__ = [
     "timeline_path",
     "verbose",
     "mpi_small_bytes",
+    "torch_rendezvous_vars",
+    "gloo_socket_ifname",
     "DEFAULT_FUSION_THRESHOLD",
     "DEFAULT_TIMEOUT_S",
 ]
@@ -138,16 +143,16 @@ def verbose() -> bool:
     return (_get("HVD_COMMOPT_VERBOSE") or "0") not in ("0", "false", "False", "")
 
 
-def sparse_update() -> bool:
-    """HVD_COMMOPT_SPARSE_UPDATE (default on): plain SGD after a sparse exchange updates the weights
-    at the exchanged positions only, bit for bit the dense step (docs/wrapper.md#sparse-update)."""
-    v = (_get("HVD_COMMOPT_SPARSE_UPDATE") or "1").strip().lower()
-    if v in ("1", "true", "on", "yes"):
-        return True
-    if v in ("0", "false", "off", "no"):
-        return False
-    raise ConfigError(f"environment variable HVD_COMMOPT_SPARSE_UPDATE={v!r}: use 1 (the sparse update, the default) "
-                      f"or 0 (always run the wrapped optimizer's own step)")
+def torch_rendezvous_vars() -> bool:
+    """Whether MASTER_ADDR and MASTER_PORT are both set: torch.distributed's ``env://`` rendezvous
+    (torchrun sets them) rather than ours over MPI (docs/backends.md#control-plane)."""
+    return "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ
+
+
+def gloo_socket_ifname() -> str | None:
+    """GLOO_SOCKET_IFNAME, the interface the user bound Gloo to (None: unset; then the rendezvous
+    binds Gloo to the interface that reaches rank 0, docs/backends.md#control-plane)."""
+    return os.environ.get("GLOO_SOCKET_IFNAME")
 
 
 #: the largest collective (bytes per rank) that a Gloo group chosen under an MPI launcher sends over
@@ -155,11 +160,16 @@ def sparse_update() -> bool:
 DEFAULT_MPI_SMALL_BYTES = 64 * 1024
 
 
-def mpi_small_bytes(chosen: bool) -> int:
+def mpi_small_bytes(chosen: bool, explicit: int | None = None) -> int:
     """HVD_COMMOPT_MPI_SMALL_BYTES: the largest CPU collective (bytes each rank sends) that the
     Gloo backend carries over MPI when MPI is its control plane (docs/backends.md#small-on-mpi);
     0 keeps everything on Gloo. Default: DEFAULT_MPI_SMALL_BYTES where the backend was ``chosen``
-    by us, 0 where the user named it."""
+    by us, 0 where the user named it. ``explicit`` (the backend's argument) wins."""
+    if explicit is not None:
+        if isinstance(explicit, bool) or not isinstance(explicit, numbers.Integral) or explicit < 0:
+            raise ConfigError(f"mpi_small_bytes={explicit!r}: give a whole number of bytes >= 0, or 0 to keep "
+                              f"small collectives on Gloo")
+        return int(explicit)
     v = _get("HVD_COMMOPT_MPI_SMALL_BYTES")
     if v is None:
         return DEFAULT_MPI_SMALL_BYTES if chosen else 0

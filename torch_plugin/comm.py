@@ -14,12 +14,17 @@ and a timeout says the backend cannot tell which rank.
 
 Every call waits with ``Work.wait(timeout)`` until the communicator's deadline, and the process
 group itself is created with the same timeout, so nothing blocks forever.
+
+Three transports for particular cases each live in a module of their own, and this backend picks
+them per collective: :mod:`torch_plugin.pair_sum` (small sums on 2 Gloo ranks as one allgather,
+docs/backends.md#pair-sum), :mod:`torch_plugin.mpi_lane` (small CPU collectives over MPI,
+docs/backends.md#small-on-mpi) and :mod:`torch_plugin.int16_wire` (int16 moved as float16 bits,
+docs/backends.md#int16-wire).
 """
 from __future__ import annotations
 
 import copy
 import datetime
-import threading
 import time
 
 import numpy as np
@@ -31,62 +36,13 @@ from hvd_commopt.comm import register_backend
 from hvd_commopt.comm.base import Backend
 from hvd_commopt.errors import CollectiveTimeoutError, LaunchEnvironmentError, RankFailedError
 
+from . import pair_sum
+from .int16_wire import movable, restore
 from .mpi_lane import MPILane
+from .pair_sum import gather_single
 from .rendezvous import control_plane, init_default_group
 
 __all__ = ["TorchDistBackend", "register", "native_backend"]
-
-# Gloo moves no int16 ("Invalid scalar type"): collectives that only move data (allgather,
-# broadcast, alltoall, sendrecv) carry such buffers as float16 of the same bits; the core
-# reduces small integers in int32 on native backends.
-_MOVE_AS = {torch.int16: torch.float16}
-
-
-def _movable(t):
-    alias = _MOVE_AS.get(t.dtype)
-    return (t, None) if alias is None else (t.view(alias), t.dtype)
-
-
-def _restore(t, dtype):
-    return t if dtype is None or t is None else t.view(dtype)
-
-
-def _sleeper(work, mode: str):
-    """``sleep(seconds) -> bool`` for a direct collective's waiter (docs/backends.md#direct-start),
-    or None (the waiter polls):
-
-    * "block": ``Work.wait`` bounded by the slice, the GIL released. A wait that runs out raises
-      "Operation timed out!" and leaves the work running, so the next slice waits again; an error
-      of the work itself (a peer's connection closed, Gloo's own timeout) completes the work, and
-      the handle's bounded wait reports it.
-    * "event": an event the work's future sets when it ends, with or without an error (on the
-      backend's thread, which needs the GIL for it); None where the work has no future.
-    """
-    if mode == "block":
-        def block(seconds: float) -> bool:
-            try:
-                work.wait(timeout=datetime.timedelta(seconds=max(seconds, 0.001)))
-            except RuntimeError:
-                return bool(work.is_completed())
-            return True
-        return block
-    if mode == "event":
-        ready = threading.Event()
-        try:
-            work.get_future().add_done_callback(lambda _f: ready.set())
-        except (RuntimeError, AttributeError):
-            return None
-        return ready.wait
-    return None
-
-
-# At 2 ranks a small sum is exchanged by one allgather and added locally: a + b is the same bits
-# in either order, the bytes are the ring allreduce's, and Gloo's allreduce of 48 KB took 1.5-2.9 ms
-# on the emulated links where the allgather took 0.55-0.8 ms (docs/backends.md#pair-sum).
-PAIR_SUM_MAX_BYTES = 64 * 1024
-_PAIR_SUM_DTYPES = (torch.float32, torch.float64, torch.int32, torch.int64, torch.uint8, torch.int8)
-# newer torch deprecates all_gather_into_tensor in favour of all_gather_single (same call)
-_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 _OPS = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX, "prod": dist.ReduceOp.PRODUCT}
 # How long a broken connection waits for the control plane's notice naming the peer: a "left"
@@ -104,7 +60,10 @@ class TorchDistBackend(Backend):
 
     buffer_kind = "native"
 
-    def __init__(self, kind: str = "gloo", timeout_s: float | None = None, control=None, chosen: bool = False):
+    def __init__(self, kind: str = "gloo", timeout_s: float | None = None, control=None, chosen: bool = False,
+                 mpi_small_bytes: int | None = None):
+        """``mpi_small_bytes``: the MPI lane's size (docs/backends.md#small-on-mpi); None reads
+        HVD_COMMOPT_MPI_SMALL_BYTES, whose default depends on whether the runtime ``chosen`` Gloo."""
         if kind not in ("gloo", "nccl"):
             raise LaunchEnvironmentError(f"torch.distributed backend {kind!r} unknown; use 'gloo' or 'nccl'")
         if kind == "nccl" and not torch.cuda.is_available():
@@ -132,13 +91,19 @@ class TorchDistBackend(Backend):
         # reducers ask for the size once per bucket and step)
         self._rank, self._size = dist.get_rank(self._pg), dist.get_world_size(self._pg)
         # small CPU collectives over the MPI control plane's transport (docs/backends.md#small-on-mpi)
-        self._lane = MPILane.open(self._control, env.mpi_small_bytes(chosen)) if kind == "gloo" else None
+        self._lane = (MPILane.open(self._control, env.mpi_small_bytes(chosen, mpi_small_bytes))
+                      if kind == "gloo" else None)
+
+    @property
+    def lane(self) -> MPILane | None:
+        """The MPI lane carrying small CPU collectives, or None (docs/backends.md#small-on-mpi)."""
+        return self._lane
 
     @property
     def mpi_small_bytes(self) -> int:
         """The largest CPU collective (bytes per rank) carried over MPI; 0: none
         (docs/backends.md#small-on-mpi)."""
-        return self._lane.max_bytes if self._lane is not None else 0
+        return self._lane.limit_bytes if self._lane is not None else 0
 
     def _on_lane(self, op: str, name: str, call):
         """Run ``call()``, a blocking collective of the MPI lane, marked on the control plane."""
@@ -204,27 +169,12 @@ class TorchDistBackend(Backend):
         if self._control is not None:
             self._control.leave()
 
-    #: the largest sum (bytes) a 2-rank Gloo group exchanges by allgather (0: never; the
-    #: benchmarks compare the two)
-    pair_sum_max_bytes = PAIR_SUM_MAX_BYTES
-
-    def _pair_sum(self, buf, op) -> bool:
-        """Whether this reduction is a small CPU sum on 2 ranks, which an allgather and a local add
-        replace (docs/backends.md#pair-sum). Every rank decides alike: the size, dtype and op are
-        the same everywhere."""
-        return (op == "sum" and self.name == "gloo" and buf.device.type == "cpu" and buf.dtype in _PAIR_SUM_DTYPES
-                and buf.numel() * buf.element_size() <= self.pair_sum_max_bytes and buf.is_contiguous()
-                and self.size == 2)
-
     def _start_reduce(self, buf, op):
-        """(the async work reducing ``buf``, ``done()``: completes it into ``buf`` and returns it)."""
-        if not self._pair_sum(buf, op):
-            return dist.all_reduce(buf, op=_OPS[op], group=self._pg, async_op=True), lambda: buf
-        n, flat = buf.numel(), buf.reshape(-1)
-        both = torch.empty(2 * n, dtype=buf.dtype)
-        work = _gather_single(both, flat, group=self._pg, async_op=True)
-        # rank 0's part first on both ranks: the same sum, bit for bit, as the allreduce's
-        return work, lambda: (torch.add(both[:n], both[n:], out=flat), buf)[1]
+        """(the async work reducing ``buf``, ``done()``: completes it into ``buf`` and returns it).
+        A small CPU sum on 2 Gloo ranks is one allgather and a local add (docs/backends.md#pair-sum)."""
+        if self.name == "gloo" and pair_sum.takes(buf, op, self.size):
+            return pair_sum.start(buf, self._pg)
+        return dist.all_reduce(buf, op=_OPS[op], group=self._pg, async_op=True), lambda: buf
 
     def allreduce_(self, buf, op, name, deadline):
         if self._lane is not None and self._lane.takes_reduce(buf, op):
@@ -239,14 +189,13 @@ class TorchDistBackend(Backend):
         return done()
 
     def _start_on_caller(self, op: str, name: str, deadline: float, work, done):
-        """(is_completed, finish, sleeper) of ``work``, a collective this thread has just started
+        """(is_completed, finish) of ``work``, a collective this thread has just started
         (docs/backends.md#direct-start): ``finish()`` waits for it as :meth:`_run` does and returns
-        ``done()``; ``sleeper(mode)`` is :func:`_sleeper` of the work, asked for only by a waiter
-        that does not poll."""
+        ``done()``."""
         def finish():
             self._finish(work, op, name, deadline)
             return done()
-        return work.is_completed, finish, lambda mode: _sleeper(work, mode)
+        return work.is_completed, finish
 
     def _enter(self, op: str, name: str) -> None:
         """Mark a collective started on the calling thread on the control plane from its start."""
@@ -282,7 +231,7 @@ class TorchDistBackend(Backend):
             counts = self._on_lane("allgather", name, lambda: lane.counts(buf.numel()))
             if lane.takes_sizes(counts, buf.element_size()):
                 return self._on_lane("allgather", name, lambda: lane.allgatherv(buf, counts)), counts
-        buf, dtype = _movable(buf.reshape(-1))
+        buf, dtype = movable(buf.reshape(-1))
         if lane is None:
             n = torch.tensor([buf.numel()], dtype=torch.int64, device=buf.device)
             counts = [torch.zeros_like(n) for _ in range(self.size)]
@@ -298,8 +247,8 @@ class TorchDistBackend(Backend):
         parts = [torch.empty_like(padded) for _ in range(self.size)]
         self._run("allgather", name, deadline, lambda: dist.all_gather(parts, padded, group=self._pg, async_op=True))
         if all(c == m for c in counts):
-            return _restore(torch.cat(parts), dtype), counts
-        return _restore(torch.cat([p[:c] for p, c in zip(parts, counts)]), dtype), counts
+            return restore(torch.cat(parts), dtype), counts
+        return restore(torch.cat([p[:c] for p, c in zip(parts, counts)]), dtype), counts
 
     def allgather_equal(self, buf, name, deadline):
         # one collective: the caller promised every rank's size (docs/topk.md#equal-sizes)
@@ -312,12 +261,12 @@ class TorchDistBackend(Backend):
     def _gather_equal(self, buf):
         """(``gather()``: starts the allgather of ``buf`` whose every rank sends as many elements,
         into one buffer, and returns its Work; ``done()``: (the gathered buffer, counts))."""
-        wire, dtype = _movable(buf.reshape(-1))
+        wire, dtype = movable(buf.reshape(-1))
         wire = wire.contiguous()
         out = torch.empty(self.size * wire.numel(), dtype=wire.dtype, device=wire.device)
         counts = [wire.numel()] * self.size
-        return (lambda: _gather_single(out, wire, group=self._pg, async_op=True),
-                lambda: (_restore(out, dtype), counts))
+        return (lambda: gather_single(out, wire, group=self._pg, async_op=True),
+                lambda: (restore(out, dtype), counts))
 
     def allgather_host(self, data: np.ndarray, name, deadline):
         # our group has Gloo for CPU tensors in both modes: host bytes stay on the host
@@ -325,15 +274,15 @@ class TorchDistBackend(Backend):
         return out.numpy(), counts
 
     def broadcast_(self, buf, root, name, deadline):
-        wire, _ = _movable(buf)  # a view: the broadcast lands in buf
+        wire, _ = movable(buf)  # a view: the broadcast lands in buf
         src = dist.get_global_rank(self._pg, root)
         self._run("broadcast", name, deadline, lambda: dist.broadcast(wire, src=src, group=self._pg, async_op=True))
         return buf
 
     def alltoall(self, buf, counts, name, deadline):
-        buf, dtype = _movable(buf.reshape(-1).contiguous())
+        buf, dtype = movable(buf.reshape(-1).contiguous())
         out, rc = self._alltoall(buf, counts, name, deadline)
-        return _restore(out, dtype), rc
+        return restore(out, dtype), rc
 
     def _alltoall(self, buf, counts, name, deadline):
         send = torch.tensor(counts, dtype=torch.int64, device=buf.device)
@@ -367,14 +316,14 @@ class TorchDistBackend(Backend):
         return dist.get_global_rank(self._pg, r) if r >= 0 else r
 
     def sendrecv(self, send, dest, source, name, deadline):
-        send, dtype = _movable(send)
+        send, dtype = movable(send)
         c = self._control
         if c is not None:
             c.enter("sendrecv", name)
         out = self._sendrecv(send, dest, source, name, deadline)
         if c is not None:
             c.leave()
-        return _restore(out, dtype)
+        return restore(out, dtype)
 
     def _sendrecv(self, send, dest, source, name, deadline):
         ops, n_in = [], torch.zeros(1, dtype=torch.int64, device=send.device)

@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 
-from hvd_commopt import env as _env
 from hvd_commopt import timeline as _timeline
 
 from ._compat import is_view
@@ -45,7 +44,7 @@ class TorchScheduleHost:
         self._contiguous = {n: p.is_contiguous() for n, p in self.params.items()}
         self._replaced: list[torch.Tensor] = []  # the gradients the last set_grads replaced
         # plain SGD after a sparse exchange: the update at the exchanged positions only
-        self._sparse = SparseSGD(optimizer, self.params) if _env.sparse_update() else None
+        self._sparse = SparseSGD(optimizer, self.params)
 
     def weights(self) -> dict[str, torch.Tensor]:
         return {n: p.data for n, p in self.params.items()}
@@ -145,7 +144,7 @@ class TorchScheduleHost:
                         group.update(h)
             with _timeline.span("update", "update"):  # no-op unless a timeline is recording
                 sparse = getattr(grads, "sparse", None)
-                if sparse and weights is None and closure is None and self._sparse is not None:
+                if sparse and weights is None and closure is None:
                     lr = self._sparse.lr(hyper)
                     if lr is not None and self._sparse.step(sparse, lr):
                         return None

@@ -4,8 +4,8 @@ Under an MPI launcher with ranks on several hosts the torch adapter's collective
 which fills a link better than MPI's TCP transport (docs/backends.md#choice). For small
 collectives the link is not what costs: on the emulated 10 Gbit/s link a per-layer exact top-k
 (49 allgathers of 10-30 KB per step) reached 0.69-0.77x DDP's throughput on Gloo and 0.90-1.08x
-on MPI in the same jobs (benchmarks/README.md#native-topk-1124). So a collective of at most
-``max_bytes`` per rank goes over MPI, which is already there as the control plane.
+on MPI in the same jobs (docs/backends.md#small-on-mpi). So a collective of at most
+``limit_bytes`` per rank goes over MPI, which is already there as the control plane.
 
 The rules, each for a reason:
 
@@ -44,36 +44,41 @@ def _host(t: torch.Tensor) -> np.ndarray:
 
 
 class MPILane:
-    """Blocking MPI collectives on CPU tensors of at most ``max_bytes`` per rank.
+    """Blocking MPI collectives on CPU tensors of at most ``limit_bytes`` per rank.
 
     Use :meth:`open`, which gives None where no lane can be had."""
 
-    def __init__(self, control, max_bytes: int):
+    def __init__(self, control, limit_bytes: int):
         self.MPI = control.MPI
-        self.max_bytes = self.configured_bytes = int(max_bytes)  # benchmarks' A/Bs switch max_bytes
+        self._limit = int(limit_bytes)
         self._comm = self.MPI.COMM_WORLD.Dup()  # collective: every rank opens its lane at init
         self._ops = {"sum": self.MPI.SUM, "min": self.MPI.MIN, "max": self.MPI.MAX, "prod": self.MPI.PROD}
         self.calls = 0  # collectives carried, for tests and benchmarks
 
     @classmethod
-    def open(cls, control, max_bytes: int) -> "MPILane | None":
+    def open(cls, control, limit_bytes: int) -> "MPILane | None":
         """A lane beside ``control`` (the MPI control plane, or None), or None: no control
-        plane, ``max_bytes`` 0, one rank, or an MPI without MPI_THREAD_MULTIPLE."""
-        if control is None or max_bytes <= 0 or control.size == 1:
+        plane, ``limit_bytes`` 0, one rank, or an MPI without MPI_THREAD_MULTIPLE."""
+        if control is None or limit_bytes <= 0 or control.size == 1:
             return None
         if control.MPI.Query_thread() < control.MPI.THREAD_MULTIPLE:
             return None
-        return cls(control, max_bytes)
+        return cls(control, limit_bytes)
+
+    @property
+    def limit_bytes(self) -> int:
+        """The largest collective (bytes each rank sends) the lane carries; fixed when it opens."""
+        return self._limit
 
     # -- the rule ------------------------------------------------------------------------------
     def takes_reduce(self, buf: torch.Tensor, op: str) -> bool:
         """Whether this reduction goes over the lane (the same answer on every rank)."""
         return (buf.device.type == "cpu" and buf.dtype in REDUCE_DTYPES and op in self._ops
-                and buf.is_contiguous() and buf.numel() * buf.element_size() <= self.max_bytes)
+                and buf.is_contiguous() and buf.numel() * buf.element_size() <= self._limit)
 
     def takes_gather(self, buf: torch.Tensor) -> bool:
         """Whether an allgather whose every rank sends ``buf``'s size goes over the lane."""
-        return buf.device.type == "cpu" and buf.numel() * buf.element_size() <= self.max_bytes
+        return buf.device.type == "cpu" and buf.numel() * buf.element_size() <= self._limit
 
     # -- collectives (progress thread only) ----------------------------------------------------
     def allreduce_(self, buf: torch.Tensor, op: str) -> torch.Tensor:
@@ -101,7 +106,7 @@ class MPILane:
     def takes_sizes(self, counts: list[int], itemsize: int) -> bool:
         """Whether an allgather of these per-rank ``counts`` goes over the lane (decided by the
         largest, which every rank knows alike)."""
-        return max(counts) * itemsize <= self.max_bytes
+        return max(counts) * itemsize <= self._limit
 
     def allgatherv(self, buf: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """Every rank's ``buf`` (``counts[r]`` elements from rank r), concatenated in rank order."""

@@ -32,7 +32,7 @@ def control_plane(launch: env.LaunchInfo):
         from hvd_commopt.comm.mpi import MPIBackend
         return MPIBackend()
     except LaunchEnvironmentError:
-        if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
+        if env.torch_rendezvous_vars():
             return None  # the data plane can start; timeouts then cannot name the missing rank
         raise LaunchEnvironmentError(
             "this job runs under mpirun, and torch.distributed's rendezvous needs mpi4py there (rank 0 "
@@ -87,16 +87,18 @@ def _mpi_rendezvous(launch: env.LaunchInfo, timeout: datetime.timedelta):
     addr = world.bcast(addr if launch.rank == 0 else None, root=0)
     if launch.rank != 0:
         store = dist.TCPStore(addr[0], addr[1], launch.size, False, timeout=timeout)
-    if "GLOO_SOCKET_IFNAME" not in os.environ:
+    if env.gloo_socket_ifname() is None:
         name = "lo" if addr[0].startswith("127.") else _ifname_of(_route_source(addr[0]))
         if name:
+            # a write, not a read: Gloo takes its interface from this variable when the process
+            # group is created below, and offers no argument for it
             os.environ["GLOO_SOCKET_IFNAME"] = name
     return store
 
 
 def init_default_group(kind: str, launch: env.LaunchInfo, timeout: datetime.timedelta, control) -> None:
     spec = "cpu:gloo,cuda:nccl" if kind == "nccl" else kind
-    if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
+    if env.torch_rendezvous_vars():
         dist.init_process_group(spec, init_method="env://", rank=launch.rank, world_size=launch.size, timeout=timeout)
         return
     if control is not None:

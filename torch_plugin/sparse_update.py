@@ -34,7 +34,11 @@ from hvd_commopt.host_memory import native_on, sparse_axpy
 from ._compat import step_hooks_registered
 from .host_arrays import flat_np
 
-__all__ = ["SparseSGD"]
+__all__ = ["SparseSGD", "ENABLED"]
+
+#: apply the sparse step wherever it is the dense one bit for bit; tests and benchmarks set False
+#: to run the wrapped optimizer's own step and compare (docs/wrapper.md#sparse-update)
+ENABLED = True
 
 _DTYPES = (torch.float32, torch.float64)
 # the hyper-parameters of torch.optim.SGD that must be off (or 0) for the sparse step
@@ -69,7 +73,7 @@ class SparseSGD:
     def lr(self, hyper: Any) -> float | None:
         """The learning rate when the sparse step applies to the optimizer as configured, else None."""
         opt = self.opt
-        if getattr(opt, "_hco_base", None) is not torch.optim.SGD:
+        if not ENABLED or getattr(opt, "_hco_base", None) is not torch.optim.SGD:
             return None
         if step_hooks_registered(opt):
             return None

@@ -60,12 +60,14 @@ class RankEnv:
 
     def fresh_comm(self, lane: bool = True) -> Any:
         """A new Communicator of ours on a Gloo group of its own (every rank calls it in the same order),
-        set up as the runtime's: with the MPI lane unless the job named its backend or ``lane`` is
-        False (a variant pinned to Gloo, docs/backends.md#small-on-mpi)."""
+        set up as the runtime's: with the MPI lane unless the job named its backend, or never where
+        ``lane`` is False (a variant pinned to Gloo, the *_nolane A/Bs, docs/backends.md#small-on-mpi)."""
         from hvd_commopt import env
         from hvd_commopt.comm import Communicator
         from torch_plugin.comm import TorchDistBackend
-        return Communicator(TorchDistBackend("gloo", chosen=lane and env.backend_name() is None), timeout_s=600)
+        backend = TorchDistBackend("gloo", chosen=lane and env.backend_name() is None,
+                                   mpi_small_bytes=None if lane else 0)
+        return Communicator(backend, timeout_s=600)
 
     def backend_comm(self, name: str) -> Any:
         """Our Communicator on backend ``name`` ("mpi" or "gloo"): the runtime's when it is that

@@ -71,10 +71,8 @@ class Runner:
     params: nn.Module
     ours: bool = False
     native_kernels: bool = True  # False: the NumPy host kernels (docs/selection.md#native-sweep)
-    wait: str = "poll"  # how a direct collective's waiter waits: poll, event, block (docs/backends.md#direct-start)
     pair_sum: bool = True  # False: small sums at 2 ranks by Gloo's allreduce (docs/backends.md#pair-sum)
     direct: bool = True  # False: every collective through the progress thread (docs/backends.md#direct-start)
-    mpi_lane: bool = True  # False: no small collective over MPI beside Gloo (docs/backends.md#small-on-mpi)
     analytic_bytes: int | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -244,17 +242,29 @@ def b_sparse(kind: str, layerwise: bool = False, planner: str | None = None,
 def ab_variant(build: Callable[[nn.Module, Ctx], Runner], name: str, **choice: Any) -> Callable[[nn.Module, Ctx], Runner]:
     """``build``'s variant with one implementation choice of the :class:`Runner` switched (an A/B in
     one job): ``native_kernels=False`` runs the NumPy host kernels (docs/selection.md#native-sweep),
-    ``wait="event"`` / ``"block"`` waits for directly started collectives on an event / in the backend's
-    bounded wait instead of polling (docs/backends.md#direct-start),
     ``pair_sum=False`` sums small buffers at 2 ranks by Gloo's allreduce (docs/backends.md#pair-sum),
-    ``direct=False`` queues every collective on the progress thread (docs/backends.md#direct-start),
-    ``mpi_lane=False`` keeps small collectives on Gloo where the MPI lane would carry them
-    (docs/backends.md#small-on-mpi)."""
+    ``direct=False`` queues every collective on the progress thread (docs/backends.md#direct-start)."""
     def build_(model: nn.Module, ctx: Ctx) -> Runner:
         r = build(model, ctx)
         r.name = name
         for field_name, value in choice.items():
             setattr(r, field_name, value)
+        return r
+    return build_
+
+
+def without_lane(build: Callable[[nn.Module, Ctx], Runner], name: str) -> Callable[[nn.Module, Ctx], Runner]:
+    """``build``'s variant on a Gloo backend of its own built without the MPI lane, so its small
+    collectives stay on Gloo (docs/backends.md#small-on-mpi): an A/B in one job, where every
+    variant of ours has a communicator of its own anyway."""
+    def build_(model: nn.Module, ctx: Ctx) -> Runner:
+        if ctx.communicator is not None:
+            raise Skip(f"{name} builds a Gloo backend of its own; it cannot run on a named one")
+        if ctx.fresh_comm is not None:  # None: our backend is not Gloo, so there is no lane
+            fresh = ctx.fresh_comm
+            ctx = dataclasses.replace(ctx, fresh_comm=lambda: fresh(lane=False))
+        r = build(model, ctx)
+        r.name = name
         return r
     return build_
 
@@ -309,19 +319,13 @@ VARIANTS: dict[str, tuple[Callable[[nn.Module, Ctx], Runner], str]] = {
                       "lags_fused with the NumPy host kernels instead of the native ones"),
     "topk_ar": (ab_variant(b_sparse("topk"), "topk_ar", pair_sum=False),
                 "topk whose dense 1-D bucket is summed by Gloo's allreduce, not an allgather (2 ranks)"),
-    "ssgd_event": (ab_variant(lambda m, c: _ours("ssgd", m, c), "ssgd_event", wait="event"),
-                   "ssgd whose waits for directly started collectives sleep on the work's completion event"),
-    "ssgd_block": (ab_variant(lambda m, c: _ours("ssgd", m, c), "ssgd_block", wait="block"),
-                   "ssgd whose waits for directly started collectives block in the backend's bounded wait"),
-    "topk_block": (ab_variant(b_sparse("topk"), "topk_block", wait="block"),
-                   "topk whose waits for directly started collectives block in the backend's bounded wait"),
     "lags_queued": (ab_variant(b_sparse("topk", layerwise=True), "lags_queued", direct=False),
                     "lags whose collectives all go through the progress thread, none started from the hooks"),
-    "lags_nolane": (ab_variant(b_sparse("topk", layerwise=True), "lags_nolane", mpi_lane=False),
+    "lags_nolane": (without_lane(b_sparse("topk", layerwise=True), "lags_nolane"),
                     "lags with its small collectives on Gloo, not the MPI lane (multi-host Gloo only)"),
-    "ssgd_nolane": (ab_variant(lambda m, c: _ours("ssgd", m, c), "ssgd_nolane", mpi_lane=False),
+    "ssgd_nolane": (without_lane(lambda m, c: _ours("ssgd", m, c), "ssgd_nolane"),
                     "ssgd with its small collectives on Gloo, not the MPI lane (multi-host Gloo only)"),
-    "dgc_nolane": (ab_variant(b_sparse("dgc"), "dgc_nolane", mpi_lane=False),
+    "dgc_nolane": (without_lane(b_sparse("dgc"), "dgc_nolane"),
                    "dgc with its small collectives on Gloo, not the MPI lane (multi-host Gloo only)"),
     "dgc_exact": (b_sparse("dgc", selection="exact", name="dgc_exact"), "DGC with the exact (fast) top-k selection"),
     "topk_thr": (b_sparse("topk", selection="threshold", name="topk_thr"),
@@ -344,7 +348,7 @@ VARIANTS: dict[str, tuple[Callable[[nn.Module, Ctx], Runner], str]] = {
 # (docs/backends.md#choice); `--backend both` times each of them on both backends.
 # the _np variants are opt-in as well: an A/B of the native host kernels, not methods of their own.
 NATIVE_AB = ("topk_np", "dgc_np", "lags_fused_np")
-BACKEND_AB = ("ssgd_event", "ssgd_block", "topk_block", "topk_ar", "lags_queued")  # opt-in A/Bs of a backend choice, like the _np ones
+BACKEND_AB = ("topk_ar", "lags_queued")  # opt-in A/Bs of a backend choice, like the _np ones
 DEFAULT = [n for n in VARIANTS if n != "ssgd_gloo" and n not in NATIVE_AB + BACKEND_AB]
 QUICK = ["compute", "ddp", "ddp_powersgd1", "ssgd", "mgwfbp", "fp16", "topk", "gtopk", "dgc", "od", "local_sgd"]
 

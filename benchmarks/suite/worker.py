@@ -32,8 +32,9 @@ import torch
 import torch.nn.functional as F
 
 from hvd_commopt import timeline
+from hvd_commopt.comm import direct
 from hvd_commopt.select import host_native
-from torch_plugin.comm import PAIR_SUM_MAX_BYTES
+from torch_plugin import pair_sum
 
 from ..common import ROOT, block_order
 
@@ -41,6 +42,8 @@ from . import variants as V
 from .rankenv import RankEnv, setup
 
 __all__ = ["main", "timed_step", "add_ready_instants"]
+
+_PAIR_SUM_BYTES = pair_sum.MAX_BYTES  # the library's bound, restored after a topk_ar step
 
 
 def _models(name: str, quick: bool) -> tuple[Callable[[], torch.nn.Module], Callable[[], torch.Tensor], int]:
@@ -69,15 +72,11 @@ def engine_traces() -> bool:
 def timed_step(r: V.Runner, x: torch.Tensor, y: torch.Tensor) -> None:
     """One training step, with timeline spans when a timeline is recording."""
     host_native.USE_NATIVE = bool(r.native_kernels)  # the _np variants: the NumPy host kernels
-    if r.ours:  # ssgd_event, *_block / topk_ar / *_nolane: waits, small sums, the MPI lane (docs/backends.md)
-        comm = r.opt.comm_engine.comm
-        comm.direct_wait = r.wait
-        comm.direct_start = r.direct
-        if hasattr(comm.backend, "pair_sum_max_bytes"):
-            comm.backend.pair_sum_max_bytes = PAIR_SUM_MAX_BYTES if r.pair_sum else 0
-        lane = getattr(comm.backend, "_lane", None)  # *_nolane: small collectives kept on Gloo
-        if lane is not None:
-            lane.max_bytes = lane.configured_bytes if r.mpi_lane else 0
+    # topk_ar / lags_queued: the library's module defaults for small sums and direct starts,
+    # switched for this variant's step (docs/backends.md#pair-sum, docs/backends.md#direct-start); *_nolane
+    # runs on a backend built without the MPI lane (variants.py)
+    pair_sum.MAX_BYTES = _PAIR_SUM_BYTES if r.pair_sum else 0
+    direct.START_ON_CALLER = r.direct
     with timeline.span("step", "step"):
         r.opt.zero_grad()
         with timeline.span("forward", "forward"):

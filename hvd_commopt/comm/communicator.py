@@ -29,6 +29,7 @@ import numpy as np
 from .. import timeline as _timeline
 from ..errors import CollectiveTimeoutError, ConfigError, HvdCommoptError
 from .base import REDUCE_OPS, Backend
+from . import direct as _direct
 from .direct import DirectHandle
 from .handle import Handle
 from .traffic import CountingLink, TrafficCounter, from_wire, nbytes as _nbytes, to_wire
@@ -50,15 +51,6 @@ class Communicator:
         backend: the transport.
         timeout_s: how long a blocking call (or ``Handle.wait`` through :meth:`wait`) may take.
     """
-
-    #: start a lone collective on the calling thread where the backend can (False: always the
-    #: progress thread; benchmarks compare the two)
-    direct_start = True
-    #: how a direct collective's waiter waits (docs/backends.md#direct-start): "poll" the work with
-    #: pauses of 50-200 us; "event": sleep on an event the work's completion callback sets (the
-    #: callback runs on the backend's thread and needs the GIL); "block": the backend's own wait,
-    #: one peer-check slice at a time, with the GIL released. A backend that cannot sleep so polls.
-    direct_wait = "poll"
 
     def __init__(self, backend: Backend, timeout_s: float):
         self.backend = backend
@@ -127,11 +119,9 @@ class Communicator:
         """A handle for a collective started now, on this thread, by the backend's ``method(*args,
         deadline)``, or None: the backend has no such method or cannot start this one so, or the
         progress thread holds earlier collectives, which must go first
-        (docs/backends.md#direct-start). The method returns (is_completed, finish, sleeper) or None;
-        ``sleeper(mode)`` gives ``sleep(seconds) -> bool`` for a :attr:`direct_wait` mode, or None
-        where the backend cannot sleep that way (the waiter polls)."""
+        (docs/backends.md#direct-start). The method returns (is_completed, finish) or None."""
         start = getattr(self.backend, method, None)
-        if start is None or not self.direct_start:
+        if start is None or not _direct.START_ON_CALLER:
             return None
         with self._order:
             if self._queued or self._closed or self._broken is not None:
@@ -139,9 +129,8 @@ class Communicator:
             begun = start(*args, time.monotonic() + self.timeout_s)
         if begun is None:
             return None
-        is_completed, finish, sleeper = begun
-        h = DirectHandle(op, name, is_completed, lambda hh: self._complete(hh, finish, traffic),
-                         None if self.direct_wait == "poll" else sleeper(self.direct_wait))
+        is_completed, finish = begun
+        h = DirectHandle(op, name, is_completed, lambda hh: self._complete(hh, finish, traffic))
         h._start()
         return h
 
@@ -197,8 +186,7 @@ class Communicator:
     @staticmethod
     def _wait_slice(handle: Handle, seconds: float) -> bool:
         """Wait up to ``seconds`` for ``handle``; True when it is done. A direct one
-        (docs/backends.md#direct-start) waits as :attr:`direct_wait` says: polled, on its completion
-        event, or in the backend's own wait bounded by the slice, so the peers are still watched."""
+        (docs/backends.md#direct-start) is polled (docs/backends.md#direct-wait)."""
         if not isinstance(handle, DirectHandle):
             return handle._done.wait(seconds)
         return handle.wait_ready(seconds)

@@ -5,16 +5,16 @@ result. A bucket sent during backward makes it do both while backward runs, and 
 competes with the backward's hooks for the GIL and for the shared cores: measured 0.3-1.0 ms per
 1 MB bucket on the emulated 10 Gbit/s link, where the same collective started from the calling
 thread, as DDP's reducer starts one, costs the backward no more than its transfer
-(benchmarks/README.md#parity-native).
+(docs/backends.md#direct-start).
 
 A backend that can start a collective without waiting for it (``start_allreduce`` and
 ``start_allgather_equal``: torch.distributed on CPU tensors) has it started here, on the caller's
 thread, when nothing is queued or running on the progress thread, so every rank still issues its
 collectives in program order. The result is taken by whoever waits for the handle (the step),
 through the backend's own bounded wait with the deadline set at the start: a timeout or a failed
-peer is reported exactly as on the progress thread. Until then the waiter polls the work, or
-sleeps in the backend's own wait or on the work's completion event (``Communicator.direct_wait``),
-looking at the peers every slice. :attr:`Handle.comm_seconds` then runs from the start to that wait.
+peer is reported exactly as on the progress thread. Until then the waiter polls the work with
+short pauses, looking at the peers every slice (docs/backends.md#direct-wait).
+:attr:`Handle.comm_seconds` then runs from the start to that wait.
 """
 from __future__ import annotations
 
@@ -24,7 +24,11 @@ from typing import Any, Callable
 
 from .handle import Handle
 
-__all__ = ["DirectHandle"]
+__all__ = ["DirectHandle", "START_ON_CALLER"]
+
+#: start a lone collective on the calling thread where the backend can; tests and benchmarks set
+#: False to send everything through the progress thread and compare the two
+START_ON_CALLER = True
 
 
 class DirectHandle(Handle):
@@ -33,20 +37,16 @@ class DirectHandle(Handle):
     ``is_completed()`` tells, without blocking, whether the backend has finished; ``complete(h)``
     waits for it (bounded by the deadline) and sets ``h``'s result or error. The first
     :meth:`poll` that sees it finished, or the first :meth:`wait`, completes it, once.
-    ``sleep(seconds)``, when given, waits up to ``seconds`` without polling (the backend's own
-    wait, or an event its completion sets) and returns whether the backend finished
-    (:meth:`wait_ready`).
     """
 
-    __slots__ = ("_is_completed", "_complete", "_mutex", "sleep")
+    __slots__ = ("_is_completed", "_complete", "_mutex")
 
     def __init__(self, op: str, name: str, is_completed: Callable[[], bool],
-                 complete: Callable[["DirectHandle"], None], sleep: Callable[[float], bool] | None = None):
+                 complete: Callable[["DirectHandle"], None]):
         super().__init__(op, name)
         self._is_completed = is_completed
         self._complete = complete
         self._mutex = threading.Lock()
-        self.sleep = sleep
 
     def _finish(self) -> None:
         with self._mutex:
@@ -60,14 +60,10 @@ class DirectHandle(Handle):
 
     def wait_ready(self, seconds: float) -> bool:
         """Wait up to ``seconds`` for the backend to finish; True when it has (the handle is then
-        completed). Sleeps in :attr:`sleep` where one was given (the waiter wakes once, when the
-        collective ends, where polling wakes it 70-100 times during a 15 ms allreduce), else polls
-        with pauses growing from 50 to 200 us (docs/backends.md#direct-start)."""
+        completed). Polls with pauses growing from 50 to 200 us (docs/backends.md#direct-wait)."""
         end = time.monotonic() + seconds
-        if self.sleep is not None:
-            self.sleep(seconds)
         pause = 5e-5
-        while not self.poll():  # an event is set by a callback that runs just before is_completed() turns
+        while not self.poll():
             left = end - time.monotonic()
             if left <= 0:
                 return False

@@ -56,7 +56,8 @@ def import_mpi():
     # Our progress thread waits inside blocking MPI calls while backward computes on the other
     # threads; Open MPI's default busy-poll would take a core from backward for the whole wait.
     # Yielding must be chosen before MPI_Init (it is read once), i.e. before mpi4py's import.
-    # An explicit setting (mpirun --mca or the environment) wins.
+    # An explicit setting (mpirun --mca or the environment) wins. A write that configures Open
+    # MPI (which reads only its environment), not a setting of ours: so it stays here, not env.py.
     os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
     try:
         from mpi4py import MPI  # noqa: PLC0415 - lazy on purpose

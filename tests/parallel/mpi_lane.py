@@ -17,12 +17,13 @@ P, R = hco.size(), hco.rank()
 require_mpirun("tests/parallel/test_mpi_lane.py")
 COMM = runtime.communicator()
 BE = COMM.backend
+LANE = BE.lane
 SMALL = 4096
 OPS = hco.TorchOps()
 
 
 def lane_calls():
-    return BE._lane.calls
+    return LANE.calls
 
 
 def rows(n, dtype=torch.float32, seed=0):
@@ -118,10 +119,10 @@ def test_interleaved_small_and_large_collectives_keep_their_order_on_both_transp
         assert np.allclose(got.numpy(), np.sum(everyone, axis=0), rtol=1e-5, atol=1e-3), i
 
 
-def test_topk_training_is_bit_for_bit_the_same_with_and_without_the_lane():
+def test_topk_training_is_bit_for_bit_the_same_with_and_without_the_lane(monkeypatch):
     # the exact top-k's per-layer allgathers take the lane; the result must not change
-    def train(lane_bytes):
-        BE._lane.max_bytes = lane_bytes
+    def train(lane_on):
+        monkeypatch.setattr(BE, "_lane", LANE if lane_on else None)  # without: as a process set's backend
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
                                     torch.nn.ReLU(), torch.nn.Linear(64, 4))
@@ -136,11 +137,9 @@ def test_topk_training_is_bit_for_bit_the_same_with_and_without_the_lane():
             torch.nn.functional.cross_entropy(model(x), y).backward()
             opt.step()
         return torch.cat([p.detach().reshape(-1) for p in model.parameters()]), lane_calls() - before
-    try:
-        on, carried = train(SMALL)
-        off, none = train(0)
-    finally:
-        BE._lane.max_bytes = SMALL
+    on, carried = train(True)
+    off, none = train(False)
+    monkeypatch.undo()
     assert carried > 0 and none == 0
     if P == 2:
         assert torch.equal(on, off)

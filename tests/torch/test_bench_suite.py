@@ -115,7 +115,7 @@ def test_each_of_our_variants_gets_a_communicator_of_its_own_where_the_job_offer
         made = []
         ctx = V.Ctx(mode="throughput", rank=0, size=1, fresh_comm=lambda: made.append(comm) or comm,
                     backend_comm=lambda name: comm)
-        for name in ("ssgd", "topk", "ssgd_block"):
+        for name in ("ssgd", "topk", "topk_ar"):
             assert V.build(name, torch.nn.Linear(4, 3), ctx).opt.comm_engine.comm is comm
         assert len(made) == 3
         V.build("ssgd@mpi", torch.nn.Linear(4, 3), ctx)

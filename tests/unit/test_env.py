@@ -71,3 +71,26 @@ def test_mpi_lane_size_defaults_on_only_where_the_runtime_chose_gloo(monkeypatch
         monkeypatch.setenv("HVD_COMMOPT_MPI_SMALL_BYTES", bad)
         with pytest.raises(ConfigError, match=r"HVD_COMMOPT_MPI_SMALL_BYTES=.*whole number of bytes >= 0.*0 to keep"):
             env.mpi_small_bytes(chosen=True)
+
+
+def test_mpi_lane_size_given_to_the_backend_wins_over_the_environment(monkeypatch):
+    # TorchDistBackend(mpi_small_bytes=...): the benchmarks' *_nolane backends (docs/backends.md#small-on-mpi)
+    monkeypatch.setenv("HVD_COMMOPT_MPI_SMALL_BYTES", "4096")
+    assert env.mpi_small_bytes(chosen=True, explicit=0) == 0
+    assert env.mpi_small_bytes(chosen=False, explicit=100) == 100
+    for bad in (-1, 1.5, True, "64KB"):
+        with pytest.raises(ConfigError, match=r"mpi_small_bytes=.*whole number of bytes >= 0"):
+            env.mpi_small_bytes(chosen=True, explicit=bad)
+
+
+def test_torch_rendezvous_variables_are_read_here(monkeypatch):
+    # docs/backends.md#control-plane: env:// when both are set, else our rendezvous over MPI
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    assert not env.torch_rendezvous_vars()
+    monkeypatch.setenv("MASTER_ADDR", "10.0.0.1")
+    assert env.torch_rendezvous_vars()
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    assert env.gloo_socket_ifname() is None
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth1")
+    assert env.gloo_socket_ifname() == "eth1"
