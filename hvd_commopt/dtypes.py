@@ -40,9 +40,9 @@ def float32_to_half(x: np.ndarray, dtype) -> np.ndarray:
 
 
 # NumPy float dtype -> (key dtype, abs mask): |x| as its bit pattern (docs/selection.md#order)
-_KEY_OF = {np.dtype(np.float32): (np.dtype(np.int32), 0x7FFFFFFF),
-           np.dtype(np.float64): (np.dtype(np.int64), 0x7FFFFFFFFFFFFFFF),
-           np.dtype(np.float16): (np.dtype(np.int16), 0x7FFF)}
+_KEY_OF: dict[np.dtype, tuple[np.dtype, int]] = {np.dtype(np.float32): (np.dtype(np.int32), 0x7FFFFFFF),
+                                                   np.dtype(np.float64): (np.dtype(np.int64), 0x7FFFFFFFFFFFFFFF),
+                                                   np.dtype(np.float16): (np.dtype(np.int16), 0x7FFF)}
 
 
 def magnitude_key(value: float, dtype) -> int:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 try:  # built by setup.py when a C compiler is there (optional: the NumPy kernels stand in)
-    from . import _hostkernels as _native
+    from . import _hostkernels as _native  # type: ignore[attr-defined]  # the C extension: no stub
 except ImportError:  # pragma: no cover - an install without the compiled extension
     _native = None
 

@@ -42,7 +42,7 @@ OPS = ("ge", "gt", "le", "lt")
 # denormals-are-zero mode. Equal to IEEE comparison of |x| whenever DAZ is off.
 
 # numpy dtype -> (key dtype, abs mask, +Inf key)
-NP_KEYS = {
+NP_KEYS: dict[np.dtype, tuple[np.dtype, int, int]] = {
     np.dtype(np.float32): (np.dtype(np.int32), 0x7FFFFFFF, 0x7F800000),
     np.dtype(np.float64): (np.dtype(np.int64), 0x7FFFFFFFFFFFFFFF, 0x7FF0000000000000),
     np.dtype(np.float16): (np.dtype(np.int16), 0x7FFF, 0x7C00),
@@ -187,7 +187,7 @@ def np_add_momentum_abs_where(acc: np.ndarray, u: np.ndarray, mu: float, g: np.n
     plan = threshold_plan(op, thr, np_key_of(acc.dtype), NP_KEYS[acc.dtype][2])
     parts = isinstance(g, tuple)  # (start, array) parts of g (docs/selection.md#grad-parts)
     if (plan not in (ALL, NONE) and native_for(acc, u, u_out, y)
-            and (parts_for(acc, g) if parts else native_for(acc, g))):
+            and (parts_for(acc, g) if parts else native_for(acc, g))):  # type: ignore[arg-type]  # parts: g is a tuple
         return (y, u_out, *native_run(acc, plan, g, y, (u, float(mu), u_out)))
     if parts:
         g = np.concatenate([a.reshape(-1) for _, a in g]) if g else np.empty(0, acc.dtype)
