@@ -115,6 +115,7 @@ class _SetCommunicator(Communicator):
         self.backend, self._parent = backend, parent
         self.timeout_s, self.traffic = parent.timeout_s, parent.traffic
         self._closed = False
+        self.process_sets = None
 
     @property
     def _broken(self):
@@ -122,6 +123,9 @@ class _SetCommunicator(Communicator):
 
     def _submit(self, op, name, fn, args, traffic):
         return self._parent._submit(op, name, fn, args, traffic)
+
+    def _start_direct(self, op, name, start, args, traffic):
+        return None  # every call goes through the parent's FIFO (docs/backends.md#direct-start)
 
     def wait(self, handle):
         return self._parent.wait(handle)
@@ -240,11 +244,9 @@ class ProcessSetRegistry:
 def registry(comm: Communicator) -> ProcessSetRegistry:
     """The registry of ``comm``, kept on it (a new ``init()`` makes a new communicator, hence an
     empty registry; in-process ranks each have their own)."""
-    reg = getattr(comm, "_process_set_registry", None)
-    if reg is None:
-        reg = ProcessSetRegistry(comm)
-        comm._process_set_registry = reg  # type: ignore[attr-defined]  # kept on the communicator it belongs to
-    return reg
+    if comm.process_sets is None:
+        comm.process_sets = ProcessSetRegistry(comm)
+    return comm.process_sets
 
 
 def communicator_of(communicator: Communicator | None = None, process_set: ProcessSet | None = None) -> Communicator:

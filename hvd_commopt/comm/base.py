@@ -19,7 +19,11 @@ from __future__ import annotations
 import abc
 import os
 import sys
-from typing import Any
+from typing import Any, Callable
+
+# what a direct start returns: a poll that says whether the collective completed, and the call
+# that finishes it (its result, or its error)
+DirectStart = tuple[Callable[[], bool], Callable[[], Any]]
 
 __all__ = ["Backend", "REDUCE_OPS"]
 
@@ -107,6 +111,17 @@ class Backend(abc.ABC):
             dest, src = (r + k) % p, (r - k) % p
             parts[src] = self.sendrecv(np.ascontiguousarray(buf[offs[dest]:offs[dest + 1]]), dest, src, name, deadline)
         return np.concatenate(parts), [int(x.size) for x in parts]
+
+    # Direct starts (docs/backends.md#direct-start): a backend that can start a collective on the
+    # calling thread returns (is_completed, finish); None (the default) leaves it to the
+    # communicator's progress thread.
+    def start_allreduce(self, buf: Any, op: str, name: str, deadline: float) -> DirectStart | None:
+        """Start ``allreduce_`` now, on this thread: (is_completed, finish), or None."""
+        return None
+
+    def start_allgather_equal(self, buf: Any, name: str, deadline: float) -> DirectStart | None:
+        """Start ``allgather_equal`` now, on this thread: (is_completed, finish), or None."""
+        return None
 
     def diagnose(self) -> tuple[list[int] | None, str]:
         """After a wait timed out: (ranks known not to have arrived or None, an explanation)."""

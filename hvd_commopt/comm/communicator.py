@@ -56,6 +56,9 @@ class Communicator:
         self.backend = backend
         self.timeout_s = float(timeout_s)
         self.traffic = TrafficCounter()
+        # the process sets made on this communicator (hvd_commopt.process_sets.registry): a new
+        # init() makes a new communicator, hence an empty registry
+        self.process_sets: Any = None
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._broken: BaseException | None = None
         self._closed = False
@@ -114,14 +117,13 @@ class Communicator:
         self.traffic.add(sent, received, handle.comm_seconds)
         _timeline.record_handle(handle)  # no-op unless a timeline is recording
 
-    def _start_direct(self, op: str, name: str, method: str, args: tuple,
+    def _start_direct(self, op: str, name: str, start: Callable[..., Any], args: tuple,
                       traffic: Callable[[Any], tuple[float, float]]) -> Handle | None:
-        """A handle for a collective started now, on this thread, by the backend's ``method(*args,
-        deadline)``, or None: the backend has no such method or cannot start this one so, or the
+        """A handle for a collective started now, on this thread, by the backend's ``start(*args,
+        deadline)``, or None: the backend cannot start this one so (its default), or the
         progress thread holds earlier collectives, which must go first
         (docs/backends.md#direct-start). The method returns (is_completed, finish) or None."""
-        start = getattr(self.backend, method, None)
-        if start is None or not _direct.START_ON_CALLER:
+        if not _direct.START_ON_CALLER:
             return None
         with self._order:
             if self._queued or self._closed or self._broken is not None:
@@ -199,7 +201,7 @@ class Communicator:
         p = self.size
         n = _nbytes(buf)
         traffic = lambda _r: (2 * (p - 1) / p * n, 2 * (p - 1) / p * n)  # noqa: E731
-        h = self._start_direct("allreduce", name, "start_allreduce", (buf, op, name), traffic)
+        h = self._start_direct("allreduce", name, self.backend.start_allreduce, (buf, op, name), traffic)
         if h is not None:
             return h
         return self._submit("allreduce", name, self.backend.allreduce_, (buf, op, name), traffic)
@@ -270,7 +272,7 @@ class Communicator:
         n = _nbytes(buf)
         traffic = lambda r: ((p - 1) * n, _nbytes(r[0]) - n)  # noqa: E731
         if equal:  # one collective, so it can start here (docs/backends.md#direct-start)
-            h = self._start_direct("allgather", name, "start_allgather_equal", (buf, name), traffic)
+            h = self._start_direct("allgather", name, self.backend.start_allgather_equal, (buf, name), traffic)
             if h is not None:
                 return h
         fn = self.backend.allgather_equal if equal else self.backend.allgather

@@ -39,7 +39,7 @@ class TrafficCounter:
         self.reset()
 
     def reset(self) -> None:
-        with getattr(self, "_lock", threading.Lock()):
+        with self._lock:
             self.bytes_sent = 0
             self.bytes_received = 0
             self.collectives = 0
