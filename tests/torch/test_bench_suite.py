@@ -108,7 +108,7 @@ def test_backend_switch_names_our_variants_on_mpi() -> None:
 
 def test_each_of_our_variants_gets_a_communicator_of_its_own_where_the_job_offers_one() -> None:
     # on Gloo, as each DDP instance has its own group, each of our variants gets its own
-    # Communicator (benchmarks/README.md#block-warmup); "<variant>@<backend>" keeps the one it names
+    # Communicator (docs/benchmarking.md#block-warmup); "<variant>@<backend>" keeps the one it names
     from hvd_commopt import run_ranks
 
     def body(comm):
