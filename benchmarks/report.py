@@ -59,6 +59,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", default=str(RESULTS / "report"), help="where the run's raw outputs go")
     ap.add_argument("--report", default=str(ROOT / "benchmarks" / "REPORT.md"), help="the report to write")
     ap.add_argument("--from-out", action="store_true", help="rebuild the report from --out without running")
+    ap.add_argument("--wait-quiet", type=float, default=0.0, metavar="S",
+                    help="first wait up to S seconds for the 1-minute load average to fall below the core count")
     a = ap.parse_args(argv)
     a.nets = a.nets or ("10gbit,1gbit" if a.quick else "loopback,10gbit,1gbit,100mbit")
     a.blocks = a.blocks or (3 if a.quick else 6)
@@ -83,6 +85,20 @@ def _load() -> str:
         return "?"
 
 
+def _load1() -> float:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return 0.0
+
+
+def wait_quiet(limit_s: float) -> None:
+    """Wait (up to ``limit_s``) until the 1-minute load average is below the core count."""
+    end = time.time() + limit_s
+    while time.time() < end and _load1() >= (os.cpu_count() or 1):
+        time.sleep(10)
+
+
 def _run(cmd: list[str], log: Path, timeout: float) -> int:
     print("+", " ".join(shlex.quote(c) for c in cmd), flush=True)
     with log.open("w") as f:
@@ -95,7 +111,8 @@ def _run(cmd: list[str], log: Path, timeout: float) -> int:
 def run_all(a: argparse.Namespace, out: Path, cmd: str) -> dict[str, Any]:
     """Run the two jobs; return what the report needs to say about the run itself."""
     out.mkdir(parents=True, exist_ok=True)
-    meta: dict[str, Any] = {"cmd": cmd, "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_start": _load()}
+    wait_quiet(a.wait_quiet)
+    meta: dict[str, Any] = {"cmd": cmd, "conditions": a.conditions, "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_start": _load()}
     t0 = time.time()
     suite = [sys.executable, "-m", "benchmarks.run", "--net", a.nets, "--models", "deep_mlp", "--variants",
              ",".join(SUITE_VARIANTS), "--no-tta", "--blocks", str(a.blocks), "--out", str(out / "suite"),
@@ -228,6 +245,20 @@ def plot(rows: list[dict[str, Any]], step: dict[str, Any] | None, report_dir: Pa
     return names
 
 
+def _load_warning(meta: dict[str, Any]) -> list[str]:
+    """A note when other work outnumbered the cores: the ranks were then descheduled at random, which
+    costs a step that waits on its peer more than the compute-only step."""
+    cores = os.cpu_count() or 1
+    loads = [float(x) for k in ("load_start", "load_end") for x in str(meta.get(k, "")).split(",")[:1]
+             if x.strip() not in ("", "?")]
+    if not loads or max(loads) < cores:
+        return []
+    return [f"The 1-minute load average reached {max(loads):.1f} on {cores} cores during this run: other "
+            "processes outnumbered the cores, so the ranks were descheduled at random, and a step that waits on "
+            "its peer loses more than the compute-only step does. The verdicts below describe this run; "
+            "`--wait-quiet` starts it when the machine is idle.", ""]
+
+
 def render(a: argparse.Namespace, out: Path, meta: dict[str, Any], cmd: str) -> str:
     nets = [n.strip() for n in a.nets.split(",") if n.strip()]
     rows = suite_rows(out, nets)
@@ -237,7 +268,8 @@ def render(a: argparse.Namespace, out: Path, meta: dict[str, Any], cmd: str) -> 
     pngs = plot(rows, step, report_dir)
     m = machine_info()
     mpi = (m.get("mpi") or "?").split(",")[0].strip("\x00 ")
-    conditions = f"{a.conditions}; " if a.conditions else ""
+    said = meta.get("conditions", a.conditions)
+    conditions = f"{said}; " if said else ""
     lines = [
         "# Benchmark report",
         "",
@@ -253,6 +285,7 @@ def render(a: argparse.Namespace, out: Path, meta: dict[str, Any], cmd: str) -> 
         "",
         "## Targets",
         "",
+        *_load_warning(meta),
         "| target | this run | |",
         "|---|---|---|",
         *target_rows(rows, step),
