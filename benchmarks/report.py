@@ -3,6 +3,7 @@
     python -m benchmarks.report                    # about 5-8 minutes on 2 cores
     python -m benchmarks.report --quick            # fewer blocks, two links: about 2-3 minutes
     python -m benchmarks.report --conditions "loaded by other test runs"
+    python -m benchmarks.report --from-out         # re-render REPORT.md (and README.md's table) only
 
 It runs, in this order, each as its own job:
 
@@ -15,7 +16,8 @@ It runs, in this order, each as its own job:
 Every figure in the report is a ratio against a baseline that ran in the same job (DDP, DDP +
 PowerSGD or the compute-only step: docs/benchmarking.md#interleaving), so the report holds on a
 machine whose absolute speed moves. The run's own outputs go to ``--out`` (default
-``benchmarks/results/report/``, git-ignored); only REPORT.md and its two PNGs are kept.
+``benchmarks/results/report/``, git-ignored); only REPORT.md and its two PNGs are kept, and the
+performance table of README.md (between its ``benchmarks.report`` markers) is rewritten from them.
 """
 from __future__ import annotations
 
@@ -58,6 +60,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--conditions", default="", help="what else ran on the machine (stated in the report's header)")
     ap.add_argument("--out", default=str(RESULTS / "report"), help="where the run's raw outputs go")
     ap.add_argument("--report", default=str(ROOT / "benchmarks" / "REPORT.md"), help="the report to write")
+    ap.add_argument("--readme", default=str(ROOT / "README.md"),
+                    help="whose marked performance table to rewrite from this run ('' for none)")
     ap.add_argument("--from-out", action="store_true", help="rebuild the report from --out without running")
     ap.add_argument("--wait-quiet", type=float, default=0.0, metavar="S",
                     help="first wait up to S seconds for the 1-minute load average to fall below the core count")
@@ -334,6 +338,35 @@ def render(a: argparse.Namespace, out: Path, meta: dict[str, Any], cmd: str) -> 
     return "\n".join(lines)
 
 
+README_BEGIN, README_END = "<!-- benchmarks.report: begin -->", "<!-- benchmarks.report: end -->"
+
+
+def readme_block(a: argparse.Namespace, out: Path, meta: dict[str, Any]) -> str:
+    """The README's performance table: the suite's rows of this run, with its date and load."""
+    nets = [n.strip() for n in a.nets.split(",") if n.strip()]
+    lines = [README_BEGIN,
+             f"From [benchmarks/REPORT.md](benchmarks/REPORT.md), {meta['started']}; load average "
+             f"{meta['load_start'].split(',')[0]} at the start, {meta['load_end'].split(',')[0]} at the end "
+             f"({os.cpu_count()} cores). Paired ratios (the same ratio within each block) in brackets.", "",
+             "| link | DDP comm/compute | our S-SGD | Top-k | DGC | DDP + PowerSGD r1 |", "|---|---:|---:|---:|---:|---:|"]
+    for r in suite_rows(out, nets):
+        if "error" not in r:
+            lines.append(f"| {LINKS.get(r['net'], r['net'])} | {r['ddp_ratio']:.2f} | {_x(r['ssgd'], r['ssgd_paired'])} | "
+                         f"{_x(r['topk'], r['topk_paired'])} | {_x(r['dgc'], r['dgc_paired'])} | "
+                         f"{_x(r['ddp_powersgd1'], r['ddp_powersgd1_paired'])} |")
+    return "\n".join(lines + ["", "![speed-up vs DDP](benchmarks/report_speedup.png)", README_END])
+
+
+def update_readme(path: Path, block: str) -> bool:
+    """Replace the marked block of ``path`` (README.md) with ``block``; False if it has no markers."""
+    text = path.read_text() if path.exists() else ""
+    if README_BEGIN not in text or README_END not in text:
+        return False
+    head, rest = text.split(README_BEGIN, 1)
+    path.write_text(head + block + rest.split(README_END, 1)[1])
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     out = Path(a.out)
@@ -345,6 +378,8 @@ def main(argv: list[str] | None = None) -> int:
         meta = run_all(a, out, cmd)
     Path(a.report).write_text(render(a, out, meta, meta.get("cmd", cmd)))
     print(f"wrote {a.report}")
+    if a.readme and update_readme(Path(a.readme), readme_block(a, out, meta)):
+        print(f"updated the performance table of {a.readme}")
     return 0 if meta.get("suite_rc") == 0 and meta.get("step_rc") == 0 else 1
 
 

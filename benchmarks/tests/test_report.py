@@ -40,8 +40,9 @@ def _outputs(out: Path, load_end: str) -> None:
 def test_report_states_ratios_verdicts_and_conditions(tmp_path: Path) -> None:
     out = tmp_path / "out"
     _outputs(out, load_end="0.9, 0.5, 0.3")
-    doc = tmp_path / "REPORT.md"
-    assert report.main(["--quick", "--out", str(out), "--report", str(doc), "--from-out"]) == 0
+    doc, readme = tmp_path / "REPORT.md", tmp_path / "README.md"
+    readme.write_text(f"intro\n{report.README_BEGIN}\nold table\n{report.README_END}\nrest\n")
+    assert report.main(["--quick", "--out", str(out), "--report", str(doc), "--readme", str(readme), "--from-out"]) == 0
     text = doc.read_text()
     assert "`python -m benchmarks.report --quick`" in text and "**Conditions:** quiet;" in text
     assert "load average" in text and "outnumbered the cores" not in text
@@ -51,6 +52,10 @@ def test_report_states_ratios_verdicts_and_conditions(tmp_path: Path) -> None:
     # the step: DGC at 1.35x misses the 1.3x target; S-SGD at 0.80x DDP on 10 Gbit/s misses parity
     assert "Top-k 1.25x, DGC 1.35x | **not met** |" in text
     assert "0.80x at the lowest (10 Gbit/s) | **not met** |" in text
+    # the README's marked table is this run's, the rest of the README untouched
+    mine = readme.read_text()
+    assert mine.startswith("intro\n") and mine.endswith("rest\n") and "old table" not in mine
+    assert "| 1 Gbit/s | 4.00 | 1.00x (1.00) | 3.33x (3.33) | 3.08x (3.08) | 2.00x (2.00) |" in mine
     assert (tmp_path / "report_speedup.png").stat().st_size > 0
     assert (tmp_path / "report_sparse_step.png").stat().st_size > 0
 
@@ -59,5 +64,5 @@ def test_report_says_when_the_machine_was_overloaded(tmp_path: Path) -> None:
     out = tmp_path / "out"
     _outputs(out, load_end="1000.0, 9.0, 5.0")
     doc = tmp_path / "REPORT.md"
-    report.main(["--out", str(out), "--report", str(doc), "--from-out", "--nets", "1gbit"])
+    report.main(["--out", str(out), "--report", str(doc), "--readme", "", "--from-out", "--nets", "1gbit"])
     assert "reached 1000.0 on" in doc.read_text()
