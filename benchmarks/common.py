@@ -79,7 +79,7 @@ def block_order(names: list[str], block: int) -> list[str]:
     ones. In a fixed order a variant inherits the state its predecessor leaves (caches, the
     allocator, the peers' threads): on loopback the first sparse variant after ``compute`` ran
     about 0.9 ms slower per step than the same code later in the block
-    (benchmarks/README.md#block-order). Reversing every other block gives each variant each
+    (docs/benchmarking.md#block-order). Reversing every other block gives each variant each
     neighbour on both sides."""
     return names if block % 2 == 0 else names[::-1]
 

@@ -3,11 +3,11 @@
 One MPI job trains, on every rank, each variant from the same initial weights and data order for
 the same epochs and schedule as S-SGD, for each seed, and rank 0 prints one ``CONV {json}`` line
 per (variant, seed) with the final test accuracy (of the global model: after ``finalize()``) and
-the per-epoch curve. benchmarks/README.md#convergence has the tables.
+the per-epoch curve. docs/benchmarking.md#convergence states what the tables showed.
 
     mpirun -np 2 python -m benchmarks.convergence --task digits --seeds 0,1,2
     mpirun -np 4 python -m benchmarks.convergence --task rings --epochs 6 --variants ssgd,lags
-    python -m benchmarks.convergence table benchmarks/results/convergence_*.txt   # the README tables
+    python -m benchmarks.convergence table benchmarks/results/convergence_*.txt   # tables from saved CONV lines
 
 Tasks:
 
@@ -87,7 +87,7 @@ def rings(seed: int = 0, n_train: int = 2400, n_test: int = 1000, size: int = 16
     random thickness jitter, scaled to the same total brightness for every class, plus 3 random
     clutter blobs and Gaussian pixel noise. The class depends on a radius, not on where or how
     much pixels are bright, so a linear model on the pixels does poorly (scikit-learn's
-    LogisticRegression: see benchmarks/README.md#convergence). The data depend on ``seed``."""
+    LogisticRegression: see docs/benchmarking.md#convergence). The data depend on ``seed``."""
     rng = np.random.RandomState(1000 + seed)
     n = n_train + n_test
     yy, xx = np.mgrid[0:size, 0:size].astype(np.float32)

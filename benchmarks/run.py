@@ -56,7 +56,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=None, help="untimed steps per variant first (default 3; quick 2)")
     ap.add_argument("--block-warmup", type=int, default=None,
                     help="untimed steps at the start of each block, per variant (default 1, quick 0: each block "
-                         "starts from idle, benchmarks/README.md#block-warmup)")
+                         "starts from idle, docs/benchmarking.md#block-warmup)")
     ap.add_argument("--traced-steps", type=int, default=1,
                     help="consecutive steps per variant in its timeline (after the timed blocks)")
     ap.add_argument("--density", type=float, default=0.001, help="sparse density for the throughput jobs")

@@ -4,7 +4,7 @@
     mpirun -np 4 python -m benchmarks.sparse_starvation --dense-1d # the default: 1-D tensors sent whole
 
 For every parameter, the mean number of non-zero entries of the reduced gradient per step and the
-share of steps in which it received none (benchmarks/README.md#convergence, 4 ranks). Without
+share of steps in which it received none (docs/benchmarking.md#convergence, 4 ranks). Without
 ``--dense-1d`` every tensor shares the bucket's one selection (``dense_1d=False``, what the
 measurement in docs/topk.md#dense-1d was taken with).
 """

@@ -17,7 +17,7 @@ never by framework objects, so the core can reason about them (:mod:`hvd_commopt
 Bit-exactness: ``axpy_`` must be the framework's own fused ``y + alpha*x`` kernel (PyTorch's
 ``add_(x, alpha=...)``), because that is what ``torch.optim.SGD`` uses: the delayed schedules'
 local optimizer then performs the very same floating-point operations as the wrapped optimizer
-(spec T-OD-1).
+(docs/od-sgd.md#t-od-1).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Turn the jobs' JSON into the report: markdown tables (per network setting and a summary).
 
-Why separate from the launcher: the README's "latest results" are regenerated from the JSON files
-in benchmarks/results/ (``python -m benchmarks.run --report-only``) without rerunning anything.
+Why separate from the launcher: the reports are regenerated from the JSON files a run wrote
+(``python -m benchmarks.run --report-only``) without rerunning anything.
 """
 from __future__ import annotations
 

@@ -123,7 +123,7 @@ def _ours(name: str, model: nn.Module, ctx: Ctx, momentum: float | None = None, 
         # Each variant's collectives on TCP connections of their own, as a job running only this
         # variant has, and as each DDP instance has its own group: on one shared group, S-SGD ran
         # at 0.84x DDP at 10 Gbit/s after the sparse variants' small messages, 0.95x on its own
-        # (benchmarks/README.md#block-warmup)
+        # (docs/benchmarking.md#block-warmup)
         kw["communicator"] = ctx.fresh_comm()
     try:
         opt = hco.DistributedOptimizer(_sgd(model, ctx, momentum), named_parameters=model.named_parameters(), **kw)
@@ -157,14 +157,14 @@ def ddp_bytes_per_step(model: nn.Module, size: int, rank_r: int | None = None, m
 def b_ddp(model: nn.Module, ctx: Ctx, powersgd_rank: int | None = None, first_bucket: bool = True) -> Runner:
     from torch.nn.parallel import DistributedDataParallel as DDP
     # one Gloo group per DDP instance: with three DDPs on one group, ResNet jobs intermittently
-    # died of a Gloo message-size mismatch inside backward (benchmarks/README.md, "Known issues")
+    # died of a Gloo message-size mismatch inside backward (docs/benchmarking.md#powersgd-buckets)
     group = ctx.new_ddp_group() if ctx.new_ddp_group is not None else ctx.ddp_group
     # bucket_cap_mb=None is DDP's default: 25 MiB buckets after a 1 MiB first one. An explicit 25
     # is not the same: torch makes the first bucket only when bucket_cap_mb is None
     # (BucketCapacityConfig), so the explicit cap means no first bucket (`ddp_nofirst`). PowerSGD
     # keeps the explicit cap: its hook chains further collectives from each bucket's callbacks,
     # and with several buckets in flight Gloo receives them in a different order on each rank (a
-    # message-size mismatch; benchmarks/README.md, "Known issues")
+    # message-size mismatch; docs/benchmarking.md#powersgd-buckets)
     first_bucket = first_bucket and powersgd_rank is None
     ddp = DDP(model, bucket_cap_mb=None if first_bucket else 25, process_group=group)
     name = "ddp" if first_bucket else "ddp_nofirst"

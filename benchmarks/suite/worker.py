@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> dict:
 
         Why untimed steps at each block's start: the variants take turns, so each block starts
         from idle. DDP + PowerSGD's first step after an idle second took 1.7-2.1x its other steps
-        in jobs of 13 variants (benchmarks/README.md#block-warmup), every other variant's 0.8-1.2x."""
+        in jobs of 13 variants (docs/benchmarking.md#block-warmup), every other variant's 0.8-1.2x."""
         env.barrier()
         if untimed:
             for _ in range(untimed):

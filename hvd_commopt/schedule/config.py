@@ -83,7 +83,7 @@ class DelayConfig:
         kind: "od" or "ssd" (only the defaults differ; one code path, OD == SSD with delay 1).
         delay: k. The local update's base is the global replica every k steps (docs/ssd-sgd.md#closed-form);
             0 disables the delay (the replica is updated with this step's gradient and copied
-            into the model: S-SGD through the replica path, spec T-OD-3).
+            into the model: S-SGD through the replica path, docs/od-sgd.md#t-od-3).
         warmup_steps: synchronous steps before the switch.
         local_optimizer: "sgd" or "dcasgd" (DC-ASGD re-derived from its definition, see
             :mod:`hvd_commopt.schedule.local_opt`).

@@ -98,7 +98,7 @@ def test_identical_data_reproduces_single_worker_sgd(schedule):
     assert same_on_all_ranks(params(got))
     if P == 2:  # (g + g) / 2 == g and x/2 + x/2 == x exactly
         assert same(params(got), params(ref))
-    else:       # "up to allreduce rounding" (spec T-OD-2, T-CoCoD-1)
+    else:       # "up to allreduce rounding" (docs/od-sgd.md#t-od-2, docs/cocod-sgd.md#t-cocod-1)
         for a, b in zip(params(got), params(ref)):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
