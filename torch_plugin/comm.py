@@ -59,6 +59,7 @@ class TorchDistBackend(Backend):
     """Collectives on our own torch.distributed group; MPI as control plane when launched by it."""
 
     buffer_kind = "native"
+    starts_on_caller = True  # start_allreduce / start_allgather_equal (docs/backends.md#direct-start)
 
     def __init__(self, kind: str = "gloo", timeout_s: float | None = None, control=None, chosen: bool = False,
                  mpi_small_bytes: int | None = None):

@@ -113,8 +113,11 @@ class Backend(abc.ABC):
         return np.concatenate(parts), [int(x.size) for x in parts]
 
     # Direct starts (docs/backends.md#direct-start): a backend that can start a collective on the
-    # calling thread returns (is_completed, finish); None (the default) leaves it to the
-    # communicator's progress thread.
+    # calling thread says so with ``starts_on_caller`` and returns (is_completed, finish) from the
+    # two methods below (or None for a call it cannot start so); by default every collective goes
+    # to the communicator's progress thread.
+    starts_on_caller = False
+
     def start_allreduce(self, buf: Any, op: str, name: str, deadline: float) -> DirectStart | None:
         """Start ``allreduce_`` now, on this thread: (is_completed, finish), or None."""
         return None

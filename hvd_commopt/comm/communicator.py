@@ -123,7 +123,7 @@ class Communicator:
         deadline)``, or None: the backend cannot start this one so (its default), or the
         progress thread holds earlier collectives, which must go first
         (docs/backends.md#direct-start). The method returns (is_completed, finish) or None."""
-        if not _direct.START_ON_CALLER:
+        if not (self.backend.starts_on_caller and _direct.START_ON_CALLER):
             return None
         with self._order:
             if self._queued or self._closed or self._broken is not None:

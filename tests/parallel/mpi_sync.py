@@ -160,7 +160,7 @@ def test_equal_size_allgather_matches_the_general_one(dtype):
     x = (np.arange(37) * (R + 3)).astype(dtype)
     t = x if comm.buffer_kind == "numpy" else torch.from_numpy(x)
     h = comm.allgather_tensor_async(ops, t, "eq", equal=True)
-    if getattr(comm.backend, "start_allgather_equal", None) is not None:  # docs/backends.md#direct-start
+    if comm.backend.starts_on_caller:  # docs/backends.md#direct-start
         from hvd_commopt.comm.direct import DirectHandle
         assert isinstance(h, DirectHandle)
     fast, fast_counts = comm.wait(h)
@@ -179,7 +179,7 @@ def test_direct_allreduce_waiter_polls_the_backend_until_it_completes():
     from hvd_commopt import runtime
     from hvd_commopt.comm.direct import DirectHandle
     comm = runtime.communicator()
-    if getattr(comm.backend, "start_allreduce", None) is None:
+    if not comm.backend.starts_on_caller:
         pytest.skip("this backend starts no collective on the calling thread (MPI)")
     comm.barrier()
     if R == P - 1:
