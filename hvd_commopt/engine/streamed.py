@@ -29,12 +29,16 @@ def start_on_stream(bs: BucketStream, rnd: Round, bucket: Bucket, flat: Any, buf
 def finish_on_stream(bs: BucketStream, rnd: Round, bucket: Bucket, pending: Pending,
                      ctx: ReduceContext) -> tuple[Any, bool]:
     """``reducer.finish`` and ``settle`` on the side stream; the compute stream then waits for the
-    bucket's event (not the host), and the result (the reduced buffer, a sparse support) is marked
-    as used by the compute stream. Returns (the reduced buffer, settle's verdict)."""
+    bucket's event (not the host), and what it uses next is marked as used by it: the result (the
+    reduced buffer, a sparse support) and the round's fusion buffer, which the pool hands to the
+    compute stream's packing in a later step (the start may have packed it on the side stream).
+    Returns (the reduced buffer, settle's verdict)."""
     with bs.finish():
         flat = rnd.reducer.finish(pending, ctx)
         kept = rnd.reducer.settle(bucket, rnd.info, flat, ctx, pending)
-    bs.hand_over([flat] if pending.support is None else [flat, *pending.support])
+    buf = rnd.flats[bucket.index]
+    used = [flat] if buf is flat else [flat, buf]
+    bs.hand_over(used if pending.support is None else [*used, *pending.support])
     return flat, kept
 
 
