@@ -8,15 +8,16 @@
   recorded on the compute stream when its gradients are ready, then compresses on the side
   stream; at ``step()`` the compute stream waits for the bucket's event; the host never does.
   Tensors that cross streams get ``record_stream``.
-* :func:`on_side_stream` wraps the torch.distributed backend's collectives on CUDA tensors: they
-  are issued, and waited for, with the side stream current on the progress thread. NCCL's internal
-  stream waits for the *issuing thread's current stream*, and ``Work.wait`` makes the *waiting
-  thread's current stream* wait for NCCL; on the progress thread both would otherwise be the
-  default (compute) stream, which neither orders the collective after the side stream's
-  compression nor keeps the compute stream free of the collective.
+* :func:`on_collective_stream` wraps the torch.distributed backend's collectives on CUDA tensors: they
+  are issued, and waited for, with the device's *collective stream* current on the progress
+  thread. NCCL's internal stream waits for the *issuing thread's current stream*, and
+  ``Work.wait`` makes the *waiting thread's current stream* wait for NCCL; on the progress thread
+  both would otherwise be the default (compute) stream, which neither orders the collective after
+  the side stream's compression nor keeps the compute stream free of the collective.
 
-One side stream per device and process: every bucket's compression and every collective are
-ordered on it, as they are issued (the collectives themselves run on NCCL's stream).
+Two streams per device and process, made once: the side stream carries every bucket's compression
+and finish, the collective stream every collective's issue and wait (the collectives themselves
+run on NCCL's stream); each is ordered as its work is issued.
 """
 from __future__ import annotations
 
@@ -29,20 +30,31 @@ import torch
 
 from hvd_commopt.buckets import Bucket
 
-__all__ = ["CudaStreams", "CudaBucketStream", "side_stream", "on_side_stream", "streams_for"]
+__all__ = ["CudaStreams", "CudaBucketStream", "side_stream", "collective_stream", "on_collective_stream", "streams_for"]
 
-_SIDE: dict[torch.device, torch.cuda.Stream] = {}
-_SIDE_LOCK = threading.Lock()
-_LOCAL = threading.local()  # per thread and device: the events on_side_stream records
+_STREAMS: dict[tuple[torch.device, str], torch.cuda.Stream] = {}
+_STREAMS_LOCK = threading.Lock()
+_LOCAL = threading.local()  # per thread and device: the events on_collective_stream records
+
+
+def _stream(device: torch.device, role: str) -> torch.cuda.Stream:
+    with _STREAMS_LOCK:
+        s = _STREAMS.get((device, role))
+        if s is None:
+            s = _STREAMS[(device, role)] = torch.cuda.Stream(device=device)
+        return s
 
 
 def side_stream(device: torch.device) -> torch.cuda.Stream:
-    """The process's side stream on ``device`` (a CUDA device), made on first use."""
-    with _SIDE_LOCK:
-        s = _SIDE.get(device)
-        if s is None:
-            s = _SIDE[device] = torch.cuda.Stream(device=device)
-        return s
+    """The process's side stream on ``device`` (a CUDA device): the buckets' compression and
+    finish. Made on first use."""
+    return _stream(device, "side")
+
+
+def collective_stream(device: torch.device) -> torch.cuda.Stream:
+    """The process's collective stream on ``device``: the progress thread issues and waits for
+    collectives with it current. Made on first use."""
+    return _stream(device, "collective")
 
 
 def _cuda_tensors(tensors: Sequence[Any]) -> Iterator[torch.Tensor]:
@@ -109,41 +121,53 @@ def streams_for(params: Sequence[torch.Tensor]) -> CudaStreams | None:
     return CudaStreams(torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device()))
 
 
-def _events(device: torch.device) -> tuple[torch.cuda.Event, torch.cuda.Event]:
-    """This thread's two events for ``device`` (made once per thread and device)."""
+def _events(device: torch.device) -> tuple[torch.cuda.Event, torch.cuda.Event, torch.cuda.Event]:
+    """This thread's three events for ``device`` (made once per thread and device)."""
     per = getattr(_LOCAL, "events", None)
     if per is None:
         per = _LOCAL.events = {}
     ev = per.get(device)
     if ev is None:
-        ev = per[device] = (torch.cuda.Event(), torch.cuda.Event())
+        ev = per[device] = (torch.cuda.Event(), torch.cuda.Event(), torch.cuda.Event())
     return ev
 
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def on_side_stream(method: F) -> F:
+def on_collective_stream(method: F) -> F:
     """Decorate a backend collective whose first argument is its tensor: for a CUDA tensor it runs
-    with the device's side stream current, after the calling thread's current stream (a tensor a
-    user wrote there), and the calling thread's current stream then waits for the side stream, as
-    it waited for NCCL before (docs/backends.md#cuda-streams). Host tensors run as they are."""
+    with the device's collective stream current, after the calling thread's current stream (a
+    tensor a user wrote there, what NCCL waited for before) and after the side stream (a bucket's
+    compression, issued before the bucket's collective was submitted). Then the calling thread's
+    current stream waits for the collective stream, as it waited for NCCL before, and so does the
+    side stream, where a bucket's finish reads the result (docs/backends.md#cuda-streams). Host
+    tensors run as they are."""
     @functools.wraps(method)
     def run(self: Any, buf: Any, *args: Any, **kwargs: Any) -> Any:
         if not (isinstance(buf, torch.Tensor) and buf.is_cuda):
             return method(self, buf, *args, **kwargs)
         device = buf.device
         caller = torch.cuda.current_stream(device)
-        side = side_stream(device)
-        if caller == side:  # issued with the side stream current already
+        coll, side = collective_stream(device), side_stream(device)
+        if caller == coll:  # nested: issued with the collective stream current already
             return method(self, buf, *args, **kwargs)
-        entry, leave = _events(device)
-        entry.record(caller)
-        side.wait_event(entry)
+        from_caller, from_side, leave = _events(device)
+        from_caller.record(caller)
+        coll.wait_event(from_caller)
+        from_side.record(side)
+        coll.wait_event(from_side)
+        buf.record_stream(coll)
         try:
-            with torch.cuda.stream(side):
-                return method(self, buf, *args, **kwargs)
+            with torch.cuda.stream(coll):
+                out = method(self, buf, *args, **kwargs)
         finally:
-            leave.record(side)
+            leave.record(coll)
             caller.wait_event(leave)
+            side.wait_event(leave)
+        # what the collective made on the collective stream is read on the other two
+        for t in _cuda_tensors(out if isinstance(out, (tuple, list)) else (out,)):
+            t.record_stream(caller)
+            t.record_stream(side)
+        return out
     return run  # type: ignore[return-value]

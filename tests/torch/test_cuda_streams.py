@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 import torch_plugin as hco  # noqa: E402
 from hvd_commopt import run_ranks  # noqa: E402
-from torch_plugin.streams import on_side_stream, side_stream, streams_for  # noqa: E402
+from torch_plugin.streams import collective_stream, on_collective_stream, side_stream, streams_for  # noqa: E402
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="no CUDA device on this machine: the side streams are not exercised here")
@@ -115,9 +115,9 @@ def test_cpu_step_with_the_seam_exercised_is_unchanged_bit_for_bit(name):
             assert x.dtype == y.dtype and torch.equal(x.view(torch.uint8), y.view(torch.uint8))
 
 
-def test_on_side_stream_leaves_host_tensors_alone():
+def test_on_collective_stream_leaves_host_tensors_alone():
     class Backend:
-        @on_side_stream
+        @on_collective_stream
         def allreduce_(self, buf, op, name, deadline):
             return buf.add_(1), op, name, deadline
     t = torch.zeros(3)
@@ -157,19 +157,26 @@ def test_a_step_makes_no_host_synchronisation(nccl_comm, name):
 
 
 @needs_cuda
-def test_buckets_start_and_finish_on_the_side_stream_and_the_step_returns_to_the_compute_stream(nccl_comm):
+def test_buckets_run_on_the_side_stream_collectives_on_the_collective_stream(nccl_comm, monkeypatch):
+    import torch_plugin.comm as tcomm
     model = _model("cuda")
     opt = _wrap(model, nccl_comm, None)
-    seen = []
+    seen, issued = [], []
     r = opt.comm_engine.reducer
     start, finish = r.start, r.finish
     r.start = lambda *a: (seen.append(("start", torch.cuda.current_stream())), start(*a))[1]
     r.finish = lambda *a: (seen.append(("finish", torch.cuda.current_stream())), finish(*a))[1]
+    all_reduce = tcomm.dist.all_reduce
+    monkeypatch.setattr(tcomm.dist, "all_reduce",
+                        lambda t, *a, **k: (issued.append((t.is_cuda, torch.cuda.current_stream())),
+                                            all_reduce(t, *a, **k))[1])
     compute = torch.cuda.current_stream()
     _steps(opt, model, 0, "cuda", 2)
-    side = side_stream(torch.device("cuda", torch.cuda.current_device()))
-    assert side != compute and len(seen) >= 4
+    device = torch.device("cuda", torch.cuda.current_device())
+    side, coll = side_stream(device), collective_stream(device)
+    assert len({side, coll, compute}) == 3 and len(seen) >= 4
     assert all(s == side for _, s in seen), seen
+    assert issued and all(s == coll for cuda, s in issued if cuda), issued
     assert torch.cuda.current_stream() == compute
 
 
