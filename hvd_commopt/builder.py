@@ -17,6 +17,7 @@ from .engine.tuner import PLANNED
 from .errors import ConfigError
 from .reduce.base import Average
 from .schedule import SyncScheduler, build_scheduler
+from .streams import DeviceStreams
 from .tensor_ops import TensorOps
 
 __all__ = ["build_engine"]
@@ -24,17 +25,19 @@ __all__ = ["build_engine"]
 
 def build_engine(comm: Communicator, ops: TensorOps, *, schedule: Any = None, compression: Any = None,
                  fusion_threshold: int | None = None, op: str = Average, gradient_predivide_factor: float = 1.0,
-                 backward_passes_per_step: int = 1, fusion: str = "threshold", fusion_options: Any = None) -> Trainer:
+                 backward_passes_per_step: int = 1, fusion: str = "threshold", fusion_options: Any = None,
+                 streams: DeviceStreams | None = None) -> Trainer:
     """An engine with the scheduler of ``schedule`` attached, both held by the returned Trainer.
 
     Args: those of :class:`~hvd_commopt.engine.CommEngine`, plus ``schedule``: a ``Schedule.*``
     config (default ``Schedule.sync()``; see :mod:`hvd_commopt.schedule`). Combinations the
-    papers do not support are refused here, with the reason.
+    papers do not support are refused here, with the reason. ``streams`` is the adapter's
+    (CUDA tensors: docs/backends.md#cuda-streams), not a user's option.
     """
     engine = CommEngine(comm, ops, compression=compression, fusion_threshold=fusion_threshold, op=op,
                         gradient_predivide_factor=gradient_predivide_factor,
                         backward_passes_per_step=backward_passes_per_step, fusion=fusion,
-                        fusion_options=fusion_options)
+                        fusion_options=fusion_options, streams=streams)
     scheduler = build_scheduler(schedule, engine)
     if fusion in PLANNED and not isinstance(scheduler, SyncScheduler):
         raise ConfigError(f"fusion={fusion!r} plans buckets from profiled synchronous steps; with schedule "

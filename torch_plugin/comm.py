@@ -41,6 +41,7 @@ from .int16_wire import movable, restore
 from .mpi_lane import MPILane
 from .pair_sum import gather_single
 from .rendezvous import control_plane, init_default_group
+from .streams import on_collective_stream
 
 __all__ = ["TorchDistBackend", "register", "native_backend"]
 
@@ -177,6 +178,7 @@ class TorchDistBackend(Backend):
             return pair_sum.start(buf, self._pg)
         return dist.all_reduce(buf, op=_OPS[op], group=self._pg, async_op=True), lambda: buf
 
+    @on_collective_stream  # CUDA: issued and waited for on the collective stream (docs/backends.md#cuda-streams)
     def allreduce_(self, buf, op, name, deadline):
         if self._lane is not None and self._lane.takes_reduce(buf, op):
             return self._on_lane("allreduce", name, lambda: self._lane.allreduce_(buf, op))
@@ -225,6 +227,7 @@ class TorchDistBackend(Backend):
         self._enter("allgather", name)
         return self._start_on_caller("allgather", name, deadline, gather(), done)
 
+    @on_collective_stream  # CUDA: issued and waited for on the collective stream (docs/backends.md#cuda-streams)
     def allgather(self, buf, name, deadline):
         lane = self._lane if buf.device.type == "cpu" else None
         if lane is not None:
@@ -251,6 +254,7 @@ class TorchDistBackend(Backend):
             return restore(torch.cat(parts), dtype), counts
         return restore(torch.cat([p[:c] for p, c in zip(parts, counts)]), dtype), counts
 
+    @on_collective_stream  # CUDA: issued and waited for on the collective stream (docs/backends.md#cuda-streams)
     def allgather_equal(self, buf, name, deadline):
         # one collective: the caller promised every rank's size (docs/topk.md#equal-sizes)
         if self._lane is not None and self._lane.takes_gather(buf):
@@ -274,12 +278,14 @@ class TorchDistBackend(Backend):
         out, counts = self.allgather(torch.from_numpy(data.copy()), name, deadline)
         return out.numpy(), counts
 
+    @on_collective_stream  # CUDA: issued and waited for on the collective stream (docs/backends.md#cuda-streams)
     def broadcast_(self, buf, root, name, deadline):
         wire, _ = movable(buf)  # a view: the broadcast lands in buf
         src = dist.get_global_rank(self._pg, root)
         self._run("broadcast", name, deadline, lambda: dist.broadcast(wire, src=src, group=self._pg, async_op=True))
         return buf
 
+    @on_collective_stream  # CUDA: issued and waited for on the collective stream (docs/backends.md#cuda-streams)
     def alltoall(self, buf, counts, name, deadline):
         buf, dtype = movable(buf.reshape(-1).contiguous())
         out, rc = self._alltoall(buf, counts, name, deadline)
@@ -316,6 +322,7 @@ class TorchDistBackend(Backend):
     def _global(self, r: int) -> int:
         return dist.get_global_rank(self._pg, r) if r >= 0 else r
 
+    @on_collective_stream  # CUDA: issued and waited for on the collective stream (docs/backends.md#cuda-streams)
     def sendrecv(self, send, dest, source, name, deadline):
         send, dtype = movable(send)
         c = self._control

@@ -10,6 +10,9 @@ Differences from Horovod, on purpose:
   returned, instead of a new optimizer being built from its param_groups: its defaults and state
   survive, and an LR scheduler created before wrapping keeps driving the same object.
 * Hooks are registered at size 1 too, so a single-process run exercises the same code path.
+* On CUDA, each bucket is compressed and sent on a side stream while backward runs, and
+  ``step()`` makes the compute stream, not the host, wait for it (:mod:`torch_plugin.streams`,
+  docs/backends.md#cuda-streams).
 * A parameter with no gradient on this rank takes part with zeros and receives the reduced
   gradient, so ranks stay identical even when they use different parameters (DDP's
   ``find_unused_parameters`` outcome, with no extra pass).
@@ -43,6 +46,7 @@ from ._compat import repoint_lr_scheduler_step
 from .devices import check_devices
 from .host import TorchScheduleHost
 from .ops import TorchOps
+from .streams import streams_for
 
 __all__ = ["DistributedOptimizer", "Average", "Sum"]
 
@@ -251,7 +255,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     engine = build_engine(comm, TorchOps(), compression=compression, fusion_threshold=fusion_threshold,
                           op=op, gradient_predivide_factor=gradient_predivide_factor,
                           backward_passes_per_step=backward_passes_per_step, schedule=schedule,
-                          fusion=fusion, fusion_options=fusion_options)
+                          fusion=fusion, fusion_options=fusion_options,
+                          streams=streams_for([p for _, p in named]))  # CUDA: docs/backends.md#cuda-streams
     specs = [TensorSpec(n, tuple(p.shape), TorchOps().dtype_name(p)) for n, p in named]
     engine.register(specs)
     base = type(optimizer)

@@ -18,6 +18,10 @@ rounds through the narrow port this engine offers it (:meth:`close_round`, :meth
 imports nothing from the schedule package: the scheduler is seen through
 :class:`~hvd_commopt.engine.ports.RoundSource` (the round plan, the step counter, draining).
 
+Streams: on a device with streams (CUDA), a bucket's start and finish run on its side stream
+(:mod:`hvd_commopt.engine.streamed`), ordered by events; host tensors make no stream call
+(docs/backends.md#cuda-streams).
+
 Rounds: a step's gradients form a :class:`~hvd_commopt.engine.rounds.Round` with its own fusion
 buffers (from a pool), so delayed schedules can keep several rounds in flight.
 """
@@ -33,6 +37,7 @@ from ..buckets import Bucket, TensorSpec, build_buckets
 from ..comm.communicator import Communicator
 from ..compress.base import Compressor
 from ..select.grad_parts import GradParts
+from ..streams import BucketStream, DeviceStreams
 from ..errors import ConfigError, HvdCommoptError
 from ..fusion.threshold import validate_plan
 from ..reduce import make_reducer
@@ -45,6 +50,7 @@ from .rounds import ReducedGrads, Round
 from .settings import DERIVED, engine_settings
 from .specs import verify_same_settings, verify_same_tensors
 from .stats import StepStats
+from .streamed import drop_on_stream, finish_on_stream, start_on_stream
 from .tuner import FusionTuner
 
 __all__ = ["CommEngine"]
@@ -72,12 +78,15 @@ class CommEngine:
             tensor per bucket), or planned from a profile of the first steps: "mgwfbp",
             "optimal", "auto" (see :mod:`hvd_commopt.engine.tuner`; synchronous schedule only).
         fusion_options: :class:`~hvd_commopt.engine.fusion_options.FusionOptions` or a dict of its fields.
+        streams: the adapter's :class:`~hvd_commopt.streams.DeviceStreams` for tensors on a
+            device with streams (CUDA); None (host tensors): no stream calls
+            (docs/backends.md#cuda-streams).
     """
 
     def __init__(self, comm: Communicator, ops: TensorOps, *, compression: Compressor | Reducer | None = None,
                  fusion_threshold: int | None = None, op: str = Average,
                  gradient_predivide_factor: float = 1.0, backward_passes_per_step: int = 1,
-                 fusion: str = "threshold", fusion_options: Any = None):
+                 fusion: str = "threshold", fusion_options: Any = None, streams: DeviceStreams | None = None):
         check_op(op)
         self.backward_passes_per_step = check_backward_passes(backward_passes_per_step)
         f = check_predivide(gradient_predivide_factor, op)
@@ -94,6 +103,9 @@ class CommEngine:
         self._backward: list[TensorSpec] = []
         self._buckets: list[Bucket] = []
         self._slot: dict[str, tuple[Bucket, int]] = {}  # name -> (its bucket, its offset in the buffer)
+        self.streams = streams
+        # per bucket, its side stream and events (made once per plan); None: host tensors
+        self._bucket_streams: list[BucketStream | None] | None = None
         # serialises the hooks (grad_ready) and the steps: the Trainer holds it around a step
         self.lock = threading.RLock()
         self._round: Round | None = None       # the round the hooks are filling
@@ -159,6 +171,8 @@ class CommEngine:
                 # residuals/velocities are keyed by bucket: the reducer moves them (docs/lags-omgs.md#replan-residuals)
                 self.reducer.relayout(self.ops, old, self._buckets)
             self._slot = {n: (b, off) for b in self._buckets for n, off in zip(b.names, b.offsets)}
+            if self.streams is not None:
+                self._bucket_streams = [self.streams.for_bucket(b) for b in self._buckets]
             self._pool.reset(len(self._buckets))
             self._reset_step()
 
@@ -268,8 +282,10 @@ class CommEngine:
             parts = rnd.parts.pop(b.index, None)
             if parts is not None:
                 flat = GradParts(self.ops, flat, parts)
+            bs = self._bucket_streams[b.index] if self._bucket_streams is not None else None
             with _timeline.span(f"compress+launch {b.name}", "compress"):
-                rnd.pending[b.index] = rnd.reducer.start(b, rnd.info, flat, self.ctx)
+                rnd.pending[b.index] = (rnd.reducer.start(b, rnd.info, flat, self.ctx) if bs is None else
+                                        start_on_stream(bs, rnd, b, flat, rnd.flats[b.index], parts, self.ctx))
             if parts is not None:
                 rnd.flats[b.index] = flat.buf  # packed into (a new tensor, where copy_into makes one)
             rnd.next_launch += 1
@@ -317,10 +333,16 @@ class CommEngine:
         out = ReducedGrads()
         stats = StepStats(step=rnd.step)
         finite: list[Bucket] = []
+        streams = self._bucket_streams
         for b in self._buckets:
             pending = rnd.pending.pop(b.index)
-            flat = rnd.reducer.finish(pending, self.ctx)
-            if rnd.reducer.settle(b, rnd.info, flat, self.ctx, pending):  # NaN/Inf: memory rolled back
+            bs = streams[b.index] if streams is not None else None
+            if bs is None:
+                flat = rnd.reducer.finish(pending, self.ctx)
+                kept = rnd.reducer.settle(b, rnd.info, flat, self.ctx, pending)
+            else:  # the compute stream waits for the bucket's event, the host does not
+                flat, kept = finish_on_stream(bs, rnd, b, pending, self.ctx)
+            if kept:  # NaN/Inf: memory rolled back
                 finite.append(b)
             out.update(b.views(self.ops, flat))
             if pending.support is not None:
@@ -353,8 +375,13 @@ class CommEngine:
         """Wait for a round's launched collectives (every rank's stream of collectives stays
         aligned), drop their results and release its buffers."""
         with self.lock:
-            for p in rnd.pending.values():
-                rnd.reducer.finish(p, self.ctx)
+            streams = self._bucket_streams
+            for i, p in rnd.pending.items():
+                bs = streams[i] if streams is not None else None
+                if bs is None:
+                    rnd.reducer.finish(p, self.ctx)
+                else:
+                    drop_on_stream(bs, rnd, p, self.ctx)
             rnd.pending.clear()
             self.release_round(rnd)
 

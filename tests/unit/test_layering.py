@@ -164,3 +164,10 @@ def test_the_selection_package_has_no_import_circle() -> None:
     for m in graph:
         if m not in state:
             visit(m, [])
+
+
+def test_the_stream_seam_sits_below_the_engine_and_knows_no_framework() -> None:
+    # docs/backends.md#cuda-streams: the engine and the adapters import it, it imports neither
+    f = CORE / "streams.py"
+    assert _imports(f) <= {"buckets"}, _imports(f)
+    assert not _top_level_imports(f) & set(ADAPTERS), _top_level_imports(f)
