@@ -27,7 +27,8 @@ from hvd_commopt.reduce import DenseAllreduce, GTopK, ReduceContext  # noqa: E40
 from hvd_commopt.reduce.gtopk import gtopk_exchange, gtopk_simulate, merge  # noqa: E402
 from hvd_commopt.select import kernels as K  # noqa: E402
 from torch_plugin.ops import TorchOps  # noqa: E402
-from tests.reducers import start as start_bucket  # noqa: E402
+from hvd_commopt.reduce.base import RoundInfo  # noqa: E402
+from tests.reducers import bucket, start as start_bucket  # noqa: E402
 
 aten = torch.ops.aten
 ops = TorchOps()
@@ -289,6 +290,8 @@ def test_ternary_with_error_feedback_decides_once_per_step(device_route):
         ctx = ReduceContext(comm, ops, 1.0, 1.0 / P)
         pend, rec1 = recorded(start_bucket, red, "b", rows[comm.rank].clone(), ctx)
         out, rec2 = recorded(red.finish, pend, ctx)
-        return rec1.bad + rec2.bad, rec1.scalars + rec2.scalars
+        ok, rec3 = recorded(red.settle, bucket("b", ops, rows[0]), RoundInfo(0), out, ctx, pend)
+        assert ok
+        return rec1.bad + rec2.bad + rec3.bad, rec1.scalars + rec2.scalars + rec3.scalars
     for bad, scalars in run_comms(P, body):
         assert bad == [] and scalars <= 1, (bad, scalars)
