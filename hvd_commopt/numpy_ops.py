@@ -148,6 +148,7 @@ class NumpyOps:
 
     def where(self, mask, a, b): return np.where(mask, a, b)
     def equal(self, a, b): return np.equal(a, b)
+    def cumsum(self, t): return np.cumsum(t, dtype=np.int64)
 
     # -- magnitude keys (docs/selection.md#order) ---------------------------------------------
     def abs_keys(self, t):

@@ -135,6 +135,10 @@ class TensorOps(Protocol):
     def equal(self, a: Tensor, b: Tensor) -> Tensor:
         """bool tensor ``a == b`` element-wise (two tensors of one length)."""
         ...
+    def cumsum(self, t: Tensor) -> Tensor:
+        """Inclusive running sum of the integer tensor ``t``, as int64 (Ok-Topk's device route:
+        histograms' prefix counts and slot offsets, docs/oktopk.md#device-route)."""
+        ...
 
     # -- magnitude keys (docs/selection.md#order): the selection's portable kernels -------------
     # A float's magnitude key is the bit pattern of |x| read as a signed integer of its width:

@@ -297,6 +297,7 @@ class TFOps:
 
     def where(self, mask, a, b): return tf.where(_t(mask), _t(a), _t(b))
     def equal(self, a, b): return tf.equal(_t(a), _t(b))
+    def cumsum(self, t): return tf.cumsum(tf.cast(_t(t), tf.int64))
 
     def abs_ge(self, t, threshold):
         t = tf.convert_to_tensor(_t(t))

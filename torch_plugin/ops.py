@@ -262,6 +262,7 @@ class TorchOps:
 
     def where(self, mask, a, b): return torch.where(mask, a, b)
     def equal(self, a, b): return torch.eq(a, b)
+    def cumsum(self, t): return torch.cumsum(t, 0, dtype=torch.int64)
 
     # -- magnitude keys (docs/selection.md#order) ---------------------------------------------
     def abs_keys(self, t):

@@ -108,17 +108,30 @@ def same_bits(a, b) -> bool:
 
 
 class TensorLink:
-    """A native link double: torch tensors cross between thread-ranks as they are (``host`` False)."""
+    """A native link double: torch tensors cross between thread-ranks as they are (``host`` False);
+    ``allreduce_`` sums in rank order."""
 
     host = False
 
-    def __init__(self, boxes: dict, rank: int, size: int):
+    def __init__(self, boxes: dict, rank: int, size: int, shared: dict | None = None,
+                 barrier: threading.Barrier | None = None):
         self.boxes, self.rank, self.size = boxes, rank, size
+        self.shared, self.barrier = shared, barrier
 
     def sendrecv(self, send, dest, source, name=None):
         if dest >= 0:
             self.boxes[(self.rank, dest)].put(send.clone())
         return None if source < 0 else self.boxes[(source, self.rank)].get(timeout=60)
+
+    def allreduce_(self, buf, op="sum", name=None):
+        assert op == "sum" and self.shared is not None and self.barrier is not None
+        self.shared[self.rank] = buf.clone()
+        self.barrier.wait()
+        acc = self.shared[0].clone()
+        for r in range(1, self.size):
+            acc = acc.add_(self.shared[r])
+        self.barrier.wait()
+        return buf.copy_(acc)
 
 
 class TensorComm:
@@ -148,7 +161,8 @@ def run_comms(P: int, body):
 
 def run_links(P: int, body):
     boxes = {(a, b): queue.Queue() for a in range(P) for b in range(P)}
-    return _threads(P, lambda r: body(TensorLink(boxes, r, P)))
+    shared, barrier = {}, threading.Barrier(P)
+    return _threads(P, lambda r: body(TensorLink(boxes, r, P, shared, barrier)))
 
 
 def _threads(P: int, body):
@@ -295,3 +309,84 @@ def test_ternary_with_error_feedback_decides_once_per_step(device_route):
         return rec1.bad + rec2.bad + rec3.bad, rec1.scalars + rec2.scalars + rec3.scalars
     for bad, scalars in run_comms(P, body):
         assert bad == [] and scalars <= 1, (bad, scalars)
+
+
+# -- Ok-Topk (docs/oktopk.md#device-route) ---------------------------------------------------------
+SPLIT_DECISION = "Tensor.numpy"  # on CPU, the one host read of the split positions (.cpu() on CUDA)
+
+
+@pytest.mark.parametrize("P", [2, 3, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_oktopk_exchange_decides_once_and_equals_the_host_route(device_route, P, dtype):
+    """Split-and-reduce, the radix-select global top-k and the slot gather: the only host read is
+    the split positions (the paper's variable-size split needs them); the same pairs as the host
+    route's exchange, bit for bit, with tied magnitudes, -0.0 and +Inf."""
+    from hvd_commopt.reduce.oktopk import oktopk_exchange
+    from hvd_commopt.reduce.oktopk_device import oktopk_exchange_device
+    n, k = 90, 12
+    leaves = tied_leaves(P, n, k, dtype, seed=P + 11)
+    leaves[0][1][1] = float("inf")
+
+    class HostLink:  # the host route's arrays over the same double
+        host = True
+
+        def __init__(self, link):
+            self.link, self.rank, self.size = link, link.rank, link.size
+
+        def sendrecv(self, a, dest, source):
+            got = self.link.sendrecv(torch.from_numpy(np.ascontiguousarray(a)), dest, source)
+            return None if got is None else got.numpy()
+
+        def allreduce_(self, a, op="sum"):
+            return self.link.allreduce_(torch.from_numpy(a), op).numpy()
+
+        def allgather(self, a):
+            parts = [None] * self.size
+            for s in range(1, self.size):
+                dest, src = (self.rank + s) % self.size, (self.rank - s) % self.size
+                parts[src] = self.sendrecv(a, dest, src)
+            parts[self.rank] = a
+            return np.concatenate(parts), [int(p.size) for p in parts]
+
+    def host(link):
+        i, v = leaves[link.rank]
+        # bfloat16 has no host view, so it always takes the device route (the host route's arrays
+        # carry its bits as uint16, which its unique_sum adds as integers): its oracle is the host
+        # route in float32, exact for these small integers
+        v = v.float() if dtype == torch.bfloat16 else v
+        I, V, cuts, info = oktopk_exchange(HostLink(link), i.numpy(), ops.to_numpy(v), n, k, None)
+        if dtype == torch.bfloat16:
+            V = ops.to_numpy(torch.from_numpy(V).to(torch.bfloat16))
+        return I, V, cuts, info
+
+    def device(link):
+        return recorded(oktopk_exchange_device, link, ops, *leaves[link.rank], n, k, None)
+
+    want, got = run_links(P, host), run_links(P, device)
+    for r in range(P):
+        (I, V, cuts, _), rec = got[r]
+        assert rec.bad == [SPLIT_DECISION] and rec.scalars == 0, (r, rec.bad, rec.scalars)
+        assert I.numpy().tolist() == want[r][0].tolist(), r
+        assert ops.to_numpy(V).tobytes() == np.asarray(want[r][1]).tobytes(), r
+        assert cuts.numpy().tolist() == want[r][2].tolist(), r  # the same balanced regions
+
+
+@pytest.mark.filterwarnings("ignore:rank .* holds NaN or Inf")
+@pytest.mark.parametrize("P", [2, 3, 4])
+def test_oktopk_reducer_device_route_equals_host_route(monkeypatch, P):
+    from hvd_commopt.reduce.oktopk import OkTopK
+    n, k, steps = 120, 10, 4
+    rng = np.random.default_rng(P + 30)
+    rows = [[torch.from_numpy(rng.integers(-4, 5, n).astype(np.float32)) for _ in range(P)] for _ in range(steps)]
+    rows[2][0][5] = float("inf")  # a non-finite step
+
+    def factory():
+        return OkTopK(k / n + 1e-9, min_k=1, rebalance=2)
+    host = _reduce_ranks(P, factory, rows, steps)
+    monkeypatch.setattr(K, "HOST_KERNELS", False)
+    dev = _reduce_ranks(P, factory, rows, steps)
+    for r in range(P):
+        for s in range(steps):
+            (ho, hr, _), (do, dr, rec) = host[r][s], dev[r][s]
+            assert same_bits(ho, do) and same_bits(hr, dr), (r, s)
+            assert rec.bad == [] and rec.scalars <= 1, (r, s, rec.bad, rec.scalars)

@@ -87,3 +87,5 @@ def test_fixed_capacity_primitives_agree_with_numpy(adapter):
     assert np.asarray(ops.to_numpy(m)).tolist() == [True, False, True, False, True]
     w = ops.where(m, ops.from_numpy(q, like=t), ops.from_numpy(srt, like=t))
     assert np.asarray(ops.to_numpy(w)).tolist() == [2, 2, -3, 5, 6]
+    c = ops.cumsum(ops.from_numpy(np.array([3, 0, 2, 5], np.int64), like=t))
+    assert np.asarray(ops.to_numpy(c)).tolist() == [3, 3, 5, 10]
