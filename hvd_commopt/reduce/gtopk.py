@@ -265,7 +265,7 @@ class GTopK(SparseReducer):
         if comm.size == 1:
             return Pending(name, PendingSelection(idx, vals, n, bucket.name, local=True))
         idt = index_dtype_for(n, self.index_dtype)
-        fixed = n if device_route(ops, vals, idx) else None  # the device route (docs/gtopk.md#merge-fixed)
+        fixed = n if device_route(ops, vals) else None  # the device route (docs/gtopk.md#merge-fixed)
         if self.algorithm == "allgather":
             fn = self._allgather_fn(ops, idx, vals, k, idt, fixed)
         else:

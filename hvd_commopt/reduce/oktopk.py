@@ -218,7 +218,7 @@ class OkTopK(SparseReducer):
             return Pending(name, PendingSelection(idx, vals, n, bucket.name, flat, local=True))
         k = ops.numel(idx)
         idt = index_dtype_for(n, self.index_dtype)
-        if device_route(ops, vals, idx):  # docs/oktopk.md#device-route
+        if device_route(ops, vals):  # docs/oktopk.md#device-route
             return self._start_device(bucket, name, idx, vals, n, k, idt, flat, ctx)
         I = np.asarray(ops.to_numpy(idx), dtype=np.int64)
         V = np.asarray(ops.to_numpy(vals))

@@ -27,7 +27,8 @@ __all__ = ["device_route", "merge_fixed", "member_of_sorted", "magnitude_keys"]
 
 
 def device_route(ops: Any, *tensors: Any) -> bool:
-    """True when the selection of ``tensors`` takes the device route (not the host kernels)."""
+    """True when the selection of ``tensors`` (the values: the route the selection took) takes the
+    device route (not the host kernels)."""
     return not isinstance(kernels_for(ops, *tensors), HostKernels)
 
 
