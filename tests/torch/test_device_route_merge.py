@@ -390,3 +390,23 @@ def test_oktopk_reducer_device_route_equals_host_route(monkeypatch, P):
             (ho, hr, _), (do, dr, rec) = host[r][s], dev[r][s]
             assert same_bits(ho, do) and same_bits(hr, dr), (r, s)
             assert rec.bad == [] and rec.scalars <= 1, (r, s, rec.bad, rec.scalars)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+@pytest.mark.parametrize("P", [2, 3])
+def test_on_cuda_the_rounds_and_oktopk_are_sync_free_and_equal_the_cpu_host_route(P):
+    """The same proof on CUDA tensors (the device route is taken by itself there)."""
+    from hvd_commopt.reduce.oktopk_device import oktopk_exchange_device
+    n, k = 40, 9
+    leaves = tied_leaves(P, n, k, torch.float32, seed=P)
+    dev = [(i.cuda(), v.cuda()) for i, v in leaves]
+    want = run_links(P, lambda link: gtopk_exchange(link, ops, *leaves[link.rank], k, "int32"))
+    got = run_links(P, lambda link: recorded(gtopk_exchange, link, ops, *dev[link.rank], k, "int32", n))
+    for r in range(P):
+        (I, V, _), rec = got[r]
+        assert rec.bad == [] and rec.scalars == 0, rec.bad
+        assert I.cpu().equal(want[r][0]) and same_bits(V.cpu(), want[r][1])
+    got = run_links(P, lambda link: recorded(oktopk_exchange_device, link, ops, *dev[link.rank], n, k, None))
+    for r in range(P):
+        rec = got[r][1]
+        assert [b for b in rec.bad if "to the host" not in b] == [] and len(rec.bad) == 1, rec.bad  # the split
