@@ -136,6 +136,20 @@ class NumpyOps:
     def nonzero(self, mask, sparse=False): return np.flatnonzero(mask).astype(np.int64, copy=False)
     def abs_ge(self, t, threshold): return np.abs(t) >= threshold
 
+    def argsort(self, t, descending=False):
+        t = np.asarray(t).reshape(-1)
+        if not descending:
+            return np.argsort(t, kind="stable").astype(np.int64, copy=False)
+        # stable descending: the ascending stable order of the reversed array, reversed back
+        return (t.size - 1 - np.argsort(t[::-1], kind="stable"))[::-1].astype(np.int64)
+
+    def searchsorted(self, sorted_seq, values):
+        return np.searchsorted(sorted_seq, values, side="left").astype(np.int64, copy=False)
+
+    def where(self, mask, a, b): return np.where(mask, a, b)
+    def equal(self, a, b): return np.equal(a, b)
+    def cumsum(self, t): return np.cumsum(t, dtype=np.int64)
+
     # -- magnitude keys (docs/selection.md#order) ---------------------------------------------
     def abs_keys(self, t):
         kd, mask = _KEY_DTYPES[t.dtype.itemsize]

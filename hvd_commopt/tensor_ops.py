@@ -119,6 +119,27 @@ class TensorOps(Protocol):
         """bool tensor ``|t| >= threshold``."""
         ...
 
+    # -- fixed-capacity merging (the device route: output shapes never depend on the data) -----
+    def argsort(self, t: Tensor, descending: bool = False) -> Tensor:
+        """int64 positions that sort ``t`` (ascending, or descending), **stable**: equal values
+        keep their order of position (gTop-k's device merge, docs/gtopk.md#merge-fixed)."""
+        ...
+    def searchsorted(self, sorted_seq: Tensor, values: Tensor) -> Tensor:
+        """int64, for each of ``values`` the first position ``p`` of the ascending ``sorted_seq``
+        with ``sorted_seq[p] >= value`` (numel(sorted_seq) when none)."""
+        ...
+    def where(self, mask: Tensor, a: Tensor, b: Tensor) -> Tensor:
+        """Element-wise ``a`` where the bool ``mask`` is True, else ``b`` (a new tensor; a, b and
+        mask of one length and a and b of one dtype)."""
+        ...
+    def equal(self, a: Tensor, b: Tensor) -> Tensor:
+        """bool tensor ``a == b`` element-wise (two tensors of one length)."""
+        ...
+    def cumsum(self, t: Tensor) -> Tensor:
+        """Inclusive running sum of the integer tensor ``t``, as int64 (Ok-Topk's device route:
+        histograms' prefix counts and slot offsets, docs/oktopk.md#device-route)."""
+        ...
+
     # -- magnitude keys (docs/selection.md#order): the selection's portable kernels -------------
     # A float's magnitude key is the bit pattern of |x| read as a signed integer of its width:
     # +0 == -0 < denormals < normals < +Inf < NaN, monotone in the value.

@@ -287,6 +287,18 @@ class TFOps:
     def nonzero(self, mask, sparse=False):
         return tf.reshape(tf.where(tf.reshape(_t(mask), [-1])), [-1])  # int64, ascending
 
+    def argsort(self, t, descending=False):
+        # tf.argsort's descending order is top_k's (ties to the lower position); stable ascending
+        t = tf.reshape(tf.convert_to_tensor(_t(t)), [-1])
+        return tf.cast(tf.argsort(t, direction="DESCENDING" if descending else "ASCENDING", stable=True), tf.int64)
+
+    def searchsorted(self, sorted_seq, values):
+        return tf.searchsorted(_t(sorted_seq), _t(values), side="left", out_type=tf.int64)
+
+    def where(self, mask, a, b): return tf.where(_t(mask), _t(a), _t(b))
+    def equal(self, a, b): return tf.equal(_t(a), _t(b))
+    def cumsum(self, t): return tf.cumsum(tf.cast(_t(t), tf.int64))
+
     def abs_ge(self, t, threshold):
         t = tf.convert_to_tensor(_t(t))
         return tf.abs(t) >= tf.constant(threshold, dtype=t.dtype)

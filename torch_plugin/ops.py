@@ -30,6 +30,9 @@ _KEYS = {torch.float32: torch.int32, torch.float64: torch.int64, torch.float16: 
 _STREAM_MIN_BYTES = 1 << 20
 _HOST_VIEW = (torch.float32, torch.float64, torch.float16, torch.int64, torch.int32)
 _SCALE_ADD = (torch.float32, torch.float64)  # scale_add_into's one host pass (float16: ATen's)
+# Up to this many elements all_finite is one element pass and one host decision (the sum-first
+# check pays only on long CPU tensors)
+_ONE_PASS_FINITE = 1 << 14
 _CMP = {"ge": torch.ge, "gt": torch.gt, "le": torch.le, "lt": torch.lt}
 
 
@@ -194,12 +197,14 @@ class TorchOps:
             idx = torch.arange(n, device=t.device)
             return t[idx], idx
         vals, idx = torch.topk(a, k, sorted=False)
-        thr = vals.min()
+        # torch.topk ranks NaN above every number: the boundary is the least non-NaN selected value
+        nan = vals.isnan()
+        thr = vals.masked_fill(nan, math.inf).min()
         # Usually every element equal to the boundary value is already selected (one counting
         # pass proves it); only then is torch's choice among equal values irrelevant. Otherwise
         # resolve the boundary ties explicitly towards the lower index.
         if int((a == thr).sum()) != int((vals == thr).sum()):
-            above = idx[vals > thr]
+            above = idx[(vals > thr) | nan]
             ties = torch.nonzero(a == thr).reshape(-1)[: k - above.numel()]
             idx = torch.cat([above, ties])
         idx = torch.sort(idx).values
@@ -248,6 +253,17 @@ class TorchOps:
 
     def abs_ge(self, t, threshold): return t.abs() >= threshold
 
+    # fixed-capacity merging: shapes never depend on the data, no host synchronisation
+    def argsort(self, t, descending=False):
+        return torch.sort(t.reshape(-1), stable=True, descending=bool(descending)).indices
+
+    def searchsorted(self, sorted_seq, values):
+        return torch.searchsorted(sorted_seq, values, side="left")
+
+    def where(self, mask, a, b): return torch.where(mask, a, b)
+    def equal(self, a, b): return torch.eq(a, b)
+    def cumsum(self, t): return torch.cumsum(t, 0, dtype=torch.int64)
+
     # -- magnitude keys (docs/selection.md#order) ---------------------------------------------
     def abs_keys(self, t):
         with torch.no_grad():
@@ -265,8 +281,12 @@ class TorchOps:
     def all_finite(self, t):
         # One summing pass (~25x faster than isfinite().all() on the CPU): any NaN/Inf makes the sum
         # non-finite; only then (or on an overflow of finite values) the exact element check runs.
+        # A device tensor, or a small one (a sparse result's k·P sums), gets one decision: the
+        # element check alone (one host synchronisation per NaN/Inf decision on the device route).
         if not t.is_floating_point():
             return True
+        if not t.is_cpu or t.numel() <= _ONE_PASS_FINITE:
+            return bool(torch.isfinite(t).all())
         return bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
 
     def norm(self, t):

@@ -59,6 +59,7 @@ from ..errors import ConfigError
 from ..fusion.pricing import Pricing, sparse_pricing
 from ..memory.base import Memory
 from ..memory.error_feedback import ErrorFeedback
+from ..select.fixed import device_route, member_of_sorted, merge_fixed
 from ..tensor_ops import TensorOps
 from .base import Pending, ReduceContext, RoundInfo
 from .sparse import PendingSelection, SparseReducer, index_dtype_for
@@ -68,8 +69,13 @@ __all__ = ["GTopK", "merge", "gtopk_exchange", "gtopk_simulate"]
 ALGORITHMS = ("recursive_doubling", "allgather")
 
 
-def merge(ops: TensorOps, first: tuple[Any, Any], second: tuple[Any, Any], k: int) -> tuple[Any, Any]:
-    """M(first, second): union with summed values, then top-k (ties to the smaller index)."""
+def merge(ops: TensorOps, first: tuple[Any, Any], second: tuple[Any, Any], k: int,
+          n: int | None = None) -> tuple[Any, Any]:
+    """M(first, second): union with summed values, then top-k (ties to the smaller index). With
+    ``n`` (the bucket's size): the device route's fixed-capacity merge, the same bits
+    (docs/gtopk.md#merge-fixed)."""
+    if n is not None:
+        return merge_fixed(ops, first, second, k, n)
     u, s = ops.unique_sum(ops.cat([first[0], second[0]]), ops.cat([first[1], second[1]]))
     if ops.numel(u) <= k:
         return u, s
@@ -77,12 +83,21 @@ def merge(ops: TensorOps, first: tuple[Any, Any], second: tuple[Any, Any], k: in
     return ops.gather(u, pos), ops.gather(s, pos)
 
 
-def _survive(ops: TensorOps, tracked: list[list[Any]], merged_idx: Any) -> None:
-    """Keep, for each tracked (orig indices, alive positions), the positions still in the set."""
+def _survive(ops: TensorOps, tracked: list[list[Any]], merged_idx: Any, fixed: bool = False) -> None:
+    """Keep, for each tracked (orig indices, alive positions), the positions still in the set;
+    ``fixed`` (the device route): alive is a bool mask of the k entries, ANDed with membership."""
     for t in tracked:
         orig, alive = t
-        if ops.numel(alive):
+        if fixed:
+            t[1] = ops.where(alive, member_of_sorted(ops, orig, merged_idx), alive)
+        elif ops.numel(alive):
             t[1] = ops.gather(alive, ops.nonzero(ops.isin(ops.gather(orig, alive), merged_idx)))
+
+
+def _all_alive(ops: TensorOps, k: int, like: Any, fixed: bool) -> Any:
+    """Every one of k entries alive: positions 0..k-1, or (fixed) a mask of k True."""
+    all_k = ops.arange(k, like=like)
+    return ops.compare(all_k, "ge", 0) if fixed else all_k
 
 
 def _layout(size: int) -> tuple[int, int]:
@@ -138,61 +153,70 @@ class _Wire:
 
 
 def gtopk_exchange(link: CountingLink, ops: TensorOps, idx: Any, vals: Any, k: int,
-                   index_dtype: str = "int32") -> tuple[Any, Any, Any]:
-    """Recursive-doubling gTop-k with fold/unfold. Returns (I, V, alive positions of my k)."""
+                   index_dtype: str = "int32", n: int | None = None) -> tuple[Any, Any, Any]:
+    """Recursive-doubling gTop-k with fold/unfold. Returns (I, V, alive positions of my k).
+
+    With ``n`` (the bucket's size; the device route, docs/gtopk.md#merge-fixed): the fixed-capacity
+    merge, and "alive" is a bool mask of my k entries; no step waits for the data."""
     size, rank = link.size, link.rank
+    fixed = n is not None
     m, rem = _layout(size)
     wire = _Wire(link, ops, idx, vals, k, index_dtype)
-    all_k = ops.arange(k, like=idx)
     if rank >= m:  # folded away: hand my list to rank - m, get the result and my mask back
         wire.exchange((idx, vals), rank - m, -1)
         I, V, mask = wire.exchange(None, -1, rank - m, with_mask=True)
-        return I, V, ops.nonzero(ops.cast(mask, "bool"))
-    tracked = [[idx, all_k]]
+        alive = ops.cast(mask, "bool")
+        return I, V, alive if fixed else ops.nonzero(alive)
+    tracked = [[idx, _all_alive(ops, k, idx, fixed)]]
     I, V = idx, vals
     if rank < rem:
         pi, pv = wire.exchange(None, -1, rank + m)
-        tracked.append([pi, all_k])
-        I, V = merge(ops, (I, V), (pi, pv), k)
-        _survive(ops, tracked, I)
+        tracked.append([pi, _all_alive(ops, k, idx, fixed)])
+        I, V = merge(ops, (I, V), (pi, pv), k, n)
+        _survive(ops, tracked, I, fixed)
     d = 1
     while d < m:
         peer = rank ^ d
         pi, pv = wire.exchange((I, V), peer, peer)
-        I, V = merge(ops, (I, V), (pi, pv), k) if rank < peer else merge(ops, (pi, pv), (I, V), k)
-        _survive(ops, tracked, I)
+        I, V = merge(ops, (I, V), (pi, pv), k, n) if rank < peer else merge(ops, (pi, pv), (I, V), k, n)
+        _survive(ops, tracked, I, fixed)
         d <<= 1
     if rank < rem:
-        mask = ops.index_fill(ops.zeros(k, "uint8", like=idx), tracked[1][1], 1)
+        if fixed:
+            mask = ops.cast(tracked[1][1], "uint8")
+        else:
+            mask = ops.index_fill(ops.zeros(k, "uint8", like=idx), tracked[1][1], 1)
         wire.exchange((I, V, mask), rank + m, -1, with_mask=True)
     return I, V, tracked[0][1]
 
 
-def gtopk_simulate(ops: TensorOps, leaves: Sequence[tuple[Any, Any]], k: int) -> tuple[Any, Any, list[Any]]:
+def gtopk_simulate(ops: TensorOps, leaves: Sequence[tuple[Any, Any]], k: int,
+                   n: int | None = None) -> tuple[Any, Any, list[Any]]:
     """The allgather-and-simulate oracle (docs/gtopk.md#allgather-oracle): the same merge tree over all P leaf lists.
 
-    Returns (I, V, [alive positions of each rank's k entries]).
+    Returns (I, V, [alive positions of each rank's k entries]); with ``n``, the device route's
+    fixed-capacity merge and alive masks (as :func:`gtopk_exchange`).
     """
     size = len(leaves)
+    fixed = n is not None
     m, rem = _layout(size)
-    all_k = [ops.arange(ops.numel(leaf[0]), like=leaf[0]) for leaf in leaves]
-    tracked = [[leaf[0], a] for leaf, a in zip(leaves, all_k)]
+    tracked = [[leaf[0], _all_alive(ops, ops.numel(leaf[0]), leaf[0], fixed)] for leaf in leaves]
     # node j holds (I, V, the ranks whose contributions it carries)
     nodes = []
     for j in range(m):
         if j < rem:
-            I, V = merge(ops, leaves[j], leaves[m + j], k)
+            I, V = merge(ops, leaves[j], leaves[m + j], k, n)
             members = [j, m + j]
-            _survive(ops, [tracked[r] for r in members], I)
+            _survive(ops, [tracked[r] for r in members], I, fixed)
         else:
             (I, V), members = leaves[j], [j]
         nodes.append((I, V, members))
     while len(nodes) > 1:
         nxt = []
         for a, b in zip(nodes[0::2], nodes[1::2]):
-            I, V = merge(ops, a[:2], b[:2], k)
+            I, V = merge(ops, a[:2], b[:2], k, n)
             members = a[2] + b[2]
-            _survive(ops, [tracked[r] for r in members], I)
+            _survive(ops, [tracked[r] for r in members], I, fixed)
             nxt.append((I, V, members))
         nodes = nxt
     I, V, _ = nodes[0]
@@ -241,28 +265,34 @@ class GTopK(SparseReducer):
         if comm.size == 1:
             return Pending(name, PendingSelection(idx, vals, n, bucket.name, local=True))
         idt = index_dtype_for(n, self.index_dtype)
+        fixed = n if device_route(ops, vals) else None  # the device route (docs/gtopk.md#merge-fixed)
         if self.algorithm == "allgather":
-            fn = self._allgather_fn(ops, idx, vals, k, idt)
+            fn = self._allgather_fn(ops, idx, vals, k, idt, fixed)
         else:
             def fn(link: CountingLink, deadline: float) -> tuple[Any, Any, Any]:
-                return gtopk_exchange(link, ops, idx, vals, k, idt)
+                return gtopk_exchange(link, ops, idx, vals, k, idt, fixed)
         handle = comm.run_async(fn, name=f"{name}.gtopk", op="gtopk")
         return Pending(name, PendingSelection(idx, vals, n, bucket.name), (handle,))
 
     @staticmethod
-    def _allgather_fn(ops: TensorOps, idx: Any, vals: Any, k: int, idt: str):
+    def _allgather_fn(ops: TensorOps, idx: Any, vals: Any, k: int, idt: str, fixed: int | None = None):
         def fn(link: CountingLink, deadline: float) -> tuple[Any, Any, Any]:
             ai, _ = link.allgather_tensor(ops, ops.cast(idx, idt))
             av, _ = link.allgather_tensor(ops, vals)
             ai = ops.cast(ai, "int64")
             leaves = [(ops.slice(ai, r * k, (r + 1) * k), ops.slice(av, r * k, (r + 1) * k)) for r in range(link.size)]
-            I, V, alive = gtopk_simulate(ops, leaves, k)
+            I, V, alive = gtopk_simulate(ops, leaves, k, fixed)
             return I, V, alive[link.rank]
         return fn
 
     def exchanged(self, pending: Pending, ctx: ReduceContext) -> tuple[Any, Any]:
         st, ops = pending.state, ctx.ops
         I, V, alive = ctx.comm.wait(pending.handles[0])
+        if ops.dtype_name(alive) == "bool":  # the device route's mask: restore all k, +0.0 where alive
+            # (the memory zeroed them: +0 + +0 is +0, and 0 + v the dropped value, as the host route)
+            kept = ops.where(alive, ops.zeros(ops.numel(st.vals), ops.dtype_name(st.vals), like=st.vals), st.vals)
+            self.memory.restore(ops, st.key, st.idx, kept)
+            return I, V
         dropped = ops.nonzero(ops.isin(ops.arange(ops.numel(st.idx), like=st.idx), alive, invert=True))
         self.restore_dropped(ops, st, dropped)
         return I, V

@@ -42,13 +42,14 @@ from ..fusion.pricing import Pricing, sparse_pricing
 from ..fusion.sparse_scaling import hist_bins
 from ..memory.base import Memory
 from ..memory.error_feedback import ErrorFeedback
+from ..select.fixed import device_route, member_of_sorted
 from ..tensor_ops import TensorOps
 from .base import Pending, ReduceContext, RoundInfo
+from .oktopk_device import REBALANCE_BINS, oktopk_exchange_device
 from .sparse import PendingSelection, SparseReducer, index_dtype_for
 
 __all__ = ["OkTopK", "oktopk_exchange", "balanced_bounds", "global_topk_mask", "REBALANCE_BINS"]
 
-REBALANCE_BINS = 64   # index-histogram bins per rank for the region cuts
 
 
 def _keys(v: np.ndarray) -> tuple[np.ndarray, int]:
@@ -217,6 +218,8 @@ class OkTopK(SparseReducer):
             return Pending(name, PendingSelection(idx, vals, n, bucket.name, flat, local=True))
         k = ops.numel(idx)
         idt = index_dtype_for(n, self.index_dtype)
+        if device_route(ops, vals):  # docs/oktopk.md#device-route
+            return self._start_device(bucket, name, idx, vals, n, k, idt, flat, ctx)
         I = np.asarray(ops.to_numpy(idx), dtype=np.int64)
         V = np.asarray(ops.to_numpy(vals))
         cuts, age = self._bounds.get(bucket.name, (None, 0))
@@ -229,11 +232,34 @@ class OkTopK(SparseReducer):
         handle = comm.run_async(fn, name=f"{name}.oktopk", op="oktopk")
         return Pending(name, PendingSelection(idx, vals, n, bucket.name, flat), (handle,))
 
+    def _start_device(self, bucket: Bucket, name: str, idx: Any, vals: Any, n: int, k: int, idt: str,
+                      flat: Any, ctx: ReduceContext) -> Pending:
+        """The device route's exchange (hvd_commopt/reduce/oktopk_device.py): the same result."""
+        ops, comm = ctx.ops, ctx.comm
+        cuts, age = self._bounds.get(bucket.name, (None, 0))
+        if cuts is not None and (age >= self.rebalance or ops.numel(cuts) != comm.size + 1):
+            cuts = None
+        if isinstance(cuts, np.ndarray):  # loaded from a checkpoint
+            cuts = ops.from_numpy(cuts.astype(np.int64), like=idx)
+        self._bounds[bucket.name] = (cuts, 0 if cuts is None else age)
+
+        def fn(link: Any, deadline: float):
+            return oktopk_exchange_device(link, ops, idx, vals, n, k, cuts, idt)
+        handle = comm.run_async(fn, name=f"{name}.oktopk", op="oktopk")
+        return Pending(name, PendingSelection(idx, vals, n, bucket.name, flat), (handle,))
+
     def exchanged(self, pending: Pending, ctx: ReduceContext) -> tuple[Any, Any]:
         st, ops = pending.state, ctx.ops
         gi, gv, cuts, self.last_info[st.key] = ctx.comm.wait(pending.handles[0])
         prev, age = self._bounds.get(st.key, (None, 0))
         self._bounds[st.key] = (cuts, age + 1 if prev is not None else 1)
+        if self.last_info[st.key].get("device"):
+            # the device route: restore all k, +0.0 where the entry made the global top-k (the
+            # memory zeroed it: +0 + +0 = +0), as gTop-k does (docs/gtopk.md#merge-fixed)
+            alive = member_of_sorted(ops, st.idx, gi)
+            self.memory.restore(ops, st.key, st.idx,
+                                ops.where(alive, ops.zeros(ops.numel(st.vals), ops.dtype_name(st.vals), like=st.vals), st.vals))
+            return gi, gv
         li = np.asarray(ops.to_numpy(st.idx), dtype=np.int64)
         dropped = np.flatnonzero(~np.isin(li, gi, assume_unique=True))
         if dropped.size:

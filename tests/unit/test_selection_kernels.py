@@ -65,3 +65,27 @@ def test_portable_kernels_equal_host_kernels_on_numpy():
         for k in (1, 40, 2500, 5000):
             a, b = host.kth_largest_abs(x, k), portable.kth_largest_abs(x, k)
             assert (a == b) or (a != a and b != b), (dtype, k)
+
+
+@pytest.mark.parametrize("adapter", ["numpy", "torch", "tensorflow"])
+def test_fixed_capacity_primitives_agree_with_numpy(adapter):
+    """argsort (stable, both directions), searchsorted, where, equal: the device route's merge
+    primitives (docs/gtopk.md#merge-fixed) give NumPy's answers on every adapter."""
+    ops, ref = _adapter_ops(adapter), NumpyOps()
+    keys = np.array([3, -1, 7, 3, 3, 0, 7, -1, 2], np.int64)
+    t = ops.from_numpy(keys.copy(), like=ops.arange(1, like=None))
+    for desc in (False, True):
+        got = np.asarray(ops.to_numpy(ops.argsort(t, descending=desc)))
+        assert got.tolist() == ref.argsort(keys, descending=desc).tolist()
+        order = sorted(range(keys.size), key=lambda j: (-keys[j] if desc else keys[j], j))  # stable
+        assert got.tolist() == order
+    srt = np.array([0, 2, 2, 5, 9], np.int64)
+    q = np.array([2, 10, -3, 5, 6], np.int64)
+    s = ops.searchsorted(ops.from_numpy(srt, like=t), ops.from_numpy(q, like=t))
+    assert np.asarray(ops.to_numpy(s)).tolist() == [1, 5, 0, 3, 4]
+    m = ops.equal(ops.from_numpy(q, like=t), ops.from_numpy(np.array([2, 1, -3, 0, 6], np.int64), like=t))
+    assert np.asarray(ops.to_numpy(m)).tolist() == [True, False, True, False, True]
+    w = ops.where(m, ops.from_numpy(q, like=t), ops.from_numpy(srt, like=t))
+    assert np.asarray(ops.to_numpy(w)).tolist() == [2, 2, -3, 5, 6]
+    c = ops.cumsum(ops.from_numpy(np.array([3, 0, 2, 5], np.int64), like=t))
+    assert np.asarray(ops.to_numpy(c)).tolist() == [3, 3, 5, 10]

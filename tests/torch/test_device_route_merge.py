@@ -1,0 +1,412 @@
+"""gTop-k and the dense compressors on the device route: with the route forced on CPU
+tensors (``select.kernels.HOST_KERNELS = False``) no step waits for the data, and the results are
+the host route's, bit for bit (docs/gtopk.md#merge-fixed).
+
+Every aten op that runs in a rank's thread is recorded with a ``TorchDispatchMode``; the ops whose
+output shape depends on the data, or that hand a value to the host, are forbidden (FORBIDDEN,
+bool-index ``index``/``index_put_``, and ``Tensor.tolist``/``Tensor.numpy``, which do not
+dispatch). ``_local_scalar_dense`` (``.item()``, ``bool(t)``) is allowed once per step: the NaN/Inf
+decision (as ``torch.amp.GradScaler`` makes).
+"""
+from __future__ import annotations
+
+import queue
+import threading
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+from hvd_commopt import Compression, run_ranks  # noqa: E402
+from hvd_commopt.compress.ternary import TernaryCompressor  # noqa: E402
+from hvd_commopt.memory.error_feedback import ErrorFeedback  # noqa: E402
+from hvd_commopt.reduce import DenseAllreduce, GTopK, ReduceContext  # noqa: E402
+from hvd_commopt.reduce.gtopk import gtopk_exchange, gtopk_simulate, merge  # noqa: E402
+from hvd_commopt.select import kernels as K  # noqa: E402
+from torch_plugin.ops import TorchOps  # noqa: E402
+from hvd_commopt.reduce.base import RoundInfo  # noqa: E402
+from tests.reducers import bucket, start as start_bucket  # noqa: E402
+
+aten = torch.ops.aten
+ops = TorchOps()
+
+# ops whose output size depends on the data, or that copy a value to the host
+FORBIDDEN = {
+    aten.nonzero.default, aten.nonzero_static.default, aten.masked_select.default,
+    aten._unique.default, aten._unique2.default, aten.unique_dim.default, aten.unique_consecutive.default,
+    aten.isin.Tensor_Tensor, aten.isin.Tensor_Scalar, aten.isin.Scalar_Tensor,  # isin may run unique inside
+    aten.argwhere.default, aten.repeat_interleave.Tensor, aten.bincount.default,
+}
+SCALAR = aten._local_scalar_dense.default  # .item(), bool(t), int(t), float(t)
+
+
+class Recorder(TorchDispatchMode):
+    """Every aten op of this thread; ``bad``: the forbidden ones (with why)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list = []
+        self.bad: list[str] = []
+        self.scalars = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        self.seen.append(func)
+        if func in FORBIDDEN:
+            self.bad.append(str(func))
+        elif func == SCALAR:
+            self.scalars += 1
+        elif func in (aten.index.Tensor, aten.index_put_.default, aten.index_put.default, aten._index_put_impl_.default):
+            if any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (args[1] or ())):
+                self.bad.append(f"{func} with a bool index")
+        elif func in (aten._to_copy.default, aten.copy_.default) and _to_host(func, args, kwargs):
+            self.bad.append(f"{func} to the host")
+        return func(*args, **kwargs)
+
+
+def _to_host(func, args, kwargs) -> bool:
+    src = args[1] if func == aten.copy_.default else args[0]
+    dst = args[0].device if func == aten.copy_.default else kwargs.get("device", src.device)
+    return src.device.type != "cpu" and torch.device(dst).type == "cpu"
+
+
+_ACTIVE = threading.local()
+
+
+@pytest.fixture
+def device_route(monkeypatch):
+    """The device route on CPU tensors, and ``tolist``/``numpy`` recorded in recording threads."""
+    monkeypatch.setattr(K, "HOST_KERNELS", False)
+    for name in ("tolist", "numpy"):
+        orig = getattr(torch.Tensor, name)
+
+        def wrapped(self, *a, _orig=orig, _name=name, **kw):
+            rec = getattr(_ACTIVE, "rec", None)
+            if rec is not None:
+                rec.bad.append(f"Tensor.{_name}")
+            return _orig(self, *a, **kw)
+        monkeypatch.setattr(torch.Tensor, name, wrapped)
+
+
+def recorded(fn, *args):
+    """``fn(*args)`` under a Recorder in this thread: (result, recorder)."""
+    rec = Recorder()
+    _ACTIVE.rec = rec
+    try:
+        with rec:
+            out = fn(*args)
+    finally:
+        _ACTIVE.rec = None
+    return out, rec
+
+
+def same_bits(a, b) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and a.contiguous().view(torch.uint8).equal(b.contiguous().view(torch.uint8))
+
+
+class TensorLink:
+    """A native link double: torch tensors cross between thread-ranks as they are (``host`` False);
+    ``allreduce_`` sums in rank order."""
+
+    host = False
+
+    def __init__(self, boxes: dict, rank: int, size: int, shared: dict | None = None,
+                 barrier: threading.Barrier | None = None):
+        self.boxes, self.rank, self.size = boxes, rank, size
+        self.shared, self.barrier = shared, barrier
+
+    def sendrecv(self, send, dest, source, name=None):
+        if dest >= 0:
+            self.boxes[(self.rank, dest)].put(send.clone())
+        return None if source < 0 else self.boxes[(source, self.rank)].get(timeout=60)
+
+    def allreduce_(self, buf, op="sum", name=None):
+        assert op == "sum" and self.shared is not None and self.barrier is not None
+        self.shared[self.rank] = buf.clone()
+        self.barrier.wait()
+        acc = self.shared[0].clone()
+        for r in range(1, self.size):
+            acc = acc.add_(self.shared[r])
+        self.barrier.wait()
+        return buf.copy_(acc)
+
+
+class TensorComm:
+    """A native communicator double for the dense reducers: torch tensors are summed in rank order
+    across thread-ranks as they are (no host staging, as NCCL's allreduce of device tensors)."""
+
+    def __init__(self, shared: dict, barrier: threading.Barrier, rank: int, size: int):
+        self.shared, self.barrier, self.rank, self.size = shared, barrier, rank, size
+
+    def allreduce_tensor_async(self, ops_, t, op, name):
+        self.shared[self.rank] = t.clone()
+        self.barrier.wait()
+        acc = self.shared[0].clone()
+        for r in range(1, self.size):
+            acc = acc.add_(self.shared[r])
+        self.barrier.wait()
+        return acc
+
+    def wait(self, handle):
+        return handle
+
+
+def run_comms(P: int, body):
+    shared, barrier = {}, threading.Barrier(P)
+    return _threads(P, lambda r: body(TensorComm(shared, barrier, r, P)))
+
+
+def run_links(P: int, body):
+    boxes = {(a, b): queue.Queue() for a in range(P) for b in range(P)}
+    shared, barrier = {}, threading.Barrier(P)
+    return _threads(P, lambda r: body(TensorLink(boxes, r, P, shared, barrier)))
+
+
+def _threads(P: int, body):
+    out: list = [None] * P
+    errs: list = []
+
+    def target(r):
+        try:
+            out[r] = body(r)
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            errs.append(e)
+    threads = [threading.Thread(target=target, args=(r,)) for r in range(P)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    if errs:
+        raise errs[0]
+    return out
+
+
+def tied_leaves(P: int, n: int, k: int, dtype, seed: int, nonfinite: bool = False):
+    """Each rank's (ascending int64 indices, values): small integers, so sums tie and merge exactly;
+    -0.0 entries; with ``nonfinite`` a +Inf (the marker's value) and a NaN from Inf + -Inf."""
+    rng = np.random.default_rng(seed)
+    leaves = []
+    for r in range(P):
+        i = torch.from_numpy(np.sort(rng.choice(n, k, replace=False)).astype(np.int64))
+        v = torch.from_numpy(rng.integers(-3, 4, k).astype(np.float64)).to(dtype)
+        v[int(rng.integers(0, k))] = -0.0
+        if nonfinite:
+            v[0] = float("inf") if r % 2 == 0 else float("-inf")
+        leaves.append((i, v))
+    return leaves
+
+
+@pytest.mark.parametrize("P", [2, 3, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("nonfinite", [False, True])
+def test_gtopk_rounds_are_sync_free_and_equal_the_host_route(device_route, P, dtype, nonfinite):
+    n, k = 40, 9
+    leaves = tied_leaves(P, n, k, dtype, seed=P * 7 + int(nonfinite), nonfinite=nonfinite)
+
+    def host(link):
+        return gtopk_exchange(link, ops, *leaves[link.rank], k, "int32")
+
+    def device(link):
+        return recorded(gtopk_exchange, link, ops, *leaves[link.rank], k, "int32", n)
+
+    want, got = run_links(P, host), run_links(P, device)
+    for r in range(P):
+        (I, V, alive), rec = got[r]
+        assert rec.bad == [] and rec.scalars == 0, (r, rec.bad, rec.scalars)
+        assert I.equal(want[r][0]) and same_bits(V, want[r][1]), r
+        assert alive.dtype == torch.bool and alive.nonzero().reshape(-1).equal(want[r][2]), r
+    # and the allgather oracle's simulation of the same tree, on the device route
+    (I, V, alive), rec = recorded(gtopk_simulate, ops, leaves, k, n)
+    hI, hV, halive = gtopk_simulate(ops, leaves, k)
+    assert rec.bad == [] and rec.scalars == 0, rec.bad
+    assert I.equal(hI) and same_bits(V, hV)
+    assert all(a.nonzero().reshape(-1).equal(h) for a, h in zip(alive, halive))
+
+
+def test_the_fixed_merge_equals_the_host_merge_on_random_ties():
+    rng = np.random.default_rng(5)
+    for trial in range(400):
+        n = int(rng.integers(2, 50))
+        k = int(rng.integers(1, n // 2 + 1))
+        dtype = (torch.float32, torch.float64, torch.float16, torch.bfloat16)[trial % 4]
+        a, b = [(torch.from_numpy(np.sort(rng.choice(n, k, replace=False)).astype(np.int64)),
+                 torch.from_numpy(rng.integers(-2, 3, k).astype(np.float32)).to(dtype)) for _ in range(2)]
+        (hI, hV), (dI, dV) = merge(ops, a, b, k), merge(ops, a, b, k, n)
+        assert hI.equal(dI) and same_bits(hV, dV), (trial, a, b)
+
+
+def _reduce_ranks(P: int, factory, rows, steps: int = 3):
+    """Each rank: ``steps`` rounds of one bucket; per step the result, the residual, and the finish's
+    recorder (the selection in ``start`` is the selection's own route)."""
+    def body(comm):
+        red, res = factory(), []
+        ctx = ReduceContext(comm, ops, 1.0, 1.0 / P)
+        for s in range(steps):
+            pend = start_bucket(red, "b", rows[s][comm.rank].clone(), ctx, step=s)
+            out, rec = recorded(red.finish, pend, ctx)
+            r = red.residual(ops, "b", out)
+            res.append((out.clone(), None if r is None else r.clone(), rec))
+        return res
+    return run_ranks(P, body)
+
+
+@pytest.mark.parametrize("P", [2, 3, 4])
+@pytest.mark.filterwarnings("ignore:rank .* holds NaN or Inf")
+@pytest.mark.parametrize("algorithm", ["recursive_doubling", "allgather"])
+def test_gtopk_reducer_device_route_equals_host_route(monkeypatch, P, algorithm):
+    n, k, steps = 64, 6, 3
+    rng = np.random.default_rng(P)
+    rows = [[torch.from_numpy(rng.integers(-4, 5, n).astype(np.float32)) for _ in range(P)] for _ in range(steps)]
+    rows[1][P - 1][3] = float("nan")  # a non-finite step: the marker travels, the memory rolls back
+
+    def factory():
+        return GTopK(k / n + 1e-9, algorithm=algorithm, min_k=1)
+    host = _reduce_ranks(P, factory, rows, steps)
+    monkeypatch.setattr(K, "HOST_KERNELS", False)
+    dev = _reduce_ranks(P, factory, rows, steps)
+    for r in range(P):
+        for s in range(steps):
+            (ho, hr, _), (do, dr, rec) = host[r][s], dev[r][s]
+            assert same_bits(ho, do) and same_bits(hr, dr), (r, s)
+            assert rec.bad == [] and rec.scalars <= 1, (r, s, rec.bad, rec.scalars)
+
+
+@pytest.mark.parametrize("make", [lambda P: DenseAllreduce(Compression.fp16),
+                                  lambda P: DenseAllreduce(Compression.bf16),
+                                  lambda P: DenseAllreduce()], ids=["fp16", "bf16", "none"])
+def test_dense_casts_are_sync_free(device_route, make):
+    """fp16/bf16/none: compress, allreduce, decompress: no host decision at all in the rank's thread
+    (the reduction itself is the backend's)."""
+    P, n = 2, 33
+    rows = [torch.linspace(-3, 3, n) * (r + 1) for r in range(P)]
+
+    def body(comm):
+        red, ctx = make(P), ReduceContext(comm, ops, 1.0, 1.0 / P)
+        pend, rec1 = recorded(start_bucket, red, "b", rows[comm.rank].clone(), ctx)
+        out, rec2 = recorded(red.finish, pend, ctx)
+        return out, rec1.bad + rec2.bad, rec1.scalars + rec2.scalars
+    for out, bad, scalars in run_comms(P, body):
+        assert bad == [] and scalars == 0, (bad, scalars)
+
+
+def test_ternary_with_error_feedback_decides_once_per_step(device_route):
+    """CD-SGD's reducer: the signs, theta*s and the residual update stay tensors; the one host
+    decision of ``start`` is the NaN/Inf check of the rank's own contribution (the memory must not
+    see a non-finite gradient, docs/wrapper.md#nonfinite)."""
+    P, n = 2, 33
+    rows = [torch.linspace(-3, 3, n) * (r + 1) for r in range(P)]
+
+    def body(comm):
+        red = DenseAllreduce(TernaryCompressor(0.5, P), ErrorFeedback())
+        ctx = ReduceContext(comm, ops, 1.0, 1.0 / P)
+        pend, rec1 = recorded(start_bucket, red, "b", rows[comm.rank].clone(), ctx)
+        out, rec2 = recorded(red.finish, pend, ctx)
+        ok, rec3 = recorded(red.settle, bucket("b", ops, rows[0]), RoundInfo(0), out, ctx, pend)
+        assert ok
+        return rec1.bad + rec2.bad + rec3.bad, rec1.scalars + rec2.scalars + rec3.scalars
+    for bad, scalars in run_comms(P, body):
+        assert bad == [] and scalars <= 1, (bad, scalars)
+
+
+# -- Ok-Topk (docs/oktopk.md#device-route) ---------------------------------------------------------
+SPLIT_DECISION = "Tensor.numpy"  # on CPU, the one host read of the split positions (.cpu() on CUDA)
+
+
+@pytest.mark.parametrize("P", [2, 3, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_oktopk_exchange_decides_once_and_equals_the_host_route(device_route, P, dtype):
+    """Split-and-reduce, the radix-select global top-k and the slot gather: the only host read is
+    the split positions (the paper's variable-size split needs them); the same pairs as the host
+    route's exchange, bit for bit, with tied magnitudes, -0.0 and +Inf."""
+    from hvd_commopt.reduce.oktopk import oktopk_exchange
+    from hvd_commopt.reduce.oktopk_device import oktopk_exchange_device
+    n, k = 90, 12
+    leaves = tied_leaves(P, n, k, dtype, seed=P + 11)
+    leaves[0][1][1] = float("inf")
+
+    class HostLink:  # the host route's arrays over the same double
+        host = True
+
+        def __init__(self, link):
+            self.link, self.rank, self.size = link, link.rank, link.size
+
+        def sendrecv(self, a, dest, source):
+            got = self.link.sendrecv(torch.from_numpy(np.ascontiguousarray(a)), dest, source)
+            return None if got is None else got.numpy()
+
+        def allreduce_(self, a, op="sum"):
+            return self.link.allreduce_(torch.from_numpy(a), op).numpy()
+
+        def allgather(self, a):
+            parts = [None] * self.size
+            for s in range(1, self.size):
+                dest, src = (self.rank + s) % self.size, (self.rank - s) % self.size
+                parts[src] = self.sendrecv(a, dest, src)
+            parts[self.rank] = a
+            return np.concatenate(parts), [int(p.size) for p in parts]
+
+    def host(link):
+        i, v = leaves[link.rank]
+        # bfloat16 has no host view, so it always takes the device route (the host route's arrays
+        # carry its bits as uint16, which its unique_sum adds as integers): its oracle is the host
+        # route in float32, exact for these small integers
+        v = v.float() if dtype == torch.bfloat16 else v
+        I, V, cuts, info = oktopk_exchange(HostLink(link), i.numpy(), ops.to_numpy(v), n, k, None)
+        if dtype == torch.bfloat16:
+            V = ops.to_numpy(torch.from_numpy(V).to(torch.bfloat16))
+        return I, V, cuts, info
+
+    def device(link):
+        return recorded(oktopk_exchange_device, link, ops, *leaves[link.rank], n, k, None)
+
+    want, got = run_links(P, host), run_links(P, device)
+    for r in range(P):
+        (I, V, cuts, _), rec = got[r]
+        assert rec.bad == [SPLIT_DECISION] and rec.scalars == 0, (r, rec.bad, rec.scalars)
+        assert I.numpy().tolist() == want[r][0].tolist(), r
+        assert ops.to_numpy(V).tobytes() == np.asarray(want[r][1]).tobytes(), r
+        assert cuts.numpy().tolist() == want[r][2].tolist(), r  # the same balanced regions
+
+
+@pytest.mark.filterwarnings("ignore:rank .* holds NaN or Inf")
+@pytest.mark.parametrize("P", [2, 3, 4])
+def test_oktopk_reducer_device_route_equals_host_route(monkeypatch, P):
+    from hvd_commopt.reduce.oktopk import OkTopK
+    n, k, steps = 120, 10, 4
+    rng = np.random.default_rng(P + 30)
+    rows = [[torch.from_numpy(rng.integers(-4, 5, n).astype(np.float32)) for _ in range(P)] for _ in range(steps)]
+    rows[2][0][5] = float("inf")  # a non-finite step
+
+    def factory():
+        return OkTopK(k / n + 1e-9, min_k=1, rebalance=2)
+    host = _reduce_ranks(P, factory, rows, steps)
+    monkeypatch.setattr(K, "HOST_KERNELS", False)
+    dev = _reduce_ranks(P, factory, rows, steps)
+    for r in range(P):
+        for s in range(steps):
+            (ho, hr, _), (do, dr, rec) = host[r][s], dev[r][s]
+            assert same_bits(ho, do) and same_bits(hr, dr), (r, s)
+            assert rec.bad == [] and rec.scalars <= 1, (r, s, rec.bad, rec.scalars)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+@pytest.mark.parametrize("P", [2, 3])
+def test_on_cuda_the_rounds_and_oktopk_are_sync_free_and_equal_the_cpu_host_route(P):
+    """The same proof on CUDA tensors (the device route is taken by itself there)."""
+    from hvd_commopt.reduce.oktopk_device import oktopk_exchange_device
+    n, k = 40, 9
+    leaves = tied_leaves(P, n, k, torch.float32, seed=P)
+    dev = [(i.cuda(), v.cuda()) for i, v in leaves]
+    want = run_links(P, lambda link: gtopk_exchange(link, ops, *leaves[link.rank], k, "int32"))
+    got = run_links(P, lambda link: recorded(gtopk_exchange, link, ops, *dev[link.rank], k, "int32", n))
+    for r in range(P):
+        (I, V, _), rec = got[r]
+        assert rec.bad == [] and rec.scalars == 0, rec.bad
+        assert I.cpu().equal(want[r][0]) and same_bits(V.cpu(), want[r][1])
+    got = run_links(P, lambda link: recorded(oktopk_exchange_device, link, ops, *dev[link.rank], n, k, None))
+    for r in range(P):
+        rec = got[r][1]
+        assert [b for b in rec.bad if "to the host" not in b] == [] and len(rec.bad) == 1, rec.bad  # the split
