@@ -4,16 +4,67 @@ Why at wrap time: a rank whose gradients are CUDA tensors while another's are CP
 issue its collectives on a different transport (NCCL vs Gloo within our group) and the job would
 hang or fail deep inside a collective. One small allgather when the optimizer is wrapped turns
 that into one error naming a tensor (docs/backends.md#devices).
+
+Also which GPU a rank uses (``cuda:<local rank>``, as Horovod's examples set it) and the check,
+when the NCCL backend starts, that no two ranks share one (docs/backends.md#one-gpu-per-rank).
 """
 from __future__ import annotations
 
+import json
+import os
+import socket
 from typing import Sequence
 
 import torch
+import torch.distributed as dist
 
+from hvd_commopt.comm.device_owners import DeviceId, check_one_device_per_rank
 from hvd_commopt.errors import ConfigError, RankMismatchError
 
-__all__ = ["check_devices"]
+__all__ = ["check_devices", "rank_cuda_index", "cuda_device_id", "exchange_device_ids", "check_one_gpu_per_rank"]
+
+_ID_BYTES = 256  # a device id, JSON-encoded, padded to this many bytes for one equal-size allgather
+
+
+def rank_cuda_index(local_rank: int, device_count: int) -> int:
+    """The CUDA device a rank uses: ``cuda:<local rank>`` as in Horovod's examples; a rank that
+    sees fewer devices than its local rank (one ``CUDA_VISIBLE_DEVICES`` entry per rank: 1 device)
+    wraps around, and :func:`check_one_gpu_per_rank` then refuses two ranks on one GPU."""
+    return local_rank % device_count
+
+
+def cuda_device_id(index: int) -> DeviceId:
+    """This process's ``cuda:<index>`` as a :class:`DeviceId`: the GPU's UUID where torch gives
+    one, else the visible-device list and the index."""
+    uuid = str(getattr(torch.cuda.get_device_properties(index), "uuid", "") or "")
+    device = uuid or f"{os.environ.get('CUDA_VISIBLE_DEVICES', '*')}#{index}"
+    return DeviceId(socket.gethostname(), device, index)
+
+
+def exchange_device_ids(group, mine: DeviceId | None) -> list[DeviceId | None]:
+    """Every rank's device id, in rank order, by one allgather of a small CPU tensor on ``group``
+    (its host side: Gloo, also in a ``cpu:gloo,cuda:nccl`` group, so no CUDA collective runs)."""
+    raw = json.dumps(None if mine is None else [mine.host, mine.device, mine.index]).encode()
+    if len(raw) > _ID_BYTES:
+        raise ConfigError(f"internal: device id {raw!r} longer than {_ID_BYTES} bytes")
+    buf = torch.zeros(_ID_BYTES, dtype=torch.uint8)
+    buf[: len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+    parts = [torch.empty_like(buf) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, buf, group=group)
+    out: list[DeviceId | None] = []
+    for p in parts:
+        v = json.loads(bytes(p.numpy()).rstrip(b"\0").decode())
+        out.append(None if v is None else DeviceId(v[0], v[1], int(v[2])))
+    return out
+
+
+def check_one_gpu_per_rank(group, mine: DeviceId | None, backend: str = "nccl") -> list[DeviceId | None]:
+    """Exchange the ranks' device ids on ``group`` and raise, on every rank alike, one ConfigError
+    naming the fix when two ranks would share a GPU (docs/backends.md#one-gpu-per-rank); returns
+    the ids. The NCCL backend calls it at start-up with this rank's :func:`cuda_device_id`."""
+    ids = exchange_device_ids(group, mine)
+    check_one_device_per_rank(ids, backend)
+    return ids
 
 
 def check_devices(comm, named: Sequence[tuple[str, torch.Tensor]]) -> str | None:
