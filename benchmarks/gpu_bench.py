@@ -26,8 +26,9 @@ With one process (no launcher) DDP runs on a process group of size 1 (NCCL on CU
 CPU) and ours on the local backend: the compressors run, nothing is sent. Under a launcher every
 rank runs the same variants on the runtime's backend.
 
-Writes ``benchmarks/results/gpu_bench.json`` (``--out`` for another folder), read by
-``python -m benchmarks.report``'s GPU section.
+Writes ``benchmarks/results/gpu_bench.json`` (several ranks: ``gpu_bench_<N>r_<backend>.json``;
+``--out`` for another folder), read by ``python -m benchmarks.report``'s GPU section
+(benchmarks/gpu_report.py).
 """
 from __future__ import annotations
 
@@ -259,8 +260,9 @@ def main(argv=None) -> dict:
     if rank == 0:
         out = Path(a.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "gpu_bench.json").write_text(json.dumps(result, indent=2, sort_keys=True))
-        log(f"\nwrote {out / 'gpu_bench.json'}")
+        name = "gpu_bench.json" if hco.size() == 1 else f"gpu_bench_{hco.size()}r_{result['backend']}.json"
+        (out / name).write_text(json.dumps(result, indent=2, sort_keys=True))
+        log(f"\nwrote {out / name}")
     comm.barrier()
     return result
 

@@ -45,6 +45,10 @@ class HostStaging:
         self._pool: dict[tuple[torch.dtype, int], tuple[torch.Tensor, object]] = {}
         self._copy_stream = None
 
+    def host_buffers(self) -> list[torch.Tensor]:
+        """The host buffers kept between steps (pinned for CUDA buckets)."""
+        return [host for host, _ in self._pool.values()]
+
     def _host(self, like: torch.Tensor, n: int) -> torch.Tensor:
         key = (like.dtype, n)
         held = self._pool.get(key)
