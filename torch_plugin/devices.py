@@ -18,7 +18,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from hvd_commopt.comm.device_owners import DeviceId, check_one_device_per_rank
+from hvd_commopt.comm.device_owners import DeviceId, check_one_device_per_rank, shared_devices
 from hvd_commopt.errors import ConfigError, RankMismatchError
 
 __all__ = ["check_devices", "rank_cuda_index", "cuda_device_id", "exchange_device_ids", "check_one_gpu_per_rank"]
@@ -36,7 +36,7 @@ def rank_cuda_index(local_rank: int, device_count: int) -> int:
 def cuda_device_id(index: int) -> DeviceId:
     """This process's ``cuda:<index>`` as a :class:`DeviceId`: the GPU's UUID where torch gives
     one, else the visible-device list and the index."""
-    uuid = str(getattr(torch.cuda.get_device_properties(index), "uuid", "") or "")
+    uuid = str(torch.cuda.get_device_properties(index).uuid or "")  # torch >= 2.1 gives it
     device = uuid or f"{os.environ.get('CUDA_VISIBLE_DEVICES', '*')}#{index}"
     return DeviceId(socket.gethostname(), device, index)
 
@@ -85,7 +85,9 @@ def check_devices(comm, named: Sequence[tuple[str, torch.Tensor]]) -> str | None
     mine = next(iter(first.items()), None)  # (device type, a tensor on it) or None (no parameters)
     if comm.size == 1:
         return mine[0] if mine else None
-    every = comm.allgather_object(mine, name="verify.devices")
+    gpu = next((p.device for _, p in named if p.device.type == "cuda"), None)
+    ids = [cuda_device_id(gpu.index if gpu.index is not None else torch.cuda.current_device())] if gpu else [None]
+    every = comm.allgather_object(None if mine is None else (*mine, ids[0]), name="verify.devices")
     kinds = {e[0] for e in every if e is not None}
     if len(kinds) > 1:
         ref = every[0]
@@ -95,4 +97,19 @@ def check_devices(comm, named: Sequence[tuple[str, torch.Tensor]]) -> str | None
             f"tensor '{other[1]}' is on {other[0]} on rank {r} but the parameters are {base}: every rank must "
             f"hold its model on the same device type (e.g. model.to('cuda') on every rank, or on none) before "
             f"wrapping the optimizer")
+    if comm.backend.name == "nccl":
+        _refuse_shared_gpus([None if e is None else e[2] for e in every])
     return mine[0] if mine else None
+
+
+def _refuse_shared_gpus(ids: Sequence[DeviceId | None]) -> None:
+    """At wrap time: ranks whose parameters sit on one GPU (``model.to('cuda:0')`` on every rank)
+    would meet NCCL's "Duplicate GPU detected" at the first collective (docs/backends.md#one-gpu-per-rank)."""
+    groups = shared_devices(ids)
+    if groups:
+        d = ids[groups[0][0]]
+        raise ConfigError(
+            f"the wrapped parameters of ranks {', '.join(map(str, groups[0]))} are on one GPU "
+            f"({d.device if d else '?'}), and NCCL needs one GPU per rank: move each rank's model to its own GPU "
+            f"after init() (model.cuda() uses cuda:<local rank>, which init() made current, or "
+            f"model.to(f'cuda:{{hvd.local_rank()}}')), or choose Gloo (init(backend=\"gloo\"))")
