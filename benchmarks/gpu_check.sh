@@ -45,7 +45,7 @@ if $PY -c "import pytest" 2>/dev/null; then
   for f in $(grep -rlE "skipif\(not torch\.cuda\.is_available\(\)|mark\.cuda" tests benchmarks/tests --include='test_*.py' | sort); do
     case " $tests " in *" $f "*) ;; *) tests="$tests $f" ;; esac
   done
-  step cuda_tests 150 $PY -m pytest -q -rs -x -p no:randomly -p no:cacheprovider -o addopts="" $tests
+  step cuda_tests 150 $PY -m pytest -q -rs -p no:randomly -p no:cacheprovider -o addopts="" $tests
 else
   echo "=== cuda_tests: not run: pytest is not installed on this machine" | tee "$DEST/cuda_tests.log"
   status=1
