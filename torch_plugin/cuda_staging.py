@@ -11,6 +11,10 @@ a bucket crosses PCIe in chunks of :data:`CHUNK_BYTES`, pipelined:
 3. as each collective completes, its chunk is copied back on the caller's stream (no host wait:
    later work on that stream is ordered after the copy).
 
+The order is NCCL's: the copies out wait for the calling thread's current stream, and the
+copies back are queued on it, so a caller that issues the collective from a side stream (with
+``torch.cuda.stream(...)``) gets it ordered there, as an NCCL collective would be.
+
 The bucket crosses in its own dtype: a float16/bfloat16 bucket (``Compression.fp16``/``bf16``,
 cast on the device before it gets here) moves half the bytes over PCIe and the wire. Gloo sums
 halves in float32 one element at a time, so on two ranks a half-precision sum is exchanged by an
