@@ -13,6 +13,9 @@ It runs, in this order, each as its own job:
 * ``python -m benchmarks.compress_step_bench`` on loopback (the 25x512 MLP): Top-k 1 % and DGC 1 %
   against the compute-only step.
 
+The GPU section shows a GPU run's outputs (``benchmarks/gpu_check.sh``, ``--gpu-results``;
+benchmarks/gpu_report.py) when they exist, and says "not measured" otherwise.
+
 Every figure in the report is a ratio against a baseline that ran in the same job (DDP, DDP +
 PowerSGD or the compute-only step: docs/benchmarking.md#interleaving), so the report holds on a
 machine whose absolute speed moves. The run's own outputs go to ``--out`` (default
@@ -36,6 +39,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import RESULTS, machine_info  # noqa: E402
+from benchmarks.gpu_report import gpu_section  # noqa: E402
 from benchmarks.suite.report import paired_ratio  # noqa: E402
 
 __all__ = ["main", "parse_args", "render", "TARGETS"]
@@ -63,6 +67,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--readme", default=str(ROOT / "README.md"),
                     help="whose marked performance table to rewrite from this run ('' for none)")
     ap.add_argument("--from-out", action="store_true", help="rebuild the report from --out without running")
+    ap.add_argument("--gpu-results", default=str(RESULTS), help="where a GPU run's gpu_bench*.json lie "
+                    "(benchmarks/gpu_check.sh; the report's GPU section says 'not measured' without them)")
     ap.add_argument("--wait-quiet", type=float, default=0.0, metavar="S",
                     help="first wait up to S seconds for the 1-minute load average to fall below the core count")
     a = ap.parse_args(argv)
@@ -332,6 +338,7 @@ def render(a: argparse.Namespace, out: Path, meta: dict[str, Any], cmd: str) -> 
         lines += ["", "Where the time beyond the compute-only step goes: docs/benchmarking.md#sparse-step."]
     else:
         lines.append(f"The job failed (rc {meta.get('step_rc')}); its log is in `{out}/compress_step.log`.")
+    lines += gpu_section(Path(a.gpu_results))
     where = out.resolve().relative_to(ROOT) if out.resolve().is_relative_to(ROOT) else out
     lines += ["", f"Raw outputs of this run (JSON, per-job logs, timelines) were written to `{where}/` "
               "and are not kept in the repository.", ""]

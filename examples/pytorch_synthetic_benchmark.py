@@ -1,13 +1,19 @@
 """Synthetic throughput benchmark (images/sec), like Horovod's pytorch_synthetic_benchmark.py.
 
+    python examples/pytorch_synthetic_benchmark.py                     # one process
+    torchrun --nproc-per-node 4 examples/pytorch_synthetic_benchmark.py   # one GPU per rank
     python -m hvd_commopt.run -np 2 python examples/pytorch_synthetic_benchmark.py --num-iters 5
 
-The model is a ResNet-18-shaped CNN for 32x32 inputs (11.2M parameters) defined here, so
-nothing is downloaded. Integration points are marked ``# hvd_commopt:``.
+As Horovod's: on the GPU when CUDA is there (each rank on ``cuda:<local rank>``; ``--no-cuda``
+to stay on the CPU), torchvision's ResNet-50 on 224x224 images when torchvision is installed
+(``--model resnet50``, the default then), else a ResNet-18-shaped CNN for 32x32 inputs (11.2M
+parameters) defined here (``--model resnet18``). Synthetic data: nothing is downloaded.
+Integration points are marked ``# hvd_commopt:``.
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import timeit
 
 import numpy as np
@@ -56,8 +62,12 @@ class ResNet(nn.Module):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--batch-size", type=int, default=8, help="per rank")
-    p.add_argument("--image-size", type=int, default=32)
+    p.add_argument("--no-cuda", action="store_true", help="stay on the CPU even when CUDA is there")
+    p.add_argument("--model", choices=["resnet50", "resnet18"], default=None,
+                   help="torchvision's ResNet-50 (default when torchvision is installed) or the built-in "
+                        "ResNet-18-shaped CNN for 32x32 inputs")
+    p.add_argument("--batch-size", type=int, default=None, help="per rank (default 32 on a GPU, as Horovod's; 8 on CPU)")
+    p.add_argument("--image-size", type=int, default=None, help="default 224 for ResNet-50, 32 for the built-in CNN")
     p.add_argument("--num-warmup-batches", type=int, default=2)
     p.add_argument("--num-batches-per-iter", type=int, default=2)
     p.add_argument("--num-iters", type=int, default=5)
@@ -67,9 +77,23 @@ def main(argv=None):
     args = p.parse_args(argv)
 
     hco.init()  # hvd_commopt
-    torch.set_num_threads(1)
+    cuda = not args.no_cuda and torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(hco.local_rank())  # hvd_commopt: one GPU per rank, as Horovod's examples
+    else:
+        torch.set_num_threads(1)
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    if args.model is None:
+        args.model = "resnet50" if importlib.util.find_spec("torchvision") is not None else "resnet18"
+    args.batch_size = args.batch_size or (32 if cuda else 8)
+    args.image_size = args.image_size or (224 if args.model == "resnet50" else 32)
     torch.manual_seed(0)
-    model = ResNet(width=args.width)
+    if args.model == "resnet50":
+        import torchvision
+        model, classes, what = torchvision.models.resnet50(), 1000, "torchvision ResNet-50"
+    else:
+        model, classes, what = ResNet(width=args.width), 10, "ResNet-18-shaped"
+    model = model.to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01 * hco.size(), momentum=0.9)
     threshold = None if args.fusion_threshold_mb is None else int(args.fusion_threshold_mb * 1024 * 1024)
     opt = hco.DistributedOptimizer(opt, named_parameters=model.named_parameters(),  # hvd_commopt
@@ -78,20 +102,23 @@ def main(argv=None):
     hco.broadcast_parameters(model.state_dict(), root_rank=0)  # hvd_commopt
     hco.broadcast_optimizer_state(opt, root_rank=0)
 
-    data = torch.randn(args.batch_size, 3, args.image_size, args.image_size)
-    target = torch.randint(0, 10, (args.batch_size,))
+    data = torch.randn(args.batch_size, 3, args.image_size, args.image_size, device=device)
+    target = torch.randint(0, classes, (args.batch_size,), device=device)
 
     def benchmark_step():
         opt.zero_grad()
         F.cross_entropy(model(data), target).backward()
         opt.step()
+        if cuda:
+            torch.cuda.synchronize()  # the step's time, not its launch's
 
     def log(s):
         if hco.rank() == 0:
             print(s, flush=True)
 
     nparams = sum(p.numel() for p in model.parameters())
-    log(f"Model: ResNet-18-shaped ({nparams / 1e6:.1f}M parameters), batch size {args.batch_size}, ranks {hco.size()}")
+    log(f"Model: {what} ({nparams / 1e6:.1f}M parameters), batch size {args.batch_size} of "
+        f"{args.image_size}x{args.image_size}, ranks {hco.size()}, device {device.type}")
     timeit.timeit(benchmark_step, number=args.num_warmup_batches)
     rates = []
     for i in range(args.num_iters):

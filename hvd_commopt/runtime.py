@@ -6,7 +6,9 @@ order: the ``backend`` argument, ``HVD_COMMOPT_BACKEND``, then
 * no launcher -> ``local`` (size 1, no MPI needed, so ``python train.py`` works);
 * an adapter whose framework has its own collectives names them (``native``): the torch adapter
   passes ``nccl`` when CUDA is available, else ``gloo``, under every launcher (``mpirun``, our
-  launcher, ``torchrun``). Under an MPI launcher MPI stays the control plane (rendezvous, the
+  launcher, ``torchrun``). With NCCL each rank uses ``cuda:<local rank>``, and two ranks that
+  would share a GPU get one error naming the fix when the backend starts
+  (docs/backends.md#one-gpu-per-rank); Gloo may share one (docs/backends.md#cuda-on-gloo). Under an MPI launcher MPI stays the control plane (rendezvous, the
   timeout diagnosis naming the missing rank, failure notices: docs/backends.md#control-plane).
   One exception, by measurement: CPU tensors with every rank on one host under an MPI launcher
   take ``mpi`` (shared memory; docs/backends.md#one-host);

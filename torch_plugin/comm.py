@@ -19,7 +19,8 @@ Three transports for particular cases each live in a module of their own, and th
 them per collective: :mod:`torch_plugin.pair_sum` (small sums on 2 Gloo ranks as one allgather,
 docs/backends.md#pair-sum), :mod:`torch_plugin.mpi_lane` (small CPU collectives over MPI,
 docs/backends.md#small-on-mpi) and :mod:`torch_plugin.int16_wire` (int16 moved as float16 bits,
-docs/backends.md#int16-wire).
+docs/backends.md#int16-wire); :mod:`torch_plugin.cuda_staging` carries CUDA buckets over Gloo
+through pinned host memory (docs/backends.md#cuda-on-gloo).
 """
 from __future__ import annotations
 
@@ -37,6 +38,8 @@ from hvd_commopt.comm.base import Backend
 from hvd_commopt.errors import CollectiveTimeoutError, LaunchEnvironmentError, RankFailedError
 
 from . import pair_sum
+from .cuda_staging import HostStaging
+from .devices import check_one_gpu_per_rank, cuda_device_id, rank_cuda_index
 from .int16_wire import movable, restore
 from .mpi_lane import MPILane
 from .pair_sum import gather_single
@@ -77,8 +80,8 @@ class TorchDistBackend(Backend):
         self._timeout = datetime.timedelta(seconds=env.collective_timeout_s(timeout_s))
         self._control = control if control is not None else control_plane(launch)
         self._own_default = False
-        if kind == "nccl":
-            torch.cuda.set_device(launch.local_rank % torch.cuda.device_count())
+        if kind == "nccl":  # cuda:<local rank>, as Horovod's examples set it
+            torch.cuda.set_device(rank_cuda_index(launch.local_rank, torch.cuda.device_count()))
         if not dist.is_initialized():
             init_default_group(kind, launch, self._timeout, self._control)
             self._own_default = True
@@ -89,6 +92,9 @@ class TorchDistBackend(Backend):
         self._pg = dist.new_group(backend="cpu:gloo,cuda:nccl" if kind == "nccl" else kind, timeout=self._timeout)
         self._device = torch.device("cuda", torch.cuda.current_device()) if kind == "nccl" else torch.device("cpu")
         self._local_rank, self._local_size = launch.local_rank, launch.local_size
+        if kind == "nccl":  # before any CUDA collective: one error naming the fix, not NCCL's own
+            check_one_gpu_per_rank(self._pg, cuda_device_id(self._device.index), kind)
+        self._staging = HostStaging()  # CUDA buckets on Gloo (docs/backends.md#cuda-on-gloo)
         # a group's rank and size never change: read once, not per collective (the sparse
         # reducers ask for the size once per bucket and step)
         self._rank, self._size = dist.get_rank(self._pg), dist.get_world_size(self._pg)
@@ -168,6 +174,9 @@ class TorchDistBackend(Backend):
     def _finish(self, work, op: str, name: str, deadline: float) -> None:
         """Wait for ``work``, a collective already marked on the control plane, then unmark it."""
         self._wait(work, op, name, deadline)
+        self._finish_marked()
+
+    def _finish_marked(self) -> None:
         if self._control is not None:
             self._control.leave()
 
@@ -182,6 +191,12 @@ class TorchDistBackend(Backend):
     def allreduce_(self, buf, op, name, deadline):
         if self._lane is not None and self._lane.takes_reduce(buf, op):
             return self._on_lane("allreduce", name, lambda: self._lane.allreduce_(buf, op))
+        if self.name == "gloo" and buf.is_cuda and buf.is_contiguous():
+            self._enter("allreduce", name)
+            self._staging.allreduce_(buf, op, self._pg, self.size,
+                                     lambda w: self._wait(w, "allreduce", name, deadline))
+            self._finish_marked()
+            return buf
         done = None
 
         def start():

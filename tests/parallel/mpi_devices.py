@@ -1,0 +1,63 @@
+"""Rank-side checks of the one-GPU-per-rank check's wiring and of the host-staged Gloo allreduce
+(docs/backends.md#one-gpu-per-rank, docs/backends.md#cuda-on-gloo); run by test_devices_mpi.py
+under ``mpirun -np 2`` with HVD_COMMOPT_BACKEND=gloo. Without a GPU the device ids are the
+test's own (check_one_gpu_per_rank takes this rank's id as an argument) and the staging runs on
+CPU tensors (its logic is the same; only the streams and the pinning are CUDA's)."""
+import pytest
+import torch
+import torch.distributed as dist
+
+import torch_plugin as hco
+from hvd_commopt.comm.device_owners import DeviceId
+from hvd_commopt.errors import ConfigError
+from tests.parallel.ranks import require_mpirun
+from torch_plugin import cuda_staging
+from torch_plugin.devices import check_one_gpu_per_rank, exchange_device_ids
+
+hco.init()
+torch.set_num_threads(1)
+P, R = hco.size(), hco.rank()
+require_mpirun("tests/parallel/test_devices_mpi.py")
+GROUP = dist.group.WORLD
+
+
+def test_ids_are_exchanged_in_rank_order():
+    ids = exchange_device_ids(GROUP, DeviceId(f"host{R}", f"GPU-{R}", R))
+    assert ids == [DeviceId(f"host{r}", f"GPU-{r}", r) for r in range(P)]
+    assert exchange_device_ids(GROUP, None if R else DeviceId("h", "GPU-0", 0)) == [DeviceId("h", "GPU-0", 0)] + [None] * (P - 1)
+
+
+def test_one_gpu_per_rank_passes_on_every_rank():
+    check_one_gpu_per_rank(GROUP, DeviceId("h", f"GPU-{R}", R))
+
+
+def test_ranks_sharing_a_gpu_get_one_error_naming_the_fix_on_every_rank():
+    with pytest.raises(ConfigError) as e:
+        check_one_gpu_per_rank(GROUP, DeviceId("h", "GPU-0", 0))
+    assert f"{P} ranks would share one GPU" in str(e.value) and "CUDA_VISIBLE_DEVICES" in str(e.value)
+    dist.barrier(group=GROUP)  # both ranks got here: nothing hangs after the error
+
+
+def _row(n, dtype, seed):
+    g = torch.Generator().manual_seed(seed * 100 + R)
+    return (torch.randn(n, generator=g) * 1e3).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("op", ["sum", "max"])
+@pytest.mark.parametrize("n", [1, 1000, 4099])
+def test_staged_allreduce_equals_glooss_bit_for_bit(monkeypatch, dtype, op, n):
+    monkeypatch.setattr(cuda_staging, "CHUNK_BYTES", 1024)  # several chunks in flight
+    if dtype is torch.bfloat16 and op != "sum":
+        pytest.skip("the half-precision pair sum is what this dtype is here for")
+    staging = cuda_staging.HostStaging()
+    for seed in range(2):  # the second round reuses the host buffers
+        x = _row(n, dtype, seed)
+        want = x.float().clone() if dtype is torch.bfloat16 else x.clone()
+        # Gloo's own result (bf16: the sum of two bf16 in float32, rounded once, is what Gloo gives)
+        dist.all_reduce(want, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX, group=GROUP)
+        want = want.to(dtype)
+        got = staging.allreduce_(x, op, GROUP, P, lambda w: w.wait())
+        assert got is x
+        assert torch.equal(got.view(torch.int16 if dtype != torch.float32 else torch.int32),
+                           want.view(torch.int16 if dtype != torch.float32 else torch.int32)), (dtype, op, n)
