@@ -12,6 +12,8 @@ __all__ = ["NumpyOps", "numpy_dtype"]
 
 _NP_CMP = {"ge": np.greater_equal, "gt": np.greater, "le": np.less_equal, "lt": np.less}
 _KEY_DTYPES = {2: (np.int16, 0x7FFF), 4: (np.int32, 0x7FFFFFFF), 8: (np.int64, 0x7FFFFFFFFFFFFFFF)}
+# float width -> (magnitude mask, key of +Inf) (docs/selection.md#order)
+_MAG_INF = {2: (0x7FFF, 0x7C00), 4: (0x7FFFFFFF, 0x7F800000), 8: (0x7FFFFFFFFFFFFFFF, 0x7FF0000000000000)}
 
 
 class NumpyOps:
@@ -154,6 +156,15 @@ class NumpyOps:
         with np.errstate(over="ignore", invalid="ignore"):
             return bool(np.isfinite(np.sum(t))) or bool(np.isfinite(t).all())
 
+    # -- the device route (docs/selection.md#device-route): NumPy has no device, no sync to avoid
+    def topk_abs_index(self, t, k): return topk_index_np(np.asarray(t).reshape(-1), k)
+    def finite_flag(self, t, how="all"):
+        fin = np.isfinite(t)
+        return np.bool_(fin.all() if how == "all" else fin.any())
+
+    def where(self, flag, a, b): return np.where(flag, a, np.asarray(b, dtype=a.dtype))
+    def read_flags(self, flags): return tuple(bool(f) for f in flags)
+
     def norm(self, t):
         acc = np.float64 if t.dtype == np.float64 else np.float32
         return float(np.sqrt(np.sum(np.square(t, dtype=acc), dtype=acc)))
@@ -164,3 +175,15 @@ class NumpyOps:
 
     def to_numpy(self, t): return t
     def from_numpy(self, a, like=None): return a
+
+
+def topk_index_np(a: np.ndarray, k: int) -> np.ndarray:
+    """``TensorOps.topk_abs_index`` of a host array (float16/32/64, or bfloat16 as its uint16 bit
+    pattern): a stable sort of the canonical magnitude keys (every NaN one key above +Inf)."""
+    n, k = a.shape[0], int(k)
+    if k >= n:
+        return np.arange(n, dtype=np.int64)
+    bits = a.view(np.uint16) if a.dtype == np.uint16 else a.view(_KEY_DTYPES[a.dtype.itemsize][0])
+    mask, inf = (0x7FFF, 0x7F80) if a.dtype == np.uint16 else _MAG_INF[a.dtype.itemsize]
+    keys = np.minimum(np.bitwise_and(bits.astype(np.int64), mask), inf + 1)
+    return np.sort(np.argsort(-keys, kind="stable")[:k]).astype(np.int64)

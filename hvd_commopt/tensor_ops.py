@@ -135,6 +135,26 @@ class TensorOps(Protocol):
         """The k-th smallest (1-based) of the integer tensor ``t``, as a Python int."""
         ...
 
+    # -- the device route (docs/selection.md#device-route): fixed sizes, flags kept as tensors ---
+    def topk_abs_index(self, t: Tensor, k: int) -> Tensor:
+        """int64 positions of the k largest ``|t|`` in the magnitude order (+0 == -0 < ... < +Inf <
+        NaN, every NaN equal), ties towards the lower index, ascending: ``topk_abs``'s indices with
+        NaN ranked, of a size fixed by k and with no host synchronisation where the framework
+        allows (torch: a composite-key ``topk``)."""
+        ...
+    def finite_flag(self, t: Tensor, how: str = "all") -> Tensor:
+        """A 0-d bool tensor (on t's device): every element of t is finite (``how="all"``), or at
+        least one is (``"any"``); no host sync."""
+        ...
+    def where(self, flag: Tensor, a: Tensor, b: Tensor) -> Tensor:
+        """``a`` where the 0-d bool ``flag`` is True, else ``b`` (a tensor like a, or a Python
+        number), element-wise on the device: a data-dependent choice without a host decision."""
+        ...
+    def read_flags(self, flags: Sequence[Tensor]) -> tuple[bool, ...]:
+        """The values of 0-d bool tensors on the host, read in ONE synchronisation (the device
+        route's one NaN/Inf decision per bucket, as ``torch.amp.GradScaler`` makes)."""
+        ...
+
     def norm(self, t: Tensor) -> float:
         """L2 norm of t as a Python float, accumulated in at least float32 (DGC's clipping)."""
         ...

@@ -24,6 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvd_commopt.dtypes import magnitude_key
+from hvd_commopt.numpy_ops import topk_index_np
 
 __all__ = ["TFOps", "PackBuffer", "TF_DTYPES"]
 
@@ -320,6 +321,24 @@ class TFOps:
             return True
         # one summing pass; the exact element check only when the sum is not finite
         return bool(tf.math.is_finite(tf.reduce_sum(t))) or bool(tf.reduce_all(tf.math.is_finite(t)))
+
+    # -- the device route (docs/selection.md#device-route): TF may synchronise (not its target)
+    def topk_abs_index(self, t, k):
+        t = tf.convert_to_tensor(_t(t))
+        idx = topk_index_np(self.to_numpy(tf.reshape(t, _FLAT)), k)
+        with tf.device(_device_of(t)):
+            return tf.convert_to_tensor(idx)
+
+    def finite_flag(self, t, how="all"):
+        fin = tf.math.is_finite(tf.convert_to_tensor(_t(t)))
+        return tf.reduce_all(fin) if how == "all" else tf.reduce_any(fin)
+
+    def where(self, flag, a, b):
+        a = tf.convert_to_tensor(_t(a))
+        return tf.where(flag, a, tf.cast(b, a.dtype) if isinstance(b, (int, float)) else b)
+
+    def read_flags(self, flags):
+        return tuple(bool(f) for f in flags)
 
     def norm(self, t):
         t = tf.convert_to_tensor(_t(t))

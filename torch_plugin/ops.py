@@ -25,6 +25,9 @@ _NAMES = {v: k for k, v in TORCH_DTYPES.items()}
 # float dtype -> key dtype: |x| as its bit pattern (docs/selection.md#order)
 _KEYS = {torch.float32: torch.int32, torch.float64: torch.int64, torch.float16: torch.int16,
          torch.bfloat16: torch.int16}
+# float dtype -> (magnitude mask of its key, key of +Inf)
+_MAG_INF = {torch.float32: (0x7FFFFFFF, 0x7F800000), torch.float64: (0x7FFFFFFFFFFFFFFF, 0x7FF0000000000000),
+            torch.float16: (0x7FFF, 0x7C00), torch.bfloat16: (0x7FFF, 0x7F80)}
 # Below this many bytes a copy or fill stays ATen's (a Python call costs more than it saves);
 # above it the host kernel streams the stores (docs/selection.md#streaming-stores).
 _STREAM_MIN_BYTES = 1 << 20
@@ -261,6 +264,43 @@ class TorchOps:
 
     def kth_smallest(self, t, k):
         return int(torch.kthvalue(t.reshape(-1), int(k)).values)
+
+    # -- the device route (docs/selection.md#device-route): no host synchronisation ----------
+    def topk_abs_index(self, t, k):
+        """A composite int64 key ``(magnitude_key << 32) | (0xFFFFFFFF - i)`` makes every key
+        distinct, so ``topk`` picks exactly the lower-index ties, on any device and in any order;
+        float64 keys take 63 bits, so a stable descending sort there (and past 2^32 elements)."""
+        t = _flat(t)
+        n, k = t.numel(), int(k)
+        if k >= n:
+            return torch.arange(n, dtype=torch.int64, device=t.device)
+        with torch.no_grad():
+            kd = _KEYS[t.dtype]
+            mask, inf = _MAG_INF[t.dtype]
+            keys = torch.clamp(torch.bitwise_and(t.view(kd), mask), max=inf + 1)  # every NaN one key
+            if kd is torch.int64 or n >= 1 << 32:
+                top = torch.sort(keys, descending=True, stable=True).indices[:k]
+            else:
+                low = torch.arange(0xFFFFFFFF, 0xFFFFFFFF - n, -1, dtype=torch.int64, device=t.device)
+                comp = torch.bitwise_or(torch.bitwise_left_shift(keys.to(torch.int64), 32), low)
+                top = torch.rsub(torch.bitwise_and(torch.topk(comp, k, sorted=False).values, 0xFFFFFFFF), 0xFFFFFFFF)
+            return torch.sort(top).values
+
+    def finite_flag(self, t, how="all"):
+        fin = torch.isfinite(t.detach())
+        return fin.all() if how == "all" else fin.any()
+
+    def where(self, flag, a, b):
+        return torch.where(flag, a, b)
+
+    def read_flags(self, flags):
+        """One ``_local_scalar_dense`` for all the flags: their bits packed into one integer."""
+        if not flags:
+            return ()
+        bits = torch.stack([f.reshape(()).to(torch.int64) for f in flags])
+        weights = torch.tensor([1 << i for i in range(len(flags))], dtype=torch.int64, device=bits.device)
+        word = int(torch.sum(bits * weights))
+        return tuple(bool(word >> i & 1) for i in range(len(flags)))
 
     def all_finite(self, t):
         # One summing pass (~25x faster than isfinite().all() on the CPU): any NaN/Inf makes the sum
