@@ -12,6 +12,7 @@ same reduced gradients, weights and residuals bit for bit, on data with ties, -0
 from __future__ import annotations
 
 import threading
+import warnings
 
 import numpy as np
 import pytest
@@ -22,7 +23,8 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 import torch_plugin as hvd  # noqa: E402
 import torch_plugin.ops as torch_ops  # noqa: E402
 from torch_plugin import sparse_update  # noqa: E402
-from hvd_commopt import Compression  # noqa: E402
+from hvd_commopt import Compression, run_ranks  # noqa: E402
+from hvd_commopt.comm import communicator  # noqa: E402
 from hvd_commopt.select import kernels as K  # noqa: E402
 
 aten = torch.ops.aten
@@ -57,6 +59,8 @@ class Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if getattr(_STATE, "transport", False):
+            return func(*args, **kwargs)
         self.ops.append(func)
         if func in FORBIDDEN:
             self.bad.append(str(func))
@@ -82,25 +86,37 @@ def _caller() -> str:
                        for f in reversed(frames[-4:]))
 
 
+# per thread: recording the host copies; inside the transport (a host backend stages through
+# host memory by design: to_wire/from_wire, hvd_commopt/comm/traffic.py; NCCL takes the tensor)
+_STATE = threading.local()
+
+
 @pytest.fixture
 def host_copies(monkeypatch):
-    """Calls of the host copies that do not dispatch (tolist, numpy, from_numpy), on this thread."""
+    """Calls of the host copies that do not dispatch (tolist, numpy, from_numpy) on a recording
+    thread, outside the transport; and the transport's conversions marked as such."""
     calls: list[str] = []
-    me = threading.get_ident()
 
-    def wrap(owner, name):
+    def wrap(owner, name, transport=False):
         orig = getattr(owner, name)
 
         def wrapped(*a, **kw):
-            if threading.get_ident() == me and recording[0]:
+            if transport:
+                _STATE.transport = True
+                try:
+                    return orig(*a, **kw)
+                finally:
+                    _STATE.transport = False
+            if getattr(_STATE, "recording", False) and not getattr(_STATE, "transport", False):
                 calls.append(name)
             return orig(*a, **kw)
         monkeypatch.setattr(owner, name, wrapped)
 
-    recording = [False]
     for owner, name in ((torch.Tensor, "tolist"), (torch.Tensor, "numpy"), (torch, "from_numpy")):
         wrap(owner, name)
-    return calls, recording
+    for name in ("to_wire", "from_wire"):
+        wrap(communicator, name, transport=True)
+    return calls
 
 
 def _route(monkeypatch, device: bool) -> None:
@@ -147,26 +163,28 @@ def _bits(t):
     return t.detach().reshape(-1).view(torch.int32).clone()
 
 
-def _train(comp, momentum: float, steps: int = 5, record=None):
-    """Steps of DistributedOptimizer(SGD) on the Direct model; per step the reduced gradients,
-    the weights and the residuals (as int bit patterns), and the recorders."""
-    rng = np.random.default_rng(5)
+def _train(comp, momentum: float, steps: int = 5, comm=None, seed: int = 5):
+    """Steps of DistributedOptimizer(SGD) on the Direct model (``comm``: a rank of run_ranks);
+    per step the reduced gradients, the weights and the residuals (as int bit patterns), and the
+    recorders."""
+    rng = np.random.default_rng(seed + (comm.rank if comm is not None else 0))
     torch.manual_seed(0)
     model = Direct(SHAPES)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum),
-                                   model.named_parameters(), compression=comp, fusion_threshold=64 << 20)
+                                   model.named_parameters(), compression=comp, fusion_threshold=64 << 20,
+                                   communicator=comm)
     out, recs = [], []
     for step in range(steps):
         xs = _data(step, rng)
         opt.zero_grad()
         rec = Recorder()
-        if record is not None:
-            record[0] = True
-        with rec:
-            model(xs).backward()
-            opt.step()
-        if record is not None:
-            record[0] = False
+        _STATE.recording = True
+        try:
+            with rec:
+                model(xs).backward()
+                opt.step()
+        finally:
+            _STATE.recording = False
         recs.append(rec)
         res = {k: _bits(v) for k, v in comp.memory.residuals().items()}
         out.append(([_bits(p.grad) for p in model.ws], [_bits(p) for p in model.ws], res))
@@ -190,16 +208,26 @@ def test_device_route_step_makes_no_host_sync_and_equals_the_host_route(name, mo
     make, momentum = COMPRESSIONS[name]
     with pytest.warns(RuntimeWarning, match="NaN or Inf"):
         host, _ = _train(make(), momentum)
-    calls, recording = host_copies
+    host_copies.clear()  # the host route may copy
     _route(monkeypatch, device=True)
     with pytest.warns(RuntimeWarning, match="NaN or Inf"):
-        dev, recs = _train(make(), momentum, record=recording)
-    buckets = 1  # one fused bucket (fusion_threshold above the model)
+        dev, recs = _train(make(), momentum)
+    _check(recs, host_copies)
+    _same(host, dev)
+
+
+def _check(recs, calls, buckets: int = 1) -> None:
+    """No forbidden op, at most one scalar read per bucket and step (one fused bucket: the
+    fusion threshold is above the model), the device selection ran, no host copy."""
     for step, rec in enumerate(recs):
         assert not rec.bad, (step, rec.bad, rec.where)
         assert rec.scalar_reads <= buckets, (step, rec.scalar_reads, rec.where)
         assert aten.topk.default in rec.ops  # the device selection ran
     assert not calls, calls
+
+
+def _same(host, dev) -> None:
+    """Reduced gradients, weights and residuals equal bit for bit, step by step."""
     for step, (h, d) in enumerate(zip(host, dev)):
         for a, b in zip(h[0], d[0]):
             assert torch.equal(a, b), ("reduced gradient", step)
@@ -208,6 +236,28 @@ def test_device_route_step_makes_no_host_sync_and_equals_the_host_route(name, mo
         assert h[2].keys() == d[2].keys()
         for key in h[2]:
             assert torch.equal(h[2][key], d[2][key]), ("residual", step, key)
+
+
+@pytest.mark.parametrize("name", ["topk", "topk_momentum_correction"])
+def test_device_route_two_ranks_allgather(name, monkeypatch, host_copies):
+    """Two in-process ranks: the equal-size allgather of each rank's k pairs, the scatter of both
+    ranks' selections, on both ranks equal to the host route (the transport's staging excluded)."""
+    make, momentum = COMPRESSIONS[name]
+
+    def body(comm):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return _train(make(), momentum, comm=comm)
+
+    host = run_ranks(2, body)
+    host_copies.clear()
+    _route(monkeypatch, device=True)
+    dev = run_ranks(2, body)
+    for r in range(2):
+        _check(dev[r][1], host_copies)
+        _same(host[r][0], dev[r][0])
+    for (g0, w0, _), (g1, w1, _) in zip(dev[0][0], dev[1][0]):  # the ranks agree
+        assert all(torch.equal(a, b) for a, b in zip(g0 + w0, g1 + w1))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
