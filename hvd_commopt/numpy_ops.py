@@ -158,6 +158,9 @@ class NumpyOps:
 
     # -- the device route (docs/selection.md#device-route): NumPy has no device, no sync to avoid
     def topk_abs_index(self, t, k): return topk_index_np(np.asarray(t).reshape(-1), k)
+    def topk_abs_ranked(self, t, k): return topk_ranked_np(np.asarray(t).reshape(-1), k)
+    def count_true(self, mask): return np.array([np.count_nonzero(mask)], dtype=np.int64)
+    def sort(self, t): return np.sort(t)
     def finite_flag(self, t, how="all"):
         fin = np.isfinite(t)
         return np.bool_(fin.all() if how == "all" else fin.any())
@@ -177,13 +180,18 @@ class NumpyOps:
     def from_numpy(self, a, like=None): return a
 
 
-def topk_index_np(a: np.ndarray, k: int) -> np.ndarray:
-    """``TensorOps.topk_abs_index`` of a host array (float16/32/64, or bfloat16 as its uint16 bit
+def topk_ranked_np(a: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """``TensorOps.topk_abs_ranked`` of a host array (float16/32/64, or bfloat16 as its uint16 bit
     pattern): a stable sort of the canonical magnitude keys (every NaN one key above +Inf)."""
-    n, k = a.shape[0], int(k)
-    if k >= n:
-        return np.arange(n, dtype=np.int64)
     bits = a.view(np.uint16) if a.dtype == np.uint16 else a.view(_KEY_DTYPES[a.dtype.itemsize][0])
     mask, inf = (0x7FFF, 0x7F80) if a.dtype == np.uint16 else _MAG_INF[a.dtype.itemsize]
     keys = np.minimum(np.bitwise_and(bits.astype(np.int64), mask), inf + 1)
-    return np.sort(np.argsort(-keys, kind="stable")[:k]).astype(np.int64)
+    order = np.argsort(-keys, kind="stable")[:int(k)].astype(np.int64)
+    return order, keys[order]
+
+
+def topk_index_np(a: np.ndarray, k: int) -> np.ndarray:
+    """``TensorOps.topk_abs_index`` of a host array (see :func:`topk_ranked_np`)."""
+    if int(k) >= a.shape[0]:
+        return np.arange(a.shape[0], dtype=np.int64)
+    return np.sort(topk_ranked_np(a, k)[0])

@@ -129,7 +129,8 @@ class TensorOps(Protocol):
         """The key of ``|value|`` rounded to ``like``'s float dtype, as that dtype's cast rounds."""
         ...
     def compare(self, t: Tensor, op: str, value: int) -> Tensor:
-        """bool tensor ``t op value`` for ``op`` in "ge" "gt" "le" "lt" (integer keys)."""
+        """bool tensor ``t op value`` for ``op`` in "ge" "gt" "le" "lt" (integer keys; ``value`` an
+        int, or a 1-element tensor of t's kind on the device route)."""
         ...
     def kth_smallest(self, t: Tensor, k: int) -> int:
         """The k-th smallest (1-based) of the integer tensor ``t``, as a Python int."""
@@ -142,13 +143,25 @@ class TensorOps(Protocol):
         NaN ranked, of a size fixed by k and with no host synchronisation where the framework
         allows (torch: a composite-key ``topk``)."""
         ...
+    def topk_abs_ranked(self, t: Tensor, k: int) -> tuple[Tensor, Tensor]:
+        """(int64 positions, int64 canonical magnitude keys at them) of the k largest ``|t|``,
+        largest first, equal keys lower index first (every NaN one key above +Inf's): the
+        ranked form of :meth:`topk_abs_index` (threshold reuse's fixed capacity), no host sync."""
+        ...
+    def count_true(self, mask: Tensor) -> Tensor:
+        """A 1-element int64 tensor (on mask's device): how many of the bool ``mask`` are True."""
+        ...
+    def sort(self, t: Tensor) -> Tensor:
+        """The integer tensor ``t`` in ascending order (a new tensor)."""
+        ...
     def finite_flag(self, t: Tensor, how: str = "all") -> Tensor:
         """A 0-d bool tensor (on t's device): every element of t is finite (``how="all"``), or at
         least one is (``"any"``); no host sync."""
         ...
     def where(self, flag: Tensor, a: Tensor, b: Tensor) -> Tensor:
-        """``a`` where the 0-d bool ``flag`` is True, else ``b`` (a tensor like a, or a Python
-        number), element-wise on the device: a data-dependent choice without a host decision."""
+        """``a`` where the bool ``flag`` (0-d, 1-element, or shaped like a) is True, else ``b`` (a
+        tensor like a, or a Python number), element-wise on the device: a data-dependent choice
+        without a host decision."""
         ...
     def read_flags(self, flags: Sequence[Tensor]) -> tuple[bool, ...]:
         """The values of 0-d bool tensors on the host, read in ONE synchronisation (the device

@@ -24,7 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvd_commopt.dtypes import magnitude_key
-from hvd_commopt.numpy_ops import topk_index_np
+from hvd_commopt.numpy_ops import topk_index_np, topk_ranked_np
 
 __all__ = ["TFOps", "PackBuffer", "TF_DTYPES"]
 
@@ -328,6 +328,18 @@ class TFOps:
         idx = topk_index_np(self.to_numpy(tf.reshape(t, _FLAT)), k)
         with tf.device(_device_of(t)):
             return tf.convert_to_tensor(idx)
+
+    def topk_abs_ranked(self, t, k):
+        t = tf.convert_to_tensor(_t(t))
+        idx, keys = topk_ranked_np(self.to_numpy(tf.reshape(t, _FLAT)), k)
+        with tf.device(_device_of(t)):
+            return tf.convert_to_tensor(idx), tf.convert_to_tensor(keys)
+
+    def count_true(self, mask):
+        return tf.reshape(tf.reduce_sum(tf.cast(tf.reshape(mask, _FLAT), tf.int64)), [1])
+
+    def sort(self, t):
+        return tf.sort(tf.convert_to_tensor(_t(t)))
 
     def finite_flag(self, t, how="all"):
         fin = tf.math.is_finite(tf.convert_to_tensor(_t(t)))

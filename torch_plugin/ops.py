@@ -266,25 +266,34 @@ class TorchOps:
         return int(torch.kthvalue(t.reshape(-1), int(k)).values)
 
     # -- the device route (docs/selection.md#device-route): no host synchronisation ----------
-    def topk_abs_index(self, t, k):
+    def topk_abs_ranked(self, t, k):
         """A composite int64 key ``(magnitude_key << 32) | (0xFFFFFFFF - i)`` makes every key
         distinct, so ``topk`` picks exactly the lower-index ties, on any device and in any order;
         float64 keys take 63 bits, so a stable descending sort there (and past 2^32 elements)."""
         t = _flat(t)
         n, k = t.numel(), int(k)
-        if k >= n:
-            return torch.arange(n, dtype=torch.int64, device=t.device)
         with torch.no_grad():
             kd = _KEYS[t.dtype]
             mask, inf = _MAG_INF[t.dtype]
-            keys = torch.clamp(torch.bitwise_and(t.view(kd), mask), max=inf + 1)  # every NaN one key
+            keys = torch.clamp(torch.bitwise_and(t.view(kd), mask), max=inf + 1).to(torch.int64)  # NaN: one key
             if kd is torch.int64 or n >= 1 << 32:
                 top = torch.sort(keys, descending=True, stable=True).indices[:k]
-            else:
-                low = torch.arange(0xFFFFFFFF, 0xFFFFFFFF - n, -1, dtype=torch.int64, device=t.device)
-                comp = torch.bitwise_or(torch.bitwise_left_shift(keys.to(torch.int64), 32), low)
-                top = torch.rsub(torch.bitwise_and(torch.topk(comp, k, sorted=False).values, 0xFFFFFFFF), 0xFFFFFFFF)
-            return torch.sort(top).values
+                return top, keys.index_select(0, top)
+            low = torch.arange(0xFFFFFFFF, 0xFFFFFFFF - n, -1, dtype=torch.int64, device=t.device)
+            comp = torch.topk(torch.bitwise_or(torch.bitwise_left_shift(keys, 32), low), k).values
+            return torch.rsub(torch.bitwise_and(comp, 0xFFFFFFFF), 0xFFFFFFFF), torch.bitwise_right_shift(comp, 32)
+
+    def topk_abs_index(self, t, k):
+        t = _flat(t)
+        if int(k) >= t.numel():
+            return torch.arange(t.numel(), dtype=torch.int64, device=t.device)
+        return torch.sort(self.topk_abs_ranked(t, k)[0]).values
+
+    def count_true(self, mask):
+        return torch.sum(mask.reshape(-1), dtype=torch.int64).reshape(1)
+
+    def sort(self, t):
+        return torch.sort(t).values
 
     def finite_flag(self, t, how="all"):
         fin = torch.isfinite(t.detach())

@@ -254,7 +254,7 @@ class SparseReducer(Reducer):
         self._local_finite[(bucket.name, rnd.step)] = ok
         if self.compressor.collective == "allreduce":  # shared indices (random-k): keep them
             return ops.where(ok, vals, math.inf), idx
-        return device.marked(ops, ok, vals, idx)
+        return device.marked(ops, ok, vals, idx, self.compressor.k_for(ops.numel(flat), bucket, rnd.step))
 
     def finish(self, pending: Pending, ctx: ReduceContext) -> Any:
         """The reduced bucket: the dense path's, else ``scatter_add(zeros(n), idx, vals)·postscale``

@@ -144,7 +144,7 @@ class Direct(torch.nn.Module):
 SHAPES = [(256, 256), (48, 40)]  # one bucket larger than the exact selection's small_n (the sampled host path)
 
 
-def _data(step: int, rng) -> list:
+def _data(step: int, rng, last: int) -> list:
     xs = []
     for s in SHAPES:
         n = int(np.prod(s))
@@ -153,7 +153,7 @@ def _data(step: int, rng) -> list:
         else:  # few distinct magnitudes: ties at the k-th value
             x = rng.integers(-4, 5, n).astype(np.float32) * 0.25
         x[rng.integers(0, n, n // 50)] = -0.0
-        if step == 4:  # NaN and Inf in the last step (it is skipped and the memory rolled back)
+        if step == last:  # NaN and Inf in the last step (it is skipped and the memory rolled back)
             x[7], x[n // 2], x[n - 3] = np.nan, np.inf, -np.inf
         xs.append(torch.from_numpy(x.reshape(s)))
     return xs
@@ -175,7 +175,7 @@ def _train(comp, momentum: float, steps: int = 5, comm=None, seed: int = 5):
                                    communicator=comm)
     out, recs = [], []
     for step in range(steps):
-        xs = _data(step, rng)
+        xs = _data(step, rng, steps - 1)
         opt.zero_grad()
         rec = Recorder()
         _STATE.recording = True
@@ -198,11 +198,15 @@ COMPRESSIONS = {
     "topk_layerwise": (lambda: Compression.topk(0.01, layerwise=True, dense_1d=False), 0.0),
     "topk_layerwise_momentum_correction": (
         lambda: Compression.topk(0.01, layerwise=True, momentum_correction=True, dense_1d=False), 0.9),
+    "topk_threshold_reuse": (lambda: Compression.topk(0.01, selection="threshold", tau=3, dense_1d=False), 0.0),
+    "topk_threshold_reuse_momentum_correction": (
+        lambda: Compression.topk(0.01, selection="threshold", tau=3, momentum_correction=True, dense_1d=False), 0.9),
     "dgc_exact": (lambda: Compression.dgc(0.01, selection="exact", dense_1d=False), 0.0),
     "randomk": (lambda: Compression.randomk(0.3, dense_1d=False), 0.0),
     "randomk_no_ef_unbiased": (lambda: Compression.randomk(0.3, error_feedback=False, unbiased=True,
                                                            dense_1d=False), 0.0),
 }
+STEPS = {"topk_threshold_reuse": 9, "topk_threshold_reuse_momentum_correction": 9}  # reused and recomputed steps
 # random-k's indices depend on (seed, bucket, step) only: drawn on the host and copied to the
 # device (one torch.from_numpy per bucket and step), never read back (docs/selection.md#device-route)
 HOST_TO_DEVICE = {"randomk": 1, "randomk_no_ef_unbiased": 1}
@@ -217,11 +221,11 @@ def _init():
 def test_device_route_step_makes_no_host_sync_and_equals_the_host_route(name, monkeypatch, host_copies):
     make, momentum = COMPRESSIONS[name]
     with pytest.warns(RuntimeWarning, match="NaN or Inf"):
-        host, _ = _train(make(), momentum)
+        host, _ = _train(make(), momentum, STEPS.get(name, 5))
     host_copies.clear()  # the host route may copy
     _route(monkeypatch, device=True)
     with pytest.warns(RuntimeWarning, match="NaN or Inf"):
-        dev, recs = _train(make(), momentum)
+        dev, recs = _train(make(), momentum, STEPS.get(name, 5))
     _check(recs, host_copies, uploads=HOST_TO_DEVICE.get(name, 0))
     if not name.startswith("randomk"):  # the device selection ran
         assert all(aten.topk.default in rec.ops for rec in recs)
