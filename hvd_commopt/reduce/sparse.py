@@ -244,8 +244,10 @@ class SparseReducer(Reducer):
         buffers, so :meth:`settle`'s one read of the flags rolls it back with the host route's
         result (the reduced bucket is then non-finite on every rank)."""
         ops = ctx.ops
-        fused = fused_with(self.compressor, self.memory)
-        ok = None if fused else ops.finite_flag(flat)  # an unfused memory adds into flat
+        # the k-sized verdict needs a top-k by magnitude (every NaN/Inf selected) and an intact flat
+        sel = self.compressor.selection
+        by_magnitude = fused_with(self.compressor, self.memory) and sel is not None and sel.mode != "sampled"
+        ok = None if by_magnitude else ops.finite_flag(flat)
         vals, idx = select_with_memory(self.compressor, self.memory, ops, bucket, rnd.step, flat)
         if ok is None:
             ok = device.local_verdict(ops, flat, vals, idx, False)

@@ -201,12 +201,21 @@ COMPRESSIONS = {
     "topk_threshold_reuse": (lambda: Compression.topk(0.01, selection="threshold", tau=3, dense_1d=False), 0.0),
     "topk_threshold_reuse_momentum_correction": (
         lambda: Compression.topk(0.01, selection="threshold", tau=3, momentum_correction=True, dense_1d=False), 0.9),
+    "dgc_sampled": (lambda: Compression.dgc(0.01, dense_1d=False), 0.9),
+    "dgc_sampled_no_resample": (lambda: _dgc_no_resample(), 0.9),
+    "topk_sampled": (lambda: Compression.topk(0.01, selection="sampled", dense_1d=False), 0.0),
     "dgc_exact": (lambda: Compression.dgc(0.01, selection="exact", dense_1d=False), 0.0),
     "randomk": (lambda: Compression.randomk(0.3, dense_1d=False), 0.0),
     "randomk_no_ef_unbiased": (lambda: Compression.randomk(0.3, error_feedback=False, unbiased=True,
                                                            dense_1d=False), 0.0),
 }
-STEPS = {"topk_threshold_reuse": 9, "topk_threshold_reuse_momentum_correction": 9}  # reused and recomputed steps
+def _dgc_no_resample():
+    comp = Compression.dgc(0.01, dense_1d=False)
+    comp.compressor.resample = False
+    return comp
+
+
+STEPS = {"dgc_sampled": 9, "dgc_sampled_no_resample": 9, "topk_threshold_reuse": 9, "topk_threshold_reuse_momentum_correction": 9}  # reused and recomputed steps
 # random-k's indices depend on (seed, bucket, step) only: drawn on the host and copied to the
 # device (one torch.from_numpy per bucket and step), never read back (docs/selection.md#device-route)
 HOST_TO_DEVICE = {"randomk": 1, "randomk_no_ef_unbiased": 1}
@@ -293,3 +302,29 @@ def test_topk_abs_index_equals_the_host_selection_with_ties_and_nan(dtype):
             a = x.float().numpy() if dtype == torch.bfloat16 else x.numpy()
             ref = ExactTopK().select(NumpyOps(), a.copy(), k).indices
             assert np.array_equal(idx.numpy(), ref), (n, k)
+
+
+@pytest.mark.parametrize("resample", [True, False])
+def test_sampled_threshold_on_the_device_equals_the_host_route(resample, monkeypatch):
+    """DGC's sampled threshold and its adaptation loop (raising and lowering the threshold,
+    resampling) select the host route's entries and values, without a host sync; the unused
+    slots of the capacity k repeat the first index with +0."""
+    from hvd_commopt.compress.dgc import DGCSelector
+    from hvd_commopt.select.sampled import sampled_select
+    ops, rng = torch_ops.TorchOps(), np.random.default_rng(2)
+    for trial in range(6):
+        n = int(rng.integers(5000, 120000))
+        x = [rng.standard_normal(n), rng.standard_cauchy(n), rng.standard_normal(n) * np.where(
+            np.arange(n) < n // 3, 100.0, 1.0)][trial % 3].astype(np.float32)
+        c = DGCSelector(0.01, resample=resample)
+        hv, hi, _ = sampled_select(c, ops, torch.from_numpy(x.copy()), None, trial)
+        with monkeypatch.context() as m:
+            _route(m, device=True)
+            rec = Recorder()
+            with rec:
+                dv, di, _ = sampled_select(c, ops, torch.from_numpy(x.copy()), None, trial)
+        assert not rec.bad and rec.scalar_reads == 0, (rec.bad, rec.where)
+        assert di.numel() == c.k_for(n)
+        used = torch.cat([torch.tensor([True]), di[1:] != di[0]])
+        assert torch.equal(di[used], hi) and torch.equal(dv[used].view(torch.int32), hv.view(torch.int32))
+        assert not dv[~used].any()
