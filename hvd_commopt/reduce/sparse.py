@@ -86,10 +86,10 @@ def scatter_result(ops: Any, buf: Any, n: int, idx: Any, vals: Any, postscale: f
     dt = ops.dtype_name(vals)
     in_buf = buf is not None and ops.dtype_name(buf) == dt
     positive = math.isfinite(postscale) and math.copysign(1.0, postscale) > 0
-    sync_free = kernels_for(ops, vals).sync_free
-    all_finite = ops.finite_flag if sync_free else ops.all_finite
-    if in_buf and positive and not sync_free:
-        built = kernels_for(ops, buf, idx, vals).scatter_sum(buf, idx, vals, postscale)  # one pass, the same bits (docs/selection.md#scatter-sum)
+    kern = kernels_for(ops, buf, idx, vals) if in_buf else kernels_for(ops, vals)
+    all_finite = ops.finite_flag if kern.sync_free else ops.all_finite
+    if in_buf and positive and not kern.sync_free:
+        built = kern.scatter_sum(buf, idx, vals, postscale)  # one pass, the same bits (docs/selection.md#scatter-sum)
         if built is not None:
             out, sums, finite = built
             return out, finite, sums

@@ -328,3 +328,21 @@ def test_sampled_threshold_on_the_device_equals_the_host_route(resample, monkeyp
         used = torch.cat([torch.tensor([True]), di[1:] != di[0]])
         assert torch.equal(di[used], hi) and torch.equal(dv[used].view(torch.int32), hv.view(torch.int32))
         assert not dv[~used].any()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+@pytest.mark.parametrize("name", ["topk", "topk_momentum_correction", "topk_threshold_reuse", "dgc_sampled"])
+def test_cuda_selection_equals_the_host_route(name):
+    """On a CUDA tensor (the device route without forcing it) the selection is the host route's."""
+    from hvd_commopt.reduce.base import ReduceContext  # noqa: F401 - the reducer's own path is exercised above
+    make, _ = COMPRESSIONS[name]
+    rng = np.random.default_rng(3)
+    ops = torch_ops.TorchOps()
+    for step in range(4):
+        x = np.concatenate([_data(step, rng, 99)[0].reshape(-1).numpy()])
+        host, dev = make(), make()
+        hv, hi = host.compressor.select(ops, torch.from_numpy(x.copy()), None, step)
+        dv, di = dev.compressor.select(ops, torch.from_numpy(x.copy()).cuda(), None, step)
+        di, dv = di.cpu(), dv.cpu()
+        used = torch.cat([torch.tensor([True]), di[1:] != di[0]])
+        assert torch.equal(di[used], hi) and torch.equal(dv[used].view(torch.int32), hv.view(torch.int32))
