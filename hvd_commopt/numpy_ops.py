@@ -157,6 +157,8 @@ class NumpyOps:
             return bool(np.isfinite(np.sum(t))) or bool(np.isfinite(t).all())
 
     # -- the device route (docs/selection.md#device-route): NumPy has no device, no sync to avoid
+    def on_device(self, t): return False
+
     def topk_abs_index(self, t, k): return topk_index_np(np.asarray(t).reshape(-1), k)
     def topk_abs_ranked(self, t, k): return topk_ranked_np(np.asarray(t).reshape(-1), k)
     def count_true(self, mask): return np.array([np.count_nonzero(mask)], dtype=np.int64)

@@ -123,6 +123,9 @@ class TFOps:
         kind = (spec.device_type or "CPU").lower()
         return "cpu" if kind == "cpu" else f"{kind}:{spec.device_index or 0}"
 
+    def on_device(self, t):
+        return self.device_name(t) != "cpu"
+
     # -- creation and layout -----------------------------------------------------------------
     def empty(self, n, dtype, like=None):
         """A lazy fusion buffer (:class:`PackBuffer`): see the module docstring."""

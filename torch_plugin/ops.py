@@ -72,6 +72,7 @@ class TorchOps:
     def dtype_name(self, t): return _NAMES[t.dtype]
     def shape(self, t): return tuple(t.shape)
     def device_name(self, t): return str(t.device)
+    def on_device(self, t): return not t.is_cpu
 
     @staticmethod
     def _device(like):

@@ -36,7 +36,7 @@ from ..buckets import Bucket
 from ..compress import nonfinite
 from ..select import device
 from ..select.grad_parts import GradParts
-from ..select.kernels import kernels_for
+from ..select.kernels import device_route, kernels_for
 from ..select.strategies import folds_finite, fused_with, select_with_memory
 from ..compress.selector import Selector
 from ..errors import ConfigError
@@ -203,7 +203,7 @@ class SparseReducer(Reducer):
         flat = prescaled(flat, ctx)
         self.memory.snapshot(ops, bucket.name, flat, rnd.step)
         self.compressor.snapshot(bucket.name, rnd.step)  # threshold reuse's state, beside the memory's
-        if not whole and kernels_for(ops, flat).sync_free:
+        if not whole and device_route(ops, flat):
             vals, idx = self._select_on_device(bucket, rnd, flat, ctx)
             return vals, idx, n
         if fold:

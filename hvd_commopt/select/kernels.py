@@ -27,7 +27,7 @@ from .device import DeviceKernels
 from .host import HostKernels
 from .portable import PortableKernels
 
-__all__ = ["SelectionKernels", "kernels_for", "HOST_KERNELS"]
+__all__ = ["SelectionKernels", "kernels_for", "device_route", "HOST_KERNELS"]
 
 Tensor = Any
 
@@ -109,8 +109,10 @@ def _pair(ops: Any) -> tuple[Any, Any, Any, Any]:
     return entry
 
 
-def _on_device(ops: Any, t: Any) -> bool:
-    return "cpu" not in ops.device_name(t).lower()
+def device_route(ops: Any, t: Any) -> bool:
+    """``kernels_for(ops, t).sync_free`` for one tensor, without making a host view (a sparse
+    reducer asks it per bucket before its selection; docs/selection.md#device-route)."""
+    return not HOST_KERNELS or ops.on_device(t)
 
 
 def kernels_for(ops: Any, *tensors: Any) -> SelectionKernels:
@@ -126,5 +128,5 @@ def kernels_for(ops: Any, *tensors: Any) -> SelectionKernels:
         if t is not None:
             t = t.buf if isinstance(t, GradParts) else t
             if ops.host_view(t) is None:
-                return device if _on_device(ops, t) else portable
+                return device if ops.on_device(t) else portable
     return host
