@@ -12,6 +12,8 @@ __all__ = ["NumpyOps", "numpy_dtype"]
 
 _NP_CMP = {"ge": np.greater_equal, "gt": np.greater, "le": np.less_equal, "lt": np.less}
 _KEY_DTYPES = {2: (np.int16, 0x7FFF), 4: (np.int32, 0x7FFFFFFF), 8: (np.int64, 0x7FFFFFFFFFFFFFFF)}
+# float width -> (magnitude mask, key of +Inf) (docs/selection.md#order)
+_MAG_INF = {2: (0x7FFF, 0x7C00), 4: (0x7FFFFFFF, 0x7F800000), 8: (0x7FFFFFFFFFFFFFFF, 0x7FF0000000000000)}
 
 
 class NumpyOps:
@@ -146,7 +148,6 @@ class NumpyOps:
     def searchsorted(self, sorted_seq, values):
         return np.searchsorted(sorted_seq, values, side="left").astype(np.int64, copy=False)
 
-    def where(self, mask, a, b): return np.where(mask, a, b)
     def equal(self, a, b): return np.equal(a, b)
     def cumsum(self, t): return np.cumsum(t, dtype=np.int64)
 
@@ -168,6 +169,20 @@ class NumpyOps:
         with np.errstate(over="ignore", invalid="ignore"):
             return bool(np.isfinite(np.sum(t))) or bool(np.isfinite(t).all())
 
+    # -- the device route (docs/selection.md#device-route): NumPy has no device, no sync to avoid
+    def on_device(self, t): return False
+
+    def topk_abs_index(self, t, k): return topk_index_np(np.asarray(t).reshape(-1), k)
+    def topk_abs_ranked(self, t, k): return topk_ranked_np(np.asarray(t).reshape(-1), k)
+    def count_true(self, mask): return np.array([np.count_nonzero(mask)], dtype=np.int64)
+    def sort(self, t): return np.sort(t)
+    def finite_flag(self, t, how="all"):
+        fin = np.isfinite(t)
+        return np.bool_(fin.all() if how == "all" else fin.any())
+
+    def where(self, flag, a, b): return np.where(flag, a, np.asarray(b, dtype=a.dtype))
+    def read_flags(self, flags): return tuple(bool(f) for f in flags)
+
     def norm(self, t):
         acc = np.float64 if t.dtype == np.float64 else np.float32
         return float(np.sqrt(np.sum(np.square(t, dtype=acc), dtype=acc)))
@@ -178,3 +193,20 @@ class NumpyOps:
 
     def to_numpy(self, t): return t
     def from_numpy(self, a, like=None): return a
+
+
+def topk_ranked_np(a: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """``TensorOps.topk_abs_ranked`` of a host array (float16/32/64, or bfloat16 as its uint16 bit
+    pattern): a stable sort of the canonical magnitude keys (every NaN one key above +Inf)."""
+    bits = a.view(np.uint16) if a.dtype == np.uint16 else a.view(_KEY_DTYPES[a.dtype.itemsize][0])
+    mask, inf = (0x7FFF, 0x7F80) if a.dtype == np.uint16 else _MAG_INF[a.dtype.itemsize]
+    keys = np.minimum(np.bitwise_and(bits.astype(np.int64), mask), inf + 1)
+    order = np.argsort(-keys, kind="stable")[:int(k)].astype(np.int64)
+    return order, keys[order]
+
+
+def topk_index_np(a: np.ndarray, k: int) -> np.ndarray:
+    """``TensorOps.topk_abs_index`` of a host array (see :func:`topk_ranked_np`)."""
+    if int(k) >= a.shape[0]:
+        return np.arange(a.shape[0], dtype=np.int64)
+    return np.sort(topk_ranked_np(a, k)[0])

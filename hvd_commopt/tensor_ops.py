@@ -42,6 +42,7 @@ class TensorOps(Protocol):
     def dtype_name(self, t: Tensor) -> str: ...
     def shape(self, t: Tensor) -> tuple[int, ...]: ...
     def device_name(self, t: Tensor) -> str: ...  # "cpu", "cuda:0", ...
+    def on_device(self, t: Tensor) -> bool: ...  # t lives in device memory, not host memory (a cheap check)
 
     # -- creation and layout -----------------------------------------------------------------
     def empty(self, n: int, dtype: str, like: Tensor) -> Tensor: ...  # 1-D, on like's device
@@ -128,10 +129,6 @@ class TensorOps(Protocol):
         """int64, for each of ``values`` the first position ``p`` of the ascending ``sorted_seq``
         with ``sorted_seq[p] >= value`` (numel(sorted_seq) when none)."""
         ...
-    def where(self, mask: Tensor, a: Tensor, b: Tensor) -> Tensor:
-        """Element-wise ``a`` where the bool ``mask`` is True, else ``b`` (a new tensor; a, b and
-        mask of one length and a and b of one dtype)."""
-        ...
     def equal(self, a: Tensor, b: Tensor) -> Tensor:
         """bool tensor ``a == b`` element-wise (two tensors of one length)."""
         ...
@@ -150,10 +147,44 @@ class TensorOps(Protocol):
         """The key of ``|value|`` rounded to ``like``'s float dtype, as that dtype's cast rounds."""
         ...
     def compare(self, t: Tensor, op: str, value: int) -> Tensor:
-        """bool tensor ``t op value`` for ``op`` in "ge" "gt" "le" "lt" (integer keys)."""
+        """bool tensor ``t op value`` for ``op`` in "ge" "gt" "le" "lt" (integer keys; ``value`` an
+        int, or a 1-element tensor of t's kind on the device route)."""
         ...
     def kth_smallest(self, t: Tensor, k: int) -> int:
         """The k-th smallest (1-based) of the integer tensor ``t``, as a Python int."""
+        ...
+
+    # -- the device route (docs/selection.md#device-route): fixed sizes, flags kept as tensors ---
+    def topk_abs_index(self, t: Tensor, k: int) -> Tensor:
+        """int64 positions of the k largest ``|t|`` in the magnitude order (+0 == -0 < ... < +Inf <
+        NaN, every NaN equal), ties towards the lower index, ascending: ``topk_abs``'s indices with
+        NaN ranked, of a size fixed by k and with no host synchronisation where the framework
+        allows (torch: a composite-key ``topk``)."""
+        ...
+    def topk_abs_ranked(self, t: Tensor, k: int) -> tuple[Tensor, Tensor]:
+        """(int64 positions, int64 canonical magnitude keys at them) of the k largest ``|t|``,
+        largest first, equal keys lower index first (every NaN one key above +Inf's): the
+        ranked form of :meth:`topk_abs_index` (threshold reuse's fixed capacity), no host sync."""
+        ...
+    def count_true(self, mask: Tensor) -> Tensor:
+        """A 1-element int64 tensor (on mask's device): how many of the bool ``mask`` are True."""
+        ...
+    def sort(self, t: Tensor) -> Tensor:
+        """The integer tensor ``t`` in ascending order (a new tensor)."""
+        ...
+    def finite_flag(self, t: Tensor, how: str = "all") -> Tensor:
+        """A 0-d bool tensor (on t's device): every element of t is finite (``how="all"``), or at
+        least one is (``"any"``); no host sync."""
+        ...
+    def where(self, flag: Tensor, a: Tensor, b: Tensor) -> Tensor:
+        """``a`` where the bool ``flag`` (0-d, 1-element, or shaped like a) is True, else ``b`` (a
+        tensor like a, or a Python number), element-wise, as a new tensor on the device: a
+        data-dependent choice without a host decision (the fixed-capacity merges use it with a
+        mask shaped like a)."""
+        ...
+    def read_flags(self, flags: Sequence[Tensor]) -> tuple[bool, ...]:
+        """The values of 0-d bool tensors on the host, read in ONE synchronisation (the device
+        route's one NaN/Inf decision per bucket, as ``torch.amp.GradScaler`` makes)."""
         ...
 
     def norm(self, t: Tensor) -> float:

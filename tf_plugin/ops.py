@@ -24,6 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvd_commopt.dtypes import magnitude_key
+from hvd_commopt.numpy_ops import topk_index_np, topk_ranked_np
 
 __all__ = ["TFOps", "PackBuffer", "TF_DTYPES"]
 
@@ -121,6 +122,9 @@ class TFOps:
         spec = tf.DeviceSpec.from_string(dev)
         kind = (spec.device_type or "CPU").lower()
         return "cpu" if kind == "cpu" else f"{kind}:{spec.device_index or 0}"
+
+    def on_device(self, t):
+        return self.device_name(t) != "cpu"
 
     # -- creation and layout -----------------------------------------------------------------
     def empty(self, n, dtype, like=None):
@@ -295,7 +299,6 @@ class TFOps:
     def searchsorted(self, sorted_seq, values):
         return tf.searchsorted(_t(sorted_seq), _t(values), side="left", out_type=tf.int64)
 
-    def where(self, mask, a, b): return tf.where(_t(mask), _t(a), _t(b))
     def equal(self, a, b): return tf.equal(_t(a), _t(b))
     def cumsum(self, t): return tf.cumsum(tf.cast(_t(t), tf.int64))
 
@@ -332,6 +335,36 @@ class TFOps:
             return True
         # one summing pass; the exact element check only when the sum is not finite
         return bool(tf.math.is_finite(tf.reduce_sum(t))) or bool(tf.reduce_all(tf.math.is_finite(t)))
+
+    # -- the device route (docs/selection.md#device-route): TF may synchronise (not its target)
+    def topk_abs_index(self, t, k):
+        t = tf.convert_to_tensor(_t(t))
+        idx = topk_index_np(self.to_numpy(tf.reshape(t, _FLAT)), k)
+        with tf.device(_device_of(t)):
+            return tf.convert_to_tensor(idx)
+
+    def topk_abs_ranked(self, t, k):
+        t = tf.convert_to_tensor(_t(t))
+        idx, keys = topk_ranked_np(self.to_numpy(tf.reshape(t, _FLAT)), k)
+        with tf.device(_device_of(t)):
+            return tf.convert_to_tensor(idx), tf.convert_to_tensor(keys)
+
+    def count_true(self, mask):
+        return tf.reshape(tf.reduce_sum(tf.cast(tf.reshape(mask, _FLAT), tf.int64)), [1])
+
+    def sort(self, t):
+        return tf.sort(tf.convert_to_tensor(_t(t)))
+
+    def finite_flag(self, t, how="all"):
+        fin = tf.math.is_finite(tf.convert_to_tensor(_t(t)))
+        return tf.reduce_all(fin) if how == "all" else tf.reduce_any(fin)
+
+    def where(self, flag, a, b):
+        a = tf.convert_to_tensor(_t(a))
+        return tf.where(_t(flag), a, tf.cast(b, a.dtype) if isinstance(b, (int, float)) else _t(b))
+
+    def read_flags(self, flags):
+        return tuple(bool(f) for f in flags)
 
     def norm(self, t):
         t = tf.convert_to_tensor(_t(t))

@@ -1,6 +1,6 @@
 """torch.distributed backend (Gloo for CPU tensors, NCCL for CUDA tensors) for the core's Communicator.
 
-Registered with the core as backends ``gloo`` and ``nccl``; :func:`native_backend` is the torch
+Registered with the core as backends ``gloo`` and ``nccl``; :func:`.devices.native_backend` is the torch
 adapter's default under every launcher (docs/backends.md#choice): ``nccl`` when CUDA is
 available (our group is then ``cpu:gloo,cuda:nccl``, so host buffers still work), else ``gloo``.
 
@@ -13,14 +13,11 @@ docs/backends.md#small-on-mpi). Under ``torchrun`` there is no MPI: the rendezvo
 and a timeout says the backend cannot tell which rank.
 
 Every call waits with ``Work.wait(timeout)`` until the communicator's deadline, and the process
-group itself is created with the same timeout, so nothing blocks forever.
+group is created with the same timeout: nothing blocks forever.
 
-Three transports for particular cases each live in a module of their own, and this backend picks
-them per collective: :mod:`torch_plugin.pair_sum` (small sums on 2 Gloo ranks as one allgather,
-docs/backends.md#pair-sum), :mod:`torch_plugin.mpi_lane` (small CPU collectives over MPI,
-docs/backends.md#small-on-mpi) and :mod:`torch_plugin.int16_wire` (int16 moved as float16 bits,
-docs/backends.md#int16-wire); :mod:`torch_plugin.cuda_staging` carries CUDA buckets over Gloo
-through pinned host memory (docs/backends.md#cuda-on-gloo).
+Transports for particular cases, picked per collective, each live in a module of their own:
+:mod:`.pair_sum` (docs/backends.md#pair-sum), :mod:`.mpi_lane` (docs/backends.md#small-on-mpi),
+:mod:`.int16_wire` (docs/backends.md#int16-wire), :mod:`.cuda_staging` (docs/backends.md#cuda-on-gloo).
 """
 from __future__ import annotations
 
@@ -39,7 +36,7 @@ from hvd_commopt.errors import CollectiveTimeoutError, LaunchEnvironmentError, R
 
 from . import pair_sum
 from .cuda_staging import HostStaging
-from .devices import check_one_gpu_per_rank, cuda_device_id, rank_cuda_index
+from .devices import check_one_gpu_per_rank, cuda_device_id, native_backend, rank_cuda_index
 from .int16_wire import movable, restore
 from .mpi_lane import MPILane
 from .pair_sum import gather_single
@@ -52,11 +49,6 @@ _OPS = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp
 # How long a broken connection waits for the control plane's notice naming the peer: a "left"
 # notice counts after 1 s (comm/mpi.py's confirmation delay), a "failed" one at once.
 _PEER_NOTICE_S = 3.0
-
-
-def native_backend() -> str:
-    """The torch.distributed backend for this process's tensors: ``nccl`` with CUDA, else ``gloo``."""
-    return "nccl" if torch.cuda.is_available() else "gloo"
 
 
 class TorchDistBackend(Backend):

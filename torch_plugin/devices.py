@@ -21,7 +21,8 @@ import torch.distributed as dist
 from hvd_commopt.comm.device_owners import DeviceId, check_one_device_per_rank, shared_devices
 from hvd_commopt.errors import ConfigError, RankMismatchError
 
-__all__ = ["check_devices", "rank_cuda_index", "cuda_device_id", "exchange_device_ids", "check_one_gpu_per_rank"]
+__all__ = ["check_devices", "rank_cuda_index", "cuda_device_id", "exchange_device_ids", "check_one_gpu_per_rank",
+           "native_backend"]
 
 _ID_BYTES = 256  # a device id, JSON-encoded, padded to this many bytes for one equal-size allgather
 
@@ -113,3 +114,8 @@ def _refuse_shared_gpus(ids: Sequence[DeviceId | None]) -> None:
             f"({d.device if d else '?'}), and NCCL needs one GPU per rank: move each rank's model to its own GPU "
             f"after init() (model.cuda() uses cuda:<local rank>, which init() made current, or "
             f"model.to(f'cuda:{{hvd.local_rank()}}')), or choose Gloo (init(backend=\"gloo\"))")
+
+
+def native_backend() -> str:
+    """The torch.distributed backend for this process's tensors: ``nccl`` with CUDA, else ``gloo``."""
+    return "nccl" if torch.cuda.is_available() else "gloo"

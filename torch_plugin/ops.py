@@ -25,6 +25,9 @@ _NAMES = {v: k for k, v in TORCH_DTYPES.items()}
 # float dtype -> key dtype: |x| as its bit pattern (docs/selection.md#order)
 _KEYS = {torch.float32: torch.int32, torch.float64: torch.int64, torch.float16: torch.int16,
          torch.bfloat16: torch.int16}
+# float dtype -> (magnitude mask of its key, key of +Inf)
+_MAG_INF = {torch.float32: (0x7FFFFFFF, 0x7F800000), torch.float64: (0x7FFFFFFFFFFFFFFF, 0x7FF0000000000000),
+            torch.float16: (0x7FFF, 0x7C00), torch.bfloat16: (0x7FFF, 0x7F80)}
 # Below this many bytes a copy or fill stays ATen's (a Python call costs more than it saves);
 # above it the host kernel streams the stores (docs/selection.md#streaming-stores).
 _STREAM_MIN_BYTES = 1 << 20
@@ -72,6 +75,7 @@ class TorchOps:
     def dtype_name(self, t): return _NAMES[t.dtype]
     def shape(self, t): return tuple(t.shape)
     def device_name(self, t): return str(t.device)
+    def on_device(self, t): return not t.is_cpu
 
     @staticmethod
     def _device(like):
@@ -260,7 +264,6 @@ class TorchOps:
     def searchsorted(self, sorted_seq, values):
         return torch.searchsorted(sorted_seq, values, side="left")
 
-    def where(self, mask, a, b): return torch.where(mask, a, b)
     def equal(self, a, b): return torch.eq(a, b)
     def cumsum(self, t): return torch.cumsum(t, 0, dtype=torch.int64)
 
@@ -277,6 +280,52 @@ class TorchOps:
 
     def kth_smallest(self, t, k):
         return int(torch.kthvalue(t.reshape(-1), int(k)).values)
+
+    # -- the device route (docs/selection.md#device-route): no host synchronisation ----------
+    def topk_abs_ranked(self, t, k):
+        """A composite int64 key ``(magnitude_key << 32) | (0xFFFFFFFF - i)`` makes every key
+        distinct, so ``topk`` picks exactly the lower-index ties, on any device and in any order;
+        float64 keys take 63 bits, so a stable descending sort there (and past 2^32 elements)."""
+        t = _flat(t)
+        n, k = t.numel(), int(k)
+        with torch.no_grad():
+            kd = _KEYS[t.dtype]
+            mask, inf = _MAG_INF[t.dtype]
+            keys = torch.clamp(torch.bitwise_and(t.view(kd), mask), max=inf + 1).to(torch.int64)  # NaN: one key
+            if kd is torch.int64 or n >= 1 << 32:
+                top = torch.sort(keys, descending=True, stable=True).indices[:k]
+                return top, keys.index_select(0, top)
+            low = torch.arange(0xFFFFFFFF, 0xFFFFFFFF - n, -1, dtype=torch.int64, device=t.device)
+            comp = torch.topk(torch.bitwise_or(torch.bitwise_left_shift(keys, 32), low), k).values
+            return torch.rsub(torch.bitwise_and(comp, 0xFFFFFFFF), 0xFFFFFFFF), torch.bitwise_right_shift(comp, 32)
+
+    def topk_abs_index(self, t, k):
+        t = _flat(t)
+        if int(k) >= t.numel():
+            return torch.arange(t.numel(), dtype=torch.int64, device=t.device)
+        return torch.sort(self.topk_abs_ranked(t, k)[0]).values
+
+    def count_true(self, mask):
+        return torch.sum(mask.reshape(-1), dtype=torch.int64).reshape(1)
+
+    def sort(self, t):
+        return torch.sort(t).values
+
+    def finite_flag(self, t, how="all"):
+        fin = torch.isfinite(t.detach())
+        return fin.all() if how == "all" else fin.any()
+
+    def where(self, flag, a, b):
+        return torch.where(flag, a, b)
+
+    def read_flags(self, flags):
+        """One ``_local_scalar_dense`` for all the flags: their bits packed into one integer."""
+        if not flags:
+            return ()
+        bits = torch.stack([f.reshape(()).to(torch.int64) for f in flags])
+        weights = torch.tensor([1 << i for i in range(len(flags))], dtype=torch.int64, device=bits.device)
+        word = int(torch.sum(bits * weights))
+        return tuple(bool(word >> i & 1) for i in range(len(flags)))
 
     def all_finite(self, t):
         # One summing pass (~25x faster than isfinite().all() on the CPU): any NaN/Inf makes the sum

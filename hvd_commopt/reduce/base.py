@@ -102,7 +102,9 @@ class Pending:
     name: str
     state: Any
     handles: tuple = ()
-    finite: bool | None = None  # set by a finish that decided the result's finiteness cheaply (None: settle checks)
+    # set by a finish that decided the result's finiteness cheaply (None: settle checks); on the
+    # device route a 0-d bool tensor that settle reads once (docs/selection.md#device-route)
+    finite: Any = None
     # (indices, values) set by a finish whose result is +0 everywhere else: the values the result
     # holds at those positions, repeated where an index is (docs/wrapper.md#sparse-update)
     support: Any = None

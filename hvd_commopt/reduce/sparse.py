@@ -34,8 +34,9 @@ from typing import Any, Sequence
 
 from ..buckets import Bucket
 from ..compress import nonfinite
+from ..select import device
 from ..select.grad_parts import GradParts
-from ..select.kernels import kernels_for
+from ..select.kernels import device_route, kernels_for
 from ..select.strategies import folds_finite, fused_with, select_with_memory
 from ..compress.selector import Selector
 from ..errors import ConfigError
@@ -68,7 +69,7 @@ def prescaled(flat: Any, ctx: ReduceContext) -> Any:
     return ctx.ops.scale(flat, ctx.prescale) if ctx.prescale != 1.0 else flat
 
 
-def scatter_result(ops: Any, buf: Any, n: int, idx: Any, vals: Any, postscale: float) -> tuple[Any, bool, Any]:
+def scatter_result(ops: Any, buf: Any, n: int, idx: Any, vals: Any, postscale: float) -> tuple[Any, Any, Any]:
     """``(out, finite, sums)``: ``out = scatter_add(zeros(n), idx, vals) · postscale``, built in ``buf``
     (the round's bucket buffer, free once the selection is made) when its dtype fits: a fresh
     n-element tensor per step costs page faults worth several passes (docs/selection.md#step-cost);
@@ -79,12 +80,16 @@ def scatter_result(ops: Any, buf: Any, n: int, idx: Any, vals: Any, postscale: f
     same products, bit for bit, as scaling ``out`` whole. A negative or non-finite postscale
     (``0 · s`` is then -0 or NaN) scales and checks the whole buffer. ``sums``: ``out`` at ``idx``
     (one value per entry of idx), the result's support for a sparse optimizer update
-    (docs/wrapper.md#sparse-update); None on the whole-buffer path."""
+    (docs/wrapper.md#sparse-update); None on the whole-buffer path. On the device route
+    (docs/selection.md#device-route) ``finite`` is a device flag (``TensorOps.finite_flag``),
+    read once by the reducer's ``settle``."""
     dt = ops.dtype_name(vals)
     in_buf = buf is not None and ops.dtype_name(buf) == dt
     positive = math.isfinite(postscale) and math.copysign(1.0, postscale) > 0
-    if in_buf and positive:
-        built = kernels_for(ops, buf, idx, vals).scatter_sum(buf, idx, vals, postscale)  # one pass, the same bits (docs/selection.md#scatter-sum)
+    kern = kernels_for(ops, buf, idx, vals) if in_buf else kernels_for(ops, vals)
+    all_finite = ops.finite_flag if kern.sync_free else ops.all_finite
+    if in_buf and positive and not kern.sync_free:
+        built = kern.scatter_sum(buf, idx, vals, postscale)  # one pass, the same bits (docs/selection.md#scatter-sum)
         if built is not None:
             out, sums, finite = built
             return out, finite, sums
@@ -92,12 +97,12 @@ def scatter_result(ops: Any, buf: Any, n: int, idx: Any, vals: Any, postscale: f
     out = ops.scatter_add(out, idx, vals)
     if not positive:
         out = ops.scale(out, postscale)
-        return out, ops.all_finite(out), None
+        return out, all_finite(out), None
     sums = ops.gather(out, idx)
     if postscale != 1.0:
         sums = ops.scale(sums, postscale)
         out = ops.index_copy(out, idx, sums)  # a repeated index writes the same product again
-    return out, ops.all_finite(sums), sums
+    return out, all_finite(sums), sums
 
 
 @dataclass
@@ -161,6 +166,9 @@ class SparseReducer(Reducer):
         self.memory = memory
         self.index_dtype = index_dtype
         self.dense_when_full = bool(dense_when_full)
+        # (bucket, step) -> the device route's flag "this rank's contribution was finite", read
+        # with the result's flag in settle (docs/selection.md#device-route)
+        self._local_finite: dict[tuple[str, int], Any] = {}
 
     def keeps_dense(self, spec: Any) -> bool:
         """1-D tensors (biases, normalisation scales), unless the compressor's ``dense_1d`` is off:
@@ -195,6 +203,9 @@ class SparseReducer(Reducer):
         flat = prescaled(flat, ctx)
         self.memory.snapshot(ops, bucket.name, flat, rnd.step)
         self.compressor.snapshot(bucket.name, rnd.step)  # threshold reuse's state, beside the memory's
+        if not whole and device_route(ops, flat):
+            vals, idx = self._select_on_device(bucket, rnd, flat, ctx)
+            return vals, idx, n
         if fold:
             # the selection's pass tells whether flat is finite (docs/selection.md#finite-sweep);
             # a non-finite step is selected, then the memory rolled back: it never keeps it
@@ -225,6 +236,27 @@ class SparseReducer(Reducer):
             return vals, idx, n
         vals, idx = select_with_memory(self.compressor, self.memory, ops, bucket, rnd.step, flat)
         return vals, idx, n
+
+    def _select_on_device(self, bucket: Bucket, rnd: RoundInfo, flat: Any, ctx: ReduceContext) -> tuple[Any, Any]:
+        """:meth:`select` with no host decision (docs/selection.md#device-route): the selection is
+        made whatever the data, this rank's finiteness stays a device flag, and the marker replaces
+        the selection by a ``where`` where it is not finite; the memory wrote into its second
+        buffers, so :meth:`settle`'s one read of the flags rolls it back with the host route's
+        result (the reduced bucket is then non-finite on every rank)."""
+        ops = ctx.ops
+        # the k-sized verdict needs a top-k by magnitude (every NaN/Inf selected) and an intact flat
+        sel = self.compressor.selection
+        by_magnitude = fused_with(self.compressor, self.memory) and sel is not None and sel.mode != "sampled"
+        ok = None if by_magnitude else ops.finite_flag(flat)
+        vals, idx = select_with_memory(self.compressor, self.memory, ops, bucket, rnd.step, flat)
+        if ok is None:
+            ok = device.local_verdict(ops, flat, vals, idx, False)
+        if len(self._local_finite) > 4096:  # rounds abandoned before settle
+            self._local_finite.clear()
+        self._local_finite[(bucket.name, rnd.step)] = ok
+        if self.compressor.collective == "allreduce":  # shared indices (random-k): keep them
+            return ops.where(ok, vals, math.inf), idx
+        return device.marked(ops, ok, vals, idx, self.compressor.k_for(ops.numel(flat), bucket, rnd.step))
 
     def finish(self, pending: Pending, ctx: ReduceContext) -> Any:
         """The reduced bucket: the dense path's, else ``scatter_add(zeros(n), idx, vals)·postscale``
@@ -257,7 +289,15 @@ class SparseReducer(Reducer):
         """A non-finite reduced bucket (identical on every rank) rolls the memory back, so the
         skipped step leaves no trace in it (docs/wrapper.md#nonfinite). The sparse result's
         finiteness was decided in :meth:`finish` from the exchanged positions (:func:`scatter_result`)."""
-        finite = pending.finite if pending is not None and pending.finite is not None else ctx.ops.all_finite(out)
+        local = self._local_finite.pop((bucket.name, rnd.step), None)
+        flag = pending.finite if pending is not None else None
+        if flag is not None and not isinstance(flag, bool):  # the device route: one host read
+            finite, local_ok = ctx.ops.read_flags([flag, flag if local is None else local])
+            if not local_ok:
+                nonfinite.report(self.memory.nonfinite, ctx.comm.rank, bucket.name)
+                self.memory.skip(bucket.name)
+        else:
+            finite = flag if flag is not None else ctx.ops.all_finite(out)
         if not finite:
             self.rollback(bucket, rnd, ctx)
         return bool(finite)

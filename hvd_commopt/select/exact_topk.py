@@ -104,6 +104,8 @@ class ExactTopK:
             raise ConfigError(f"k must be >= 0, got {k}")
         k = min(int(k), n)
         kern = kernels_for(ops, t)
+        if kern.sync_free and k > 0:
+            return self._device(ops, t, k, addend, out)
         if 0 < k < n:
             res = self._native(kern, t, n, k, addend, out)
             if res is not None:
@@ -184,6 +186,17 @@ class ExactTopK:
         # 4. |x| >= v* with the tie rule
         vals, idx = self._finish(kern, vc, cand, k, v)
         return SelectResult(vals, idx, v, t, k, finite)
+
+    @staticmethod
+    def _device(ops: Any, t: Tensor, k: int, addend: Any, out: Tensor | None) -> SelectResult:
+        """:meth:`select` on the device route (docs/selection.md#device-route): ``acc = t + addend``
+        (a momentum addend made first: the same two roundings as the fused pass), then one
+        fixed-size ``topk_abs_index``: the same set and bits, no count, threshold or verdict read
+        on the host (threshold nan, finiteness None: the reducer keeps a device flag)."""
+        if addend is not None:
+            t = sum_into(ops, t, addend, out)
+        idx = ops.topk_abs_index(t, k)
+        return SelectResult(ops.gather(t, idx), idx, math.nan, t, k, None)
 
     def _native(self, kern: SelectionKernels, t: Tensor, n: int, k: int, addend: Any,
                 out: Tensor | None) -> SelectResult | None:

@@ -31,6 +31,8 @@ _F16 = np.dtype(np.float16)
 class HostKernels:
     """:class:`~.kernels.SelectionKernels` on ``ops.host_view`` arrays (the module docstring)."""
 
+    sync_free = False  # host memory: nothing to synchronise with
+
     def __init__(self, ops: Any, portable: Any):
         """``portable``: the kernels that take a call whose tensors have no host view."""
         self.ops, self._portable = ops, portable

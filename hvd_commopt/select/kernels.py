@@ -7,23 +7,27 @@ implementation for the tensors at hand (docs/selection.md#primitives):
 * :class:`~.host.HostKernels` when the adapter gives a host view of every tensor
   (``TensorOps.host_view``: a zero-copy NumPy array of a contiguous CPU tensor): the NumPy
   kernels and the C extension run on the tensors' own memory;
-* :class:`~.portable.PortableKernels` otherwise (device tensors, bfloat16, host kernels off): the
-  same contracts on the adapter's TensorOps primitives.
+* :class:`~.device.DeviceKernels` for tensors on a device (CUDA), and for every tensor when the
+  host kernels are off: the portable kernels that declare the device route (``sync_free``), on
+  which the selections run with no host synchronisation (docs/selection.md#device-route);
+* :class:`~.portable.PortableKernels` otherwise (host tensors without a view: bfloat16, strided):
+  the same contracts on the adapter's TensorOps primitives.
 
-Both give the same bits; a device implementation stands beside them the same way.
+All give the same bits.
 
-:data:`HOST_KERNELS` is an A/B switch for tests and benchmarks (off: every selection runs the
-portable kernels); set it through a fixture or ``monkeypatch.setattr``.
+:data:`HOST_KERNELS` is an A/B switch for tests and benchmarks (off: every selection takes the
+device route, on CPU tensors too); set it through a fixture or ``monkeypatch.setattr``.
 """
 from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
 from .grad_parts import GradParts
+from .device import DeviceKernels
 from .host import HostKernels
 from .portable import PortableKernels
 
-__all__ = ["SelectionKernels", "kernels_for", "HOST_KERNELS"]
+__all__ = ["SelectionKernels", "kernels_for", "device_route", "HOST_KERNELS"]
 
 Tensor = Any
 
@@ -40,6 +44,9 @@ class SelectionKernels(Protocol):
     1-D (a shaped tensor is read flat). Results are the framework's tensors (``ops``')."""
 
     ops: Any  # the TensorOps of the tensors these kernels run on
+    # the device route (docs/selection.md#device-route): the selections on these kernels make no
+    # host synchronisation (fixed sizes, flags kept as tensors)
+    sync_free: bool
 
     @property
     def reads_grad_parts(self) -> bool:
@@ -91,26 +98,35 @@ class SelectionKernels(Protocol):
         ...
 
 
-_PAIRS: dict[int, tuple[Any, Any, Any]] = {}  # id(ops) -> (ops, HostKernels, PortableKernels)
+_PAIRS: dict[int, tuple[Any, Any, Any, Any]] = {}  # id(ops) -> (ops, HostKernels, PortableKernels, DeviceKernels)
 
 
-def _pair(ops: Any) -> tuple[Any, Any, Any]:
+def _pair(ops: Any) -> tuple[Any, Any, Any, Any]:
     entry = _PAIRS.get(id(ops))
     if entry is None or entry[0] is not ops:
         portable = PortableKernels(ops)
-        entry = _PAIRS[id(ops)] = (ops, HostKernels(ops, portable), portable)
+        entry = _PAIRS[id(ops)] = (ops, HostKernels(ops, portable), portable, DeviceKernels(ops))
     return entry
+
+
+def device_route(ops: Any, t: Any) -> bool:
+    """``kernels_for(ops, t).sync_free`` for one tensor, without making a host view (a sparse
+    reducer asks it per bucket before its selection; docs/selection.md#device-route)."""
+    return not HOST_KERNELS or ops.on_device(t)
 
 
 def kernels_for(ops: Any, *tensors: Any) -> SelectionKernels:
     """The selection kernels for ``tensors`` (None entries ignored, a GradParts by its buffer):
     :class:`~.host.HostKernels` when ``ops`` gives a host view of every one of them (and
-    :data:`HOST_KERNELS`), else :class:`~.portable.PortableKernels`. With no tensors: the host
+    :data:`HOST_KERNELS`), else :class:`~.device.DeviceKernels` where one is on a device (or the
+    host kernels are off), else :class:`~.portable.PortableKernels`. With no tensors: the host
     kernels where they are on (what an adapter offers for host memory)."""
-    _, host, portable = _pair(ops)
+    _, host, portable, device = _pair(ops)
     if not HOST_KERNELS:
-        return portable
+        return device
     for t in tensors:
-        if t is not None and ops.host_view(t.buf if isinstance(t, GradParts) else t) is None:
-            return portable
+        if t is not None:
+            t = t.buf if isinstance(t, GradParts) else t
+            if ops.host_view(t) is None:
+                return device if ops.on_device(t) else portable
     return host

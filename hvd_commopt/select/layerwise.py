@@ -31,6 +31,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import addend as addend_ops
+from .kernels import kernels_for
 from .layerwise_host import HOST_DTYPES, HostLayerwise
 
 __all__ = ["LayerwiseK"]
@@ -74,7 +75,8 @@ class LayerwiseK:
         if not ops.slices_are_views:
             addend = addend_ops.made(ops, addend)  # a member's u' would not land in the bucket's buffer
         target = r if out is None else out
-        if ops.device_name(r) == "cpu" and ops.dtype_name(r) in HOST_DTYPES:
+        # the device route (docs/selection.md#device-route) selects member by member, as a device does
+        if ops.device_name(r) == "cpu" and ops.dtype_name(r) in HOST_DTYPES and not kernels_for(ops, r).sync_free:
             key = (bucket, ops.numel(r), ops.name, ops.dtype_name(r))
             v, i, accs, ok, made = self._host.select(ops, plan, key, r, addend, out)  # makes addend
             sel.record_calls(bucket.name, step, made)

@@ -37,6 +37,7 @@ class PortableKernels:
     """:class:`~.kernels.SelectionKernels` on TensorOps primitives (the module docstring)."""
 
     reads_grad_parts = False
+    sync_free = False  # counts and thresholds are read on the host (docs/selection.md#device-route)
 
     def __init__(self, ops: Any):
         self.ops = ops

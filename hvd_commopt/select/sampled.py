@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from . import addend as addend_ops
+from . import device
 from .exact_topk import sum_into
 from .kernels import kernels_for
 
@@ -50,6 +51,8 @@ def sampled_select(c: Any, ops: Any, acc: Any, bucket: Any, step: int, addend: A
         return ops.gather(acc, idx), idx, acc
     stride, num_samples, top_k_samples = c.sampling(n, ratio)
     kern = kernels_for(ops, acc)
+    if kern.sync_free:  # docs/selection.md#device-route
+        return _on_device(c, ops, acc, name, step, k, stride, num_samples, top_k_samples, addend, out, finite)
     fused = addend is not None and num_samples < n  # the sums are made in a sweep: it may run first
     lo = c.guesses.get(name) if fused else None
     cand = None  # (positions, values) of |sum| >= lo, when the sweep ran first
@@ -112,3 +115,26 @@ def sampled_select(c: Any, ops: Any, acc: Any, bucket: Any, step: int, addend: A
     if count > k:
         idx = ops.slice(idx, 0, k)
     return ops.gather(acc, idx), idx, acc
+
+
+def _on_device(c: Any, ops: Any, acc: Any, name: str, step: int, k: int, stride: int, num_samples: int,
+               top_k_samples: int, addend: Any, out: Any, finite: list | None) -> tuple[Any, Any, Any]:
+    """:func:`sampled_select` with no host decision (:func:`~.device.sampled_topk`): the sum made
+    first, the strided sample's positions made on the device from the host's offset (uniform
+    random samples are drawn on the host and copied up: they do not depend on the data); no
+    finiteness verdict (the reducer keeps a device flag) and no next-sweep guess (speed only)."""
+    n = ops.numel(acc)
+    if addend is not None:
+        acc = sum_into(ops, acc, addend, out)
+    sidx = None
+    if num_samples < n:
+        rng = np.random.Generator(np.random.PCG64([c.seed & 0xFFFFFFFF, zlib.crc32(name.encode()), int(step)]))
+        if c.strided_sample:
+            off = int(rng.integers(0, stride))
+            sidx = ops.shift(ops.scale(ops.arange(-(-(n - off) // stride), like=acc), stride), off)
+        else:
+            sidx = ops.from_numpy(rng.integers(0, n, size=num_samples, dtype=np.int64), like=acc)
+    vals, idx = device.sampled_topk(c, ops, acc, k, sidx, top_k_samples)
+    if finite is not None:
+        finite.append(None)
+    return vals, idx, acc

@@ -32,6 +32,8 @@ import numpy as np
 from ..errors import ConfigError
 from . import addend as addend_ops
 from .exact_topk import ExactTopK, SelectResult, sum_into
+from . import device
+from .portable import key_value
 from .kernels import kernels_for
 
 __all__ = ["SELECTIONS", "ExactTopK", "ReuseTopK", "SelectResult", "SelectionStrategy", "check_selection", "select_with_memory",
@@ -58,11 +60,13 @@ def check_selection(selection: Any, tau: Any = 16, band: Any = 0.2) -> tuple[str
 class _Reuse:
     """Per-bucket state and drift statistics of :class:`ReuseTopK`."""
 
-    __slots__ = ("thr", "age", "steps", "exact", "reused", "high", "low", "sent", "k_sum", "drift_abs_sum",
+    __slots__ = ("thr", "age", "dev", "dev_of", "steps", "exact", "reused", "high", "low", "sent", "k_sum", "drift_abs_sum",
                  "drift_min", "drift_max", "last_count", "last_action")
 
     def __init__(self):
         self.thr, self.age = None, 0
+        self.dev: Any = None  # the device route's (threshold key, age), device tensors (docs/selection.md#device-route)
+        self.dev_of: Any = None  # (ops, dtype name) of those tensors
         self.steps = self.exact = self.reused = self.high = self.low = self.sent = self.k_sum = 0
         self.drift_abs_sum, self.drift_min, self.drift_max = 0.0, math.inf, -math.inf
         self.last_count, self.last_action = 0, ""
@@ -93,7 +97,7 @@ class ReuseTopK:
         _, self.tau, self.band = check_selection("threshold", tau, band)
         self.exact = exact or ExactTopK()
         self._state: dict[str, _Reuse] = {}
-        self._saved: dict[str, tuple[int, float | None, int]] = {}  # key -> (step, thr, age) before it
+        self._saved: dict[str, tuple[int, float | None, int, Any]] = {}  # key -> (step, thr, age, dev) before it
 
     def stats(self) -> dict[str, dict]:
         """{bucket: drift statistics}: counts of exact / reused / recomputed steps, sent/k, drift."""
@@ -106,6 +110,8 @@ class ReuseTopK:
         n = ops.numel(t)
         k = min(int(k), n)
         st.k_sum += k
+        if 0 < k < n and kernels_for(ops, t).sync_free:
+            return self._select_on_device(ops, st, t, k, addend, out)
         action = "exact"
         if st.thr is not None and st.age < self.tau and 0 < k < n:
             if addend is not None:
@@ -140,10 +146,26 @@ class ReuseTopK:
         st.last_count, st.last_action = res.count, action
         return res
 
+    def _select_on_device(self, ops, st: _Reuse, t: Tensor, k: int, addend: Tensor | None,
+                          out: Tensor | None) -> SelectResult:
+        """:meth:`select` with no host decision (:func:`~.device.reuse_topk`): the same set as
+        the host route, in a capacity of ``floor(k(1+band))`` entries; the threshold and its age
+        stay on the device, so the drift statistics count steps only (docs/selection.md#device-route)."""
+        if addend is not None:
+            t = sum_into(ops, t, addend, out)
+        if st.dev is None and st.thr is not None:  # loaded from a checkpoint, or left by the host route
+            st.dev = (ops.from_numpy(np.array([ops.abs_key(st.thr, t)], np.int64), like=t),
+                      ops.from_numpy(np.array([st.age], np.int64), like=t))
+        lo_c, hi_c = math.ceil(k * (1.0 - self.band)), math.floor(k * (1.0 + self.band))
+        vals, idx, st.dev = device.reuse_topk(ops, t, k, lo_c, hi_c, self.tau, st.dev)
+        st.thr, st.dev_of = None, (ops, ops.dtype_name(t))  # the threshold lives on the device now
+        st.last_action = "device"
+        return SelectResult(vals, idx, math.nan, t, ops.numel(idx))
+
     def snapshot(self, key: str, step: int) -> None:
         """The threshold and its age before round ``step`` (restored by :meth:`rollback`)."""
         s = self._state.get(key)
-        self._saved[key] = (step, None, 0) if s is None else (step, s.thr, s.age)
+        self._saved[key] = (step, None, 0, None) if s is None else (step, s.thr, s.age, s.dev)
 
     def rollback(self, key: str, step: int) -> None:
         """A skipped (non-finite) round leaves the threshold as before it; the drift statistics
@@ -151,10 +173,16 @@ class ReuseTopK:
         saved = self._saved.get(key)
         if saved is not None and saved[0] == step and key in self._state:
             s = self._state[key]
-            s.thr, s.age = saved[1], saved[2]
+            s.thr, s.age, s.dev = saved[1], saved[2], saved[3]
 
     def state_dict(self) -> dict:
-        return {key: {"thr": s.thr, "age": s.age} for key, s in self._state.items() if s.thr is not None}
+        out = {key: {"thr": s.thr, "age": s.age} for key, s in self._state.items() if s.thr is not None}
+        for key, s in self._state.items():
+            if s.thr is None and s.dev is not None:  # read from the device (a checkpoint, not a step)
+                ops, dt = s.dev_of
+                thr_key, age = (int(np.asarray(ops.to_numpy(x)).reshape(-1)[0]) for x in s.dev)
+                out[key] = {"thr": key_value(thr_key, dt), "age": age}
+        return out
 
     def load_state_dict(self, state: dict) -> None:
         self._state.clear()

@@ -238,15 +238,25 @@ def test_the_fixed_merge_equals_the_host_merge_on_random_ties():
         assert hI.equal(dI) and same_bits(hV, dV), (trial, a, b)
 
 
+def _finish_and_settle(red, b, rnd, pend, ctx):
+    """What the engine does at the step: finish the round, then settle it (where the device route's
+    one NaN/Inf decision is read and a non-finite round rolls the memory back)."""
+    out = red.finish(pend, ctx)
+    red.settle(b, rnd, out, ctx, pend)
+    return out
+
+
 def _reduce_ranks(P: int, factory, rows, steps: int = 3):
-    """Each rank: ``steps`` rounds of one bucket; per step the result, the residual, and the finish's
-    recorder (the selection in ``start`` is the selection's own route)."""
+    """Each rank: ``steps`` rounds of one bucket; per step the result, the residual, and the
+    recorder of finish + settle (the selection in ``start`` is the selection's own route)."""
     def body(comm):
         red, res = factory(), []
         ctx = ReduceContext(comm, ops, 1.0, 1.0 / P)
         for s in range(steps):
-            pend = start_bucket(red, "b", rows[s][comm.rank].clone(), ctx, step=s)
-            out, rec = recorded(red.finish, pend, ctx)
+            flat = rows[s][comm.rank].clone()
+            b, rnd = bucket("b", ops, flat), RoundInfo(s, None)
+            pend = red.start(b, rnd, flat, ctx)
+            out, rec = recorded(_finish_and_settle, red, b, rnd, pend, ctx)
             r = red.residual(ops, "b", out)
             res.append((out.clone(), None if r is None else r.clone(), rec))
         return res

@@ -89,3 +89,26 @@ def test_fixed_capacity_primitives_agree_with_numpy(adapter):
     assert np.asarray(ops.to_numpy(w)).tolist() == [2, 2, -3, 5, 6]
     c = ops.cumsum(ops.from_numpy(np.array([3, 0, 2, 5], np.int64), like=t))
     assert np.asarray(ops.to_numpy(c)).tolist() == [3, 3, 5, 10]
+
+
+def test_device_route_primitives_agree_with_the_host_selection(adapter):
+    """The device route's primitives (docs/selection.md#device-route) in every adapter:
+    topk_abs_index is ExactTopK's set (ties to the lower index, NaN above +Inf), the flags read
+    back as the host checks say."""
+    from hvd_commopt.select.device import DeviceKernels
+    from hvd_commopt.select.exact_topk import ExactTopK
+    ops = _adapter_ops(adapter)
+    assert isinstance(DeviceKernels(ops), K.SelectionKernels) and DeviceKernels(ops).sync_free
+    rng = np.random.default_rng(7)
+    for dtype in (np.float16, np.float32, np.float64):
+        a = (rng.integers(-5, 6, 3000) * 0.5).astype(dtype)
+        a[::89], a[1::97], a[2::7] = np.nan, -np.inf, -0.0
+        x = ops.from_numpy(a.copy(), like=None)
+        for k in (1, 33, 1500, 2999, 3000):
+            ref = ExactTopK().select(NumpyOps(), a.copy(), k).indices
+            assert np.array_equal(np.asarray(ops.to_numpy(ops.topk_abs_index(x, k))), ref), (dtype, k)
+        fin = ops.from_numpy(np.ones(4, dtype), like=None)
+        got = ops.read_flags([ops.finite_flag(x), ops.finite_flag(x, "any"), ops.finite_flag(fin)])
+        assert got == (False, True, True)
+        picked = ops.to_numpy(ops.where(ops.finite_flag(x), fin, np.inf))
+        assert np.all(np.isinf(np.asarray(picked)))
