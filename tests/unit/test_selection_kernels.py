@@ -91,6 +91,7 @@ def test_fixed_capacity_primitives_agree_with_numpy(adapter):
     assert np.asarray(ops.to_numpy(c)).tolist() == [3, 3, 5, 10]
 
 
+@pytest.mark.parametrize("adapter", ["numpy", "torch", "tensorflow"])
 def test_device_route_primitives_agree_with_the_host_selection(adapter):
     """The device route's primitives (docs/selection.md#device-route) in every adapter:
     topk_abs_index is ExactTopK's set (ties to the lower index, NaN above +Inf), the flags read
