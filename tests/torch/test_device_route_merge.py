@@ -263,6 +263,19 @@ def _reduce_ranks(P: int, factory, rows, steps: int = 3):
     return run_ranks(P, body)
 
 
+def _assert_device_route_equals_host_route(monkeypatch, P: int, factory, rows, steps: int) -> None:
+    """Every rank's result and residual at every step, bit for bit, on both routes; on the device
+    route no forbidden op and at most one host decision (the NaN/Inf flag) per bucket and step."""
+    host = _reduce_ranks(P, factory, rows, steps)
+    monkeypatch.setattr(K, "HOST_KERNELS", False)
+    dev = _reduce_ranks(P, factory, rows, steps)
+    for r in range(P):
+        for s in range(steps):
+            (ho, hr, _), (do, dr, rec) = host[r][s], dev[r][s]
+            assert same_bits(ho, do) and same_bits(hr, dr), (r, s)
+            assert rec.bad == [] and rec.scalars <= 1, (r, s, rec.bad, rec.scalars)
+
+
 @pytest.mark.parametrize("P", [2, 3, 4])
 @pytest.mark.filterwarnings("ignore:rank .* holds NaN or Inf")
 @pytest.mark.parametrize("algorithm", ["recursive_doubling", "allgather"])
@@ -274,14 +287,7 @@ def test_gtopk_reducer_device_route_equals_host_route(monkeypatch, P, algorithm)
 
     def factory():
         return GTopK(k / n + 1e-9, algorithm=algorithm, min_k=1)
-    host = _reduce_ranks(P, factory, rows, steps)
-    monkeypatch.setattr(K, "HOST_KERNELS", False)
-    dev = _reduce_ranks(P, factory, rows, steps)
-    for r in range(P):
-        for s in range(steps):
-            (ho, hr, _), (do, dr, rec) = host[r][s], dev[r][s]
-            assert same_bits(ho, do) and same_bits(hr, dr), (r, s)
-            assert rec.bad == [] and rec.scalars <= 1, (r, s, rec.bad, rec.scalars)
+    _assert_device_route_equals_host_route(monkeypatch, P, factory, rows, steps)
 
 
 @pytest.mark.parametrize("make", [lambda P: DenseAllreduce(Compression.fp16),
@@ -392,14 +398,7 @@ def test_oktopk_reducer_device_route_equals_host_route(monkeypatch, P):
 
     def factory():
         return OkTopK(k / n + 1e-9, min_k=1, rebalance=2)
-    host = _reduce_ranks(P, factory, rows, steps)
-    monkeypatch.setattr(K, "HOST_KERNELS", False)
-    dev = _reduce_ranks(P, factory, rows, steps)
-    for r in range(P):
-        for s in range(steps):
-            (ho, hr, _), (do, dr, rec) = host[r][s], dev[r][s]
-            assert same_bits(ho, do) and same_bits(hr, dr), (r, s)
-            assert rec.bad == [] and rec.scalars <= 1, (r, s, rec.bad, rec.scalars)
+    _assert_device_route_equals_host_route(monkeypatch, P, factory, rows, steps)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
