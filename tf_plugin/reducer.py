@@ -161,8 +161,9 @@ class GradientReducer:
     def _hand_in(engine: Trainer, names: list[str], present: list[int], values: Sequence[Any]) -> None:
         # Backward order (the last layer's gradient is ready first): each bucket launches as
         # soon as its last member is packed, while the earlier layers are still being packed.
+        grad_ready = engine.engine.grad_ready  # the CommEngine's, without the Trainer's forwarding call
         for j in range(len(values) - 1, -1, -1):
-            engine.grad_ready(names[present[j]], values[j])
+            grad_ready(names[present[j]], values[j])
 
     # -- the tape: gradients in, reduced gradients out ------------------------------------------
     def reduce(self, grads: Sequence[Any], variables: Sequence[Any]) -> list:

@@ -67,7 +67,8 @@ class _DistributedOptimizerMixin:
         engine.attach_host(self._hco_host)
 
     def _hco_make_hook(self, name: str):
-        engine_ref = weakref.ref(self._hco_engine)
+        # the CommEngine itself, not the Trainer that forwards to it: one call less per gradient
+        engine_ref = weakref.ref(self._hco_engine.engine)
 
         def hook(p: torch.Tensor) -> None:
             engine = engine_ref()
