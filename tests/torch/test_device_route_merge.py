@@ -107,6 +107,17 @@ def same_bits(a, b) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and a.contiguous().view(torch.uint8).equal(b.contiguous().view(torch.uint8))
 
 
+def rank_order_sum(shared: dict, barrier: threading.Barrier, rank: int, size: int, t):
+    """Every thread-rank's ``t`` summed in rank order (the same additions on every rank)."""
+    shared[rank] = t.clone()
+    barrier.wait()
+    acc = shared[0].clone()
+    for r in range(1, size):
+        acc = acc.add_(shared[r])
+    barrier.wait()
+    return acc
+
+
 class TensorLink:
     """A native link double: torch tensors cross between thread-ranks as they are (``host`` False);
     ``allreduce_`` sums in rank order."""
@@ -125,13 +136,7 @@ class TensorLink:
 
     def allreduce_(self, buf, op="sum", name=None):
         assert op == "sum" and self.shared is not None and self.barrier is not None
-        self.shared[self.rank] = buf.clone()
-        self.barrier.wait()
-        acc = self.shared[0].clone()
-        for r in range(1, self.size):
-            acc = acc.add_(self.shared[r])
-        self.barrier.wait()
-        return buf.copy_(acc)
+        return buf.copy_(rank_order_sum(self.shared, self.barrier, self.rank, self.size, buf))
 
 
 class TensorComm:
@@ -142,13 +147,7 @@ class TensorComm:
         self.shared, self.barrier, self.rank, self.size = shared, barrier, rank, size
 
     def allreduce_tensor_async(self, ops_, t, op, name):
-        self.shared[self.rank] = t.clone()
-        self.barrier.wait()
-        acc = self.shared[0].clone()
-        for r in range(1, self.size):
-            acc = acc.add_(self.shared[r])
-        self.barrier.wait()
-        return acc
+        return rank_order_sum(self.shared, self.barrier, self.rank, self.size, t)
 
     def wait(self, handle):
         return handle
