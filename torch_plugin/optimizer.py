@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import gc
 import weakref
+from contextlib import contextmanager
 
 import torch
 
@@ -42,6 +43,7 @@ from hvd_commopt.errors import ConfigError, HvdCommoptError
 from hvd_commopt.process_sets import registry
 from hvd_commopt.reduce import Average, Sum
 
+from . import amp
 from ._compat import repoint_lr_scheduler_step
 from .devices import check_devices
 from .host import TorchScheduleHost
@@ -53,6 +55,9 @@ __all__ = ["DistributedOptimizer", "Average", "Sum"]
 
 class _DistributedOptimizerMixin:
     """Methods grafted onto the wrapped optimizer's class."""
+
+    _hco_user_synced = False  # inside skip_synchronize(): the user reduced already
+    _hco_scaler_step = False  # GradScaler took over this step (torch_plugin/amp.py)
 
     def _hco_setup(self, named_parameters, engine: Trainer) -> None:
         self._hco_engine = engine
@@ -97,11 +102,25 @@ class _DistributedOptimizerMixin:
         schedule; e.g. to clip them, then ``step()`` inside ``skip_synchronize()``)."""
         self._hco_engine.synchronize()
 
+    @contextmanager
     def skip_synchronize(self):
         """Make ``step()`` skip synchronisation (after an explicit ``synchronize()``, e.g. to clip)."""
-        return self._hco_engine.skip_synchronize()
+        self._hco_user_synced = True
+        try:
+            with self._hco_engine.skip_synchronize():
+                yield
+        finally:
+            self._hco_user_synced = False
+
+    @property
+    def _step_supports_amp_scaling(self) -> bool:
+        """GradScaler's question before it looks at the gradients: reduce them first, so that its
+        Inf/NaN check and the unscaling see the reduced gradients (docs/usage.md#amp)."""
+        return amp.take_over_for_scaler(self)
 
     def step(self, closure=None):
+        if self._hco_scaler_step:
+            return amp.scaled_step(self, closure)
         return self._hco_engine.run_step(closure)
 
     def zero_grad(self, set_to_none: bool = True):
@@ -110,6 +129,7 @@ class _DistributedOptimizerMixin:
                 "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
                 "optimizer.synchronize(); this would race with the gradients being communicated. "
                 "Call zero_grad() before backward() or after step().")
+        self._hco_scaler_step = False  # a scaler step that never reached step() is over
         self._hco_host.drop_replaced()
         return self._hco_base.zero_grad(self, set_to_none=set_to_none)
 
