@@ -179,6 +179,8 @@ class _DistributedOptimizerMixin:
         engine = self._hco_engine
         local = {"optimizer": sd["state"]} if engine.checkpoint.rank_local_optimizer else None
         sd["hvd_commopt"] = engine.state_dict(rank_local=local)
+        if self._hco_buffers is not None:
+            self._hco_buffers.settle()  # the model's buffers are rank 0's when it is saved next
         self._hco_take_fingerprint()  # broadcast_optimizer_state's root may have just created its state
         return sd
 
@@ -250,7 +252,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
                          gradient_predivide_factor: float = 1.0, fusion_threshold: int | None = None,
                          communicator=None, schedule=None, fusion: str = "threshold",
                          fusion_options=None, verbose: bool | None = None,
-                         process_set=None, named_buffers=None,
+                         process_set=None, model: torch.nn.Module | None = None,
                          broadcast_buffers: bool = True) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that ``step()`` uses gradients averaged over all ranks.
 
@@ -280,9 +282,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
             rank 0; default ``HVD_COMMOPT_VERBOSE``.
         process_set: reduce over this ProcessSet's ranks only (``add_process_set``); on ranks
             outside it the optimizer steps on local gradients, as in Horovod.
-        named_buffers: ``model.named_buffers()`` (BatchNorm's running statistics, ...): their names,
-            shapes and dtypes are checked across ranks here, and with ``broadcast_buffers`` rank 0's
-            values are broadcast here and after every step, as DDP does (docs/usage.md#buffers).
+        model: the model, for its buffers (BatchNorm's running statistics, ...): their names, shapes
+            and dtypes are checked across ranks here, and with ``broadcast_buffers`` every rank holds
+            rank 0's values before every forward, as under DDP (docs/usage.md#buffers).
         broadcast_buffers: True (default, DDP's): keep the buffers equal to rank 0's; False: leave
             them per rank (a warning here names the buffers that differ).
 
@@ -316,8 +318,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     optimizer._parameter_names = {p: n for n, p in named}  # Horovod's attribute
     optimizer._hco_state_checked = comm.size == 1
     optimizer._hco_take_fingerprint()
-    if named_buffers is not None:
-        optimizer._hco_buffers = BufferSync(comm, named_buffers, broadcast_buffers,
+    if model is not None:
+        optimizer._hco_buffers = BufferSync(comm, model, broadcast_buffers,
                                             every_step=isinstance(engine.scheduler, SyncScheduler))
     # an LR scheduler built before wrapping left a step that bypasses ours: re-point it
     repoint_lr_scheduler_step(optimizer, base, cls.step)

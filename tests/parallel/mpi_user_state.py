@@ -42,9 +42,9 @@ def loss_of(model, xy):
     return torch.nn.functional.cross_entropy(model(xy[0]), xy[1])
 
 
-def wrap(model, **kw):
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    return hco.DistributedOptimizer(opt, named_parameters=model.named_parameters(), **kw)
+def wrap(net, **kw):
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    return hco.DistributedOptimizer(opt, named_parameters=net.named_parameters(), **kw)
 
 
 def ddp_reference(skip):
@@ -211,7 +211,7 @@ def bn_run(**kw):
     with torch.no_grad():  # running statistics that differ across ranks before training
         model[1].running_mean.fill_(float(R))
     hco.broadcast_parameters(dict(model.named_parameters()), root_rank=0)  # parameters only
-    opt = wrap(model, named_buffers=model.named_buffers(), **kw)
+    opt = wrap(model, model=model, **kw)
     for xy in batches(R):
         opt.zero_grad()
         loss_of(model, xy).backward()
@@ -224,9 +224,20 @@ def test_buffers_are_broadcast_by_default_as_ddp_does():
     out, model = bn_run()
     every = hco.allgather_object(out)
     assert torch.equal(every[0], every[1])  # was 0.1 apart after 20 steps
-    # rank 0's statistics: what DDP leaves
+    # the eval forward above completed the last broadcast: rank 0's statistics, what DDP leaves
     stats = hco.allgather_object(model[1].running_var.clone())
     assert torch.equal(stats[0], stats[1])
+
+
+def test_buffers_loaded_between_steps_keep_the_loaded_values():
+    model = make_model(bn=True)
+    opt = wrap(model, model=model)
+    one_step(model, opt)  # a broadcast of rank 0's buffers is now in flight
+    with torch.no_grad():
+        model[1].running_mean.fill_(5.0 + R)  # e.g. model.load_state_dict(per-rank file)
+    model(torch.ones(2, 8))  # completes the broadcast: running_mean was set since it started
+    assert torch.all(model[1].running_mean != 0)
+    assert float(model[1].running_var.sum()) == float(hco.broadcast_object(model[1].running_var.clone()).sum())
 
 
 def test_buffers_left_per_rank_are_named_at_wrap_time():
@@ -235,7 +246,7 @@ def test_buffers_left_per_rank_are_named_at_wrap_time():
         model = make_model(bn=True)
         with torch.no_grad():
             model[1].running_mean.fill_(float(R))
-        wrap(model, named_buffers=model.named_buffers(), broadcast_buffers=False)
+        wrap(model, model=model, broadcast_buffers=False)
     assert any("the model's buffers differ across ranks: ['1.running_mean']" in str(w.message) for w in rec)
 
 
@@ -246,7 +257,7 @@ def test_buffers_of_another_shape_are_refused_at_wrap_time():
                                                 r"'1.running_mean' shape \(16,\) float32 on rank 0 but "
                                                 r"'1.running_mean' shape \(17,\) float32 on rank 1"):
         hco.DistributedOptimizer(torch.optim.SGD(model[0].parameters(), lr=0.1),
-                                 named_parameters=model[0].named_parameters(), named_buffers=model.named_buffers())
+                                 named_parameters=model[0].named_parameters(), model=model)
 
 
 def test_horovod_explicit_state_dict_broadcast_keeps_working():
