@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import gc
 import weakref
+from contextlib import contextmanager
 
 import torch
 
@@ -41,10 +42,13 @@ from hvd_commopt.engine.tuner import FusionOptions
 from hvd_commopt.errors import ConfigError, HvdCommoptError
 from hvd_commopt.process_sets import registry
 from hvd_commopt.reduce import Average, Sum
+from hvd_commopt.schedule.sync import SyncScheduler
 
+from . import amp, state_check
 from ._compat import repoint_lr_scheduler_step
 from .devices import check_devices
 from .host import TorchScheduleHost
+from .buffers import BufferSync
 from .ops import TorchOps
 from .streams import streams_for
 
@@ -53,6 +57,13 @@ __all__ = ["DistributedOptimizer", "Average", "Sum"]
 
 class _DistributedOptimizerMixin:
     """Methods grafted onto the wrapped optimizer's class."""
+
+    _hco_user_synced = False  # inside skip_synchronize(): the user reduced already
+    _hco_scaler_step = False  # GradScaler took over this step (torch_plugin/amp.py)
+    _hco_state_checked = False  # the optimizer state was compared across ranks (torch_plugin/state_check.py)
+    # (set at wrap time when there is nobody to compare with: one process)
+    _hco_buffers: BufferSync | None = None
+    _hco_state_entries: dict[str, str] = {}  # the fingerprint compared at the first step
 
     def _hco_setup(self, named_parameters, engine: Trainer) -> None:
         self._hco_engine = engine
@@ -97,12 +108,39 @@ class _DistributedOptimizerMixin:
         schedule; e.g. to clip them, then ``step()`` inside ``skip_synchronize()``)."""
         self._hco_engine.synchronize()
 
+    @contextmanager
     def skip_synchronize(self):
         """Make ``step()`` skip synchronisation (after an explicit ``synchronize()``, e.g. to clip)."""
-        return self._hco_engine.skip_synchronize()
+        self._hco_user_synced = True
+        try:
+            with self._hco_engine.skip_synchronize():
+                yield
+        finally:
+            self._hco_user_synced = False
+
+    @property
+    def _step_supports_amp_scaling(self) -> bool:
+        """GradScaler's question before it looks at the gradients: reduce them first, so that its
+        Inf/NaN check and the unscaling see the reduced gradients (docs/usage.md#amp)."""
+        return amp.take_over_for_scaler(self)
+
+    def _hco_take_fingerprint(self) -> None:
+        """Before the first step: what the state is now (wrap, load, broadcast), to compare there."""
+        if not self._hco_state_checked:
+            self._hco_state_entries = state_check.first_step_fingerprint(self)
 
     def step(self, closure=None):
-        return self._hco_engine.run_step(closure)
+        entries = None if self._hco_state_checked else self._hco_state_entries
+        if self._hco_scaler_step:
+            loss = amp.scaled_step(self, closure)
+        else:
+            loss = self._hco_engine.run_step(closure)
+        if entries is not None:  # once: after this step's own collectives (docs/cross-rank-check.md#state)
+            self._hco_state_checked = True
+            state_check.verify_first_step(self, entries)
+        if self._hco_buffers is not None:
+            self._hco_buffers.after_step()
+        return loss
 
     def zero_grad(self, set_to_none: bool = True):
         if self._hco_engine.in_flight:
@@ -110,6 +148,7 @@ class _DistributedOptimizerMixin:
                 "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
                 "optimizer.synchronize(); this would race with the gradients being communicated. "
                 "Call zero_grad() before backward() or after step().")
+        self._hco_scaler_step = False  # a scaler step that never reached step() is over
         self._hco_host.drop_replaced()
         return self._hco_base.zero_grad(self, set_to_none=set_to_none)
 
@@ -140,6 +179,9 @@ class _DistributedOptimizerMixin:
         engine = self._hco_engine
         local = {"optimizer": sd["state"]} if engine.checkpoint.rank_local_optimizer else None
         sd["hvd_commopt"] = engine.state_dict(rank_local=local)
+        if self._hco_buffers is not None:
+            self._hco_buffers.settle()  # the model's buffers are rank 0's when it is saved next
+        self._hco_take_fingerprint()  # broadcast_optimizer_state's root may have just created its state
         return sd
 
     def load_state_dict(self, state_dict):
@@ -152,7 +194,10 @@ class _DistributedOptimizerMixin:
             own = self._hco_engine.load_state_dict(engine_state)
             if "optimizer" in own:  # this rank's local optimizer state (local SGD, CoCoD)
                 state_dict["state"] = own["optimizer"]
-        return self._hco_base.load_state_dict(self, state_dict)
+        out = self._hco_base.load_state_dict(self, state_dict)
+        state_check.check_loaded(self, engine_state)  # local: missing compression state, memory sizes
+        self._hco_take_fingerprint()
+        return out
 
 
 def _remove_hooks(handles) -> None:
@@ -207,7 +252,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
                          gradient_predivide_factor: float = 1.0, fusion_threshold: int | None = None,
                          communicator=None, schedule=None, fusion: str = "threshold",
                          fusion_options=None, verbose: bool | None = None,
-                         process_set=None) -> torch.optim.Optimizer:
+                         process_set=None, model: torch.nn.Module | None = None,
+                         broadcast_buffers: bool = True) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that ``step()`` uses gradients averaged over all ranks.
 
     Args:
@@ -236,6 +282,11 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
             rank 0; default ``HVD_COMMOPT_VERBOSE``.
         process_set: reduce over this ProcessSet's ranks only (``add_process_set``); on ranks
             outside it the optimizer steps on local gradients, as in Horovod.
+        model: the model, for its buffers (BatchNorm's running statistics, ...): their names, shapes
+            and dtypes are checked across ranks here, and with ``broadcast_buffers`` every rank holds
+            rank 0's values before every forward, as under DDP (docs/usage.md#buffers).
+        broadcast_buffers: True (default, DDP's): keep the buffers equal to rank 0's; False: leave
+            them per rank (a warning here names the buffers that differ).
 
     Raises:
         RankMismatchError: the model differs across ranks (checked here, collectively).
@@ -265,6 +316,11 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     optimizer.__class__ = cls
     optimizer._hco_setup(named, engine)
     optimizer._parameter_names = {p: n for n, p in named}  # Horovod's attribute
+    optimizer._hco_state_checked = comm.size == 1
+    optimizer._hco_take_fingerprint()
+    if model is not None:
+        optimizer._hco_buffers = BufferSync(comm, model, broadcast_buffers,
+                                            every_step=isinstance(engine.scheduler, SyncScheduler))
     # an LR scheduler built before wrapping left a step that bypasses ours: re-point it
     repoint_lr_scheduler_step(optimizer, base, cls.step)
     return optimizer

@@ -104,3 +104,47 @@ def test_gradscaler_skips_the_inf_step_and_nothing_else(kind):
     for pa, pb in zip(a[0][0], a[1][0]):
         assert torch.equal(pa, pb)  # ranks agree
     assert np.isfinite([float(p.sum()) for p in a[0][0]]).all()
+
+
+def train_plain(comm, kind, skip_bad):
+    """DDP's idiom: scaler.scale(loss).backward(); scaler.step(opt); scaler.update() (docs/usage.md#amp)."""
+    torch.set_num_threads(1)
+    model = make_model()
+    momentum = 0.0 if kind == "dgc" else 0.9
+    opt = hco.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum),
+                                   named_parameters=model.named_parameters(), compression=KINDS[kind](),
+                                   communicator=comm)
+    scaler = torch.amp.GradScaler("cpu", init_scale=SCALE, growth_interval=1000)
+    scales, skipped = [], []
+    for s, (x, y) in enumerate(batches(comm.rank)):
+        if skip_bad and s == BAD:
+            scaler.update(new_scale=SCALE / 2)
+            continue
+        before = [p.detach().clone() for p in model.parameters()]
+        opt.zero_grad()
+        scaler.scale(torch.nn.functional.cross_entropy(model(x), y)).backward()
+        scaler.step(opt)
+        scaler.update()
+        scales.append(scaler.get_scale())
+        skipped.append(all(torch.equal(a, p) for a, p in zip(before, model.parameters())))
+    return [p.detach().clone() for p in model.parameters()], memory_tensors(opt), scales, skipped
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_plain_gradscaler_idiom_skips_the_inf_step_on_every_rank_and_nothing_else(kind):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        a = run_ranks(2, lambda comm: train_plain(comm, kind, False))
+        b = run_ranks(2, lambda comm: train_plain(comm, kind, True))
+        h = run_ranks(2, lambda comm: train(comm, kind, False))  # Horovod's idiom on the same batches
+    for r in range(2):
+        params_a, mem_a, scales, skipped = a[r]
+        assert skipped == [s == BAD for s in range(STEPS)], (kind, r, skipped)  # rank 1's batch is finite
+        assert scales[BAD] == SCALE / 2 and scales[-1] == SCALE / 2
+        for pa, pb, ph in zip(params_a, b[r][0], h[r][0]):
+            assert torch.equal(pa, pb), f"{kind} rank {r}"
+            assert torch.equal(pa, ph), f"{kind} rank {r}: the plain idiom differs from Horovod's"
+        for k in mem_a:
+            assert torch.isfinite(mem_a[k]).all() and torch.equal(mem_a[k], b[r][1][k]), (kind, r, k)
+    for pa, pb in zip(a[0][0], a[1][0]):
+        assert torch.equal(pa, pb)
