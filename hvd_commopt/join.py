@@ -6,7 +6,9 @@ others' tensors divided by the full size), until every rank has joined; a collec
 cannot run with a joined rank (allgather, broadcast, ...) fails on the ranks that called it.
 ``join()`` returns, on every rank, the rank that joined last.
 
-It runs on the negotiation rounds of :mod:`hvd_commopt.negotiate`: the joined rank answers each
+On a backend that can see its peers' collectives (MPI: :mod:`hvd_commopt.comm.mpi_join`) the
+joined rank follows every collective the others run, the optimizer's buckets included. Elsewhere
+it runs on the negotiation rounds of :mod:`hvd_commopt.negotiate`: the joined rank answers each
 round with a "join" request carrying how many rounds it has been joined, reads what the others
 asked for, and mirrors the payload with zeros of that dtype and shape.
 """
@@ -28,6 +30,8 @@ def join(comm: Communicator, ops: TensorOps, like: Any = None) -> int:
     rank to join (the same on every rank). ``like``: a tensor whose device the zeros use."""
     if comm.size == 1:
         return 0
+    if comm.backend.follows_joined:  # every collective, the optimizer's buckets included
+        return comm.follow_joined(Request("join", "join"))
     rounds = 0
     while True:
         reqs = comm.allgather_object(Request("join", "join", joined_for=rounds), name=NEGOTIATE_NAME)
