@@ -28,7 +28,8 @@ from .compress.base import Compressor
 from .compress.user import UserCompressor, as_user_compressor
 from .engine.specs import verify_same_tensors
 from .errors import ConfigError
-from .negotiate import Request, negotiate
+from .matching import matcher
+from .negotiate import Request
 from .reduce.base import Adasum, Average, Max, Min, Product, ReduceContext, RoundInfo, Sum, check_tensor_op
 from .reduce.dense import DenseAllreduce
 from .tensor_ops import TensorOps
@@ -65,13 +66,17 @@ class Work:
         return self._result
 
 
-def deferred(comm: Communicator, kind: str, name: str, start: Callable[[], Work]) -> Work:
-    """``start()`` (the cross-rank check, then the payload's start) run in order on the progress
-    thread, so the caller gets its Work at once, before any peer reached the same call (Horovod's
-    ``*_async``, docs/horovod_api.md#async). A size-1 communicator runs it here."""
+def deferred(comm: Communicator, req: Request, payload: Callable[[], Work]) -> Work:
+    """Submit ``req`` for matching by name (:mod:`hvd_commopt.matching`) and return at once: once
+    every rank has submitted it, its check runs and then ``payload()`` starts the transfer, on the
+    progress thread in this call's place in the order, so the caller gets its Work before any
+    peer reached the same call (Horovod's ``*_async``, docs/horovod_api.md#async). A size-1
+    communicator runs the payload here."""
     if comm.size == 1:
-        return start()
-    handle = comm.defer(kind, name, start)
+        return payload()
+    m = matcher(comm)
+    entry = m.submit(req, payload)
+    handle = comm.defer(req.kind, req.name, lambda: m.run_until(entry))
 
     def ready() -> bool:
         if not handle.poll():
@@ -131,10 +136,9 @@ def allreduce_async(comm: Communicator, ops: TensorOps, flat: Tensor, *, shape: 
                   args=(float(prescale_factor), float(postscale_factor), _picklable(comp)))
 
     def start() -> Work:
-        negotiate(comm, req)
         return _allreduce_payload(comm, ops, flat, dtype, op, comp, float(prescale_factor), float(postscale_factor),
                                   name)
-    return deferred(comm, "allreduce", name, start)
+    return deferred(comm, req, start)
 
 
 def _picklable(comp: Compressor | None) -> Any:
@@ -233,10 +237,9 @@ def grouped_allreduce_async(comm: Communicator, ops: TensorOps, flats: Sequence[
                   args=(float(prescale_factor), float(postscale_factor), _picklable(comp)))
 
     def start() -> Work:
-        negotiate(comm, req)
         return _grouped_payload(comm, ops, list(flats), dtypes, op, comp, float(prescale_factor),
                                 float(postscale_factor), name)
-    return deferred(comm, "grouped_allreduce", name, start)
+    return deferred(comm, req, start)
 
 
 def _grouped_payload(comm: Communicator, ops: TensorOps, flats: list, dtypes: tuple, op: str,
@@ -273,14 +276,13 @@ def allgather_async(comm: Communicator, ops: TensorOps, flat: Tensor, rest: tupl
         return Work(lambda: (flat, [d0]))
 
     def start() -> Work:
-        negotiate(comm, Request("allgather", name, dtype, (d0,) + tuple(rest)))
         h = comm.allgather_tensor_async(ops, flat, name)
 
         def finish() -> tuple[Tensor, list[int]]:
             out, counts = comm.wait(h)
             return out, [c // row if row else 0 for c in counts]
         return Work(finish, (h,))
-    return deferred(comm, "allgather", name, start)
+    return deferred(comm, Request("allgather", name, dtype, (d0,) + tuple(rest)), start)
 
 
 def allgather(comm: Communicator, ops: TensorOps, flat: Tensor, rest: tuple[int, ...], name: str = "allgather") -> Tensor:
@@ -299,7 +301,6 @@ def grouped_allgather_async(comm: Communicator, ops: TensorOps, flats: Sequence[
         return Work(lambda: [(f, [s[0]]) for f, s in zip(flats, shapes)])
 
     def start() -> Work:
-        negotiate(comm, Request("grouped_allgather", name, dtypes, shapes))
         hs = [comm.allgather_tensor_async(ops, f, f"{name}.{i}") for i, f in enumerate(flats)]
 
         def finish() -> list:
@@ -309,7 +310,7 @@ def grouped_allgather_async(comm: Communicator, ops: TensorOps, flats: Sequence[
                 out.append((flat, [c // n for c in counts]))
             return out
         return Work(finish, hs)
-    return deferred(comm, "grouped_allgather", name, start)
+    return deferred(comm, Request("grouped_allgather", name, dtypes, shapes), start)
 
 
 def broadcast_async(comm: Communicator, ops: TensorOps, flat: Tensor, root: int = 0, name: str = "broadcast",
@@ -322,10 +323,9 @@ def broadcast_async(comm: Communicator, ops: TensorOps, flat: Tensor, root: int 
     req = Request("broadcast", name, ops.dtype_name(flat), _shape(ops, flat, shape), root=root)
 
     def start() -> Work:
-        negotiate(comm, req)
         h = comm.broadcast_tensor_async(ops, flat, root, name)
         return Work(lambda: comm.wait(h), (h,))
-    return deferred(comm, "broadcast", name, start)
+    return deferred(comm, req, start)
 
 
 def broadcast(comm: Communicator, ops: TensorOps, flat: Tensor, root: int = 0, name: str = "broadcast",
@@ -336,14 +336,16 @@ def broadcast(comm: Communicator, ops: TensorOps, flat: Tensor, root: int = 0, n
 
 def barrier(comm: Communicator) -> None:
     """Wait until every rank (of ``comm``) calls barrier; the negotiation round is the barrier."""
-    negotiate(comm, Request("barrier", "barrier"))
+    deferred(comm, Request("barrier", "barrier"), lambda: Work(lambda: None)).wait()
 
 
 def allgather_object(comm: Communicator, obj: Any, name: str = "allgather_object") -> list[Any]:
     """Every rank's picklable ``obj`` in rank order (checked like the tensor collectives, so it
     fails cleanly against a different collective or a joined rank)."""
-    negotiate(comm, Request("allgather_object", name))
-    return comm.allgather_object(obj, name)
+    def payload() -> Work:
+        out = comm.allgather_object(obj, name)
+        return Work(lambda: out)
+    return deferred(comm, Request("allgather_object", name), payload).wait()
 
 
 def broadcast_tensors(comm: Communicator, ops: TensorOps, specs: Sequence[TensorSpec], flats: Sequence[Tensor],

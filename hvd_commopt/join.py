@@ -19,6 +19,8 @@ from typing import Any
 
 from .collectives import _allreduce_payload, _grouped_payload
 from .comm.communicator import Communicator
+from .comm.handle import JoinedReply
+from .matching import _request, plan
 from .negotiate import NEGOTIATE_NAME, Request, verdict
 from .tensor_ops import TensorOps
 
@@ -34,20 +36,26 @@ def join(comm: Communicator, ops: TensorOps, like: Any = None) -> int:
         return comm.follow_joined(Request("join", "join"))
     rounds = 0
     while True:
-        reqs = comm.allgather_object(Request("join", "join", joined_for=rounds), name=NEGOTIATE_NAME)
-        if all(q.kind == "join" for q in reqs):
-            fewest = min(q.joined_for for q in reqs)  # fewest rounds joined = joined last
-            return max(r for r, q in enumerate(reqs) if q.joined_for == fewest)
+        offers = comm.allgather_object(JoinedReply(Request("join", "join", joined_for=rounds)), name=NEGOTIATE_NAME)
+        if all(isinstance(o, JoinedReply) for o in offers):
+            joined_for = [o.request.joined_for for o in offers]
+            fewest = min(joined_for)  # fewest rounds joined = joined last
+            return max(r for r, n in enumerate(joined_for) if n == fewest)
         rounds += 1
-        if verdict(reqs) is not None:
-            continue  # the ranks that asked raise; this one stays joined
-        q = next(q for q in reqs if q.kind != "join")
-        if q.kind == "allreduce":
-            pre, post, comp = q.args
-            zeros = ops.zeros(math.prod(q.shape), q.dtype, like)
-            _allreduce_payload(comm, ops, zeros, q.dtype, q.op, comp, pre, post, q.name).wait()
-        elif q.kind == "grouped_allreduce":
-            pre, post, comp = q.args
-            zeros = [ops.zeros(math.prod(s), d, like) for d, s in zip(q.dtype, q.shape)]
-            _grouped_payload(comm, ops, zeros, q.dtype, q.op, comp, pre, post, q.name).wait()
-        # barrier: the negotiation round itself was the barrier
+        what, keys = plan(offers)
+        if what != "run":
+            continue
+        for key in keys:
+            reqs = [_request(o, key) for o in offers]  # type: ignore[arg-type]
+            if verdict(reqs) is not None:
+                continue  # the ranks that asked raise; this one stays joined
+            q = next(q for q in reqs if q.kind != "join")
+            if q.kind == "allreduce":
+                pre, post, comp = q.args
+                zeros = ops.zeros(math.prod(q.shape), q.dtype, like)
+                _allreduce_payload(comm, ops, zeros, q.dtype, q.op, comp, pre, post, q.name).wait()
+            elif q.kind == "grouped_allreduce":
+                pre, post, comp = q.args
+                zeros = [ops.zeros(math.prod(s), d, like) for d, s in zip(q.dtype, q.shape)]
+                _grouped_payload(comm, ops, zeros, q.dtype, q.op, comp, pre, post, q.name).wait()
+            # barrier: the negotiation round itself was the barrier

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .comm.communicator import JoinedReply
+from .comm.handle import JoinedReply
 from .errors import ConfigError, RankMismatchError
 
 __all__ = ["Request", "TensorMismatchError", "negotiate", "verdict", "JOINABLE", "NEGOTIATE_NAME"]

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 from .collectives import _BACKEND_OP, Work, _allreduce_payload, _compressor, _int_scale, _picklable, deferred
 from .comm.communicator import Communicator
 from .errors import ConfigError
-from .negotiate import Request, negotiate
+from .negotiate import Request
 from .reduce.base import Adasum, Average, check_tensor_op
 from .tensor_ops import TensorOps
 
@@ -53,14 +53,13 @@ def alltoall_async(comm: Communicator, ops: TensorOps, flat: Tensor, shape: Sequ
         return Work(lambda: (flat, splits))
 
     def start() -> Work:
-        negotiate(comm, Request("alltoall", name, ops.dtype_name(flat), shape))
         h = comm.alltoall_tensor_async(ops, flat, [s * row for s in splits], name)
 
         def finish() -> tuple[Tensor, list[int]]:
             out, counts = comm.wait(h)
             return out, [c // row if row else 0 for c in counts]
         return Work(finish, (h,))
-    return deferred(comm, "alltoall", name, start)
+    return deferred(comm, Request("alltoall", name, ops.dtype_name(flat), shape), start)
 
 
 def scatter_rows(d0: int, size: int) -> list[int]:
@@ -89,12 +88,11 @@ def reducescatter_async(comm: Communicator, ops: TensorOps, flat: Tensor, shape:
     req = Request("reducescatter", name, dtype, shape, op=op, args=(pre, post, _picklable(comp)))
 
     def start() -> Work:
-        negotiate(comm, req)
         if comp is None and dtype in _NATIVE and comm.buffer_kind == "numpy" and comm.size > 1:
             return _native(comm, ops, flat, shape, dtype, op, pre, post, name)
         w = _allreduce_payload(comm, ops, flat, dtype, op, comp, pre, post, name)
         return Work(lambda: _my_part(ops, w.wait(), shape, comm.rank, comm.size), w._handles)
-    return deferred(comm, "reducescatter", name, start)
+    return deferred(comm, req, start)
 
 
 def _scatter_op(op: str, name: str) -> str:
@@ -143,9 +141,8 @@ def grouped_reducescatter_async(comm: Communicator, ops: TensorOps, flats: Seque
                   args=(float(prescale_factor), float(postscale_factor), _picklable(comp)))
 
     def start() -> Work:
-        negotiate(comm, req)
         works = [_allreduce_payload(comm, ops, f, d, op, comp, float(prescale_factor), float(postscale_factor),
                                     f"{name}.{i}") for i, (f, d) in enumerate(zip(flats, dtypes))]
         return Work(lambda: [_my_part(ops, w.wait(), s, comm.rank, comm.size) for w, s in zip(works, shapes)],
                     [h for w in works for h in w._handles])
-    return deferred(comm, "grouped_reducescatter", name, start)
+    return deferred(comm, req, start)

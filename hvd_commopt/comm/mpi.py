@@ -87,8 +87,8 @@ class MPIBackend(Backend):
         local.Free()
         self._ops = {"sum": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "prod": MPI.PROD}
         self._seq = 0
-        self._where: tuple[int, str, str] | None = None  # (seq, op, name) while inside one
-        self._last: tuple[int, str, str] | None = None
+        self._where: tuple[int, str, str, tuple | None] | None = None  # (seq, op, name, desc) while inside one
+        self._last: tuple[int, str, str, tuple | None] | None = None
         self._broken = False
         self._gone: dict[int, tuple[str, dict, float]] = {}  # peer -> (kind, notice, time heard)
         self._notices: list = []  # our notices' requests (completed before MPI_Finalize)

@@ -6,6 +6,7 @@ test asserts (timings measured here, results compared exactly with a single-proc
 * async: rank 1 reaches allreduce_async 3 s after rank 0; rank 0's call must return at once.
 * one_rank_step: rank 0 takes one step more than rank 1, which goes on to a metric allreduce;
   with the default 300 s timeout both must get the named error within seconds.
+* order: collectives matched by name when the ranks submit them in different orders.
 * join_adasum: rank 0 joins while rank 1 still steps with op=Adasum (point-to-point rounds): a
   clear refusal on rank 0, and rank 1 is told within seconds.
 """
@@ -105,6 +106,30 @@ if scenario == "join_adasum":
     except Exception as e:
         print(f"rank {R}: {type(e).__name__} after {time.monotonic() - t0:.1f}s: {e}", flush=True)
         raise
+    sys.exit(0)
+
+if scenario == "order":
+    # Horovod's negotiation matches by name: an async call pending on rank 0 while rank 1 is in
+    # a barrier, and two named calls submitted in opposite orders
+    h = None
+    if R == 0:
+        h = hvd.allreduce_async(torch.full((2,), 1.0), op=hvd.Sum, name="pending")
+    hvd.barrier()
+    if R == 1:
+        h = hvd.allreduce_async(torch.full((2,), 2.0), op=hvd.Sum, name="pending")
+    first = hvd.synchronize(h).tolist()
+    names = ["a", "b"] if R == 0 else ["b", "a"]
+    hs = {n: hvd.allreduce_async(torch.full((1,), float(ord(n) + R)), op=hvd.Sum, name=n) for n in names}
+    swapped = {n: hvd.synchronize(h).item() for n, h in hs.items()}
+    t0 = time.monotonic()
+    try:
+        hvd.allreduce(torch.ones(2), name="x") if R == 0 else hvd.allgather(torch.ones(2), name="y")
+        mismatch = "none"
+    except RuntimeError as e:
+        mismatch = f"{type(e).__name__} after {time.monotonic() - t0:.1f}s"
+    after = hvd.allreduce(torch.ones(1), op=hvd.Sum).item()
+    print(f"rank {R}: first={first}; a={swapped['a']:g}; b={swapped['b']:g}; mismatch={mismatch}; after={after:g}",
+          flush=True)
     sys.exit(0)
 
 sys.exit(f"unknown scenario {scenario}")

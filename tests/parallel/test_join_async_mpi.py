@@ -61,3 +61,12 @@ def test_join_refuses_point_to_point_rounds_clearly():
                      r"collective #\d+ sendrecv", out), out
     assert "point-to-point round" in out, out
     assert re.search(r"rank 1: RankFailedError after [0-9.]+s", out), out
+
+
+def test_collectives_are_matched_by_name_across_orders():
+    out, _ = job("order")
+    for r in (0, 1):
+        m = re.search(rf"rank {r}: first=\[3.0, 3.0\]; a=195; b=197; mismatch=TensorMismatchError after "
+                      rf"([0-9.]+)s; after=2", out)
+        assert m, out
+        assert float(m.group(1)) < 30, out
