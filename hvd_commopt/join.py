@@ -46,7 +46,7 @@ def join(comm: Communicator, ops: TensorOps, like: Any = None) -> int:
         if what != "run":
             continue
         for key in keys:
-            reqs = [_request(o, key) for o in offers]  # type: ignore[arg-type]
+            reqs = [_request(o, key) for o in offers]
             if verdict(reqs) is not None:
                 continue  # the ranks that asked raise; this one stays joined
             q = next(q for q in reqs if q.kind != "join")

@@ -60,7 +60,7 @@ class Offer:
     calls: list[tuple[Key, Request]] = field(default_factory=list)
 
 
-def plan(offers: list[Any]) -> tuple[str, list[Key] | list[Request]]:
+def plan(offers: list[Any]) -> tuple[str, list[Any]]:
     """("run", keys in order) / ("wait", []) / ("fail", each rank's head request). Pure: every rank
     gets the same answer from the same offers (JoinedReply entries are joined ranks)."""
     active = [o for o in offers if isinstance(o, Offer)]
@@ -114,8 +114,8 @@ class Matcher:
             return
         if what == "fail":
             head = self._pending[0]
-            heads = "; ".join(f"rank {r}: {q.describe()} '{q.name}'" for r, q in enumerate(items))  # type: ignore[union-attr]
-            why = verdict(list(items)) or (  # type: ignore[arg-type]
+            heads = "; ".join(f"rank {r}: {q.describe()} '{q.name}'" for r, q in enumerate(items))
+            why = verdict(items) or (
                 f"ranks called different collectives: no call was submitted by every rank within {MISMATCH_AFTER_S:g} s "
                 f"({heads}). Every rank must make the same calls (matched by name, as in Horovod)")
             self._finish(head, error=TensorMismatchError(why))
