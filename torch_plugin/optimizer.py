@@ -73,7 +73,8 @@ class _DistributedOptimizerMixin:
         def hook(p: torch.Tensor) -> None:
             engine = engine_ref()
             if engine is not None:
-                engine.grad_ready(name, p.grad)
+                g = p.grad  # a sparse one (nn.Embedding(sparse=True)) is reduced dense (docs/horovod_api.md#sparse)
+                engine.grad_ready(name, g.to_dense() if g.is_sparse else g)
         return hook
 
     @property
@@ -207,7 +208,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
                          gradient_predivide_factor: float = 1.0, fusion_threshold: int | None = None,
                          communicator=None, schedule=None, fusion: str = "threshold",
                          fusion_options=None, verbose: bool | None = None,
-                         process_set=None) -> torch.optim.Optimizer:
+                         process_set=None, sparse_as_dense: bool = False) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that ``step()`` uses gradients averaged over all ranks.
 
     Args:
@@ -236,6 +237,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
             rank 0; default ``HVD_COMMOPT_VERBOSE``.
         process_set: reduce over this ProcessSet's ranks only (``add_process_set``); on ranks
             outside it the optimizer steps on local gradients, as in Horovod.
+        sparse_as_dense: Horovod's flag, accepted: sparse gradients are always reduced dense and
+            handed back sparse (docs/horovod_api.md#sparse).
 
     Raises:
         RankMismatchError: the model differs across ranks (checked here, collectively).

@@ -7,6 +7,7 @@ test asserts (timings measured here, results compared exactly with a single-proc
 * one_rank_step: rank 0 takes one step more than rank 1, which goes on to a metric allreduce;
   with the default 300 s timeout both must get the named error within seconds.
 * order: collectives matched by name when the ranks submit them in different orders.
+* sparse: sparse gradients (nn.Embedding(sparse=True)) through DistributedOptimizer.
 * join_adasum: rank 0 joins while rank 1 still steps with op=Adasum (point-to-point rounds): a
   clear refusal on rank 0, and rank 1 is told within seconds.
 """
@@ -130,6 +131,32 @@ if scenario == "order":
     after = hvd.allreduce(torch.ones(1), op=hvd.Sum).item()
     print(f"rank {R}: first={first}; a={swapped['a']:g}; b={swapped['b']:g}; mismatch={mismatch}; after={after:g}",
           flush=True)
+    sys.exit(0)
+
+if scenario == "sparse":
+    # nn.Embedding(sparse=True) under DistributedOptimizer, both values of Horovod's sparse_as_dense:
+    # the step equals SparseAdam on the average of both ranks' gradients, handed over sparse
+    inputs = [torch.LongTensor([[1, 2, 4, 5], [4, 3, 2, 9]]), torch.LongTensor([[1, 3, 4], [4, 7, 9]])]
+    results = []
+    for sparse_as_dense in (False, True):
+        torch.manual_seed(0)
+        model = torch.nn.Embedding(10, 3, sparse=True)
+        ref = torch.nn.Embedding(10, 3, sparse=True)
+        ref.load_state_dict(model.state_dict())
+        opt = hvd.DistributedOptimizer(torch.optim.SparseAdam(list(model.parameters()), lr=0.1),
+                                       sparse_as_dense=sparse_as_dense)
+        opt.zero_grad()
+        model(inputs[R]).sum().backward()
+        opt.step()
+        grads = []
+        for x in inputs:
+            ref.zero_grad()
+            ref(x).sum().backward()
+            grads.append(ref.weight.grad.to_dense())
+        ref.weight.grad = ((grads[0] + grads[1]) / 2).to_sparse()
+        torch.optim.SparseAdam(list(ref.parameters()), lr=0.1).step()
+        results.append(torch.equal(model.weight, ref.weight))
+    print(f"rank {R}: sparse exact={results}", flush=True)
     sys.exit(0)
 
 sys.exit(f"unknown scenario {scenario}")

@@ -70,3 +70,8 @@ def test_collectives_are_matched_by_name_across_orders():
                       rf"([0-9.]+)s; after=2", out)
         assert m, out
         assert float(m.group(1)) < 30, out
+
+
+def test_sparse_gradients_through_distributed_optimizer():
+    out, _ = job("sparse")
+    assert "rank 0: sparse exact=[True, True]" in out and "rank 1: sparse exact=[True, True]" in out, out
