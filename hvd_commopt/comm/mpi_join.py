@@ -20,7 +20,8 @@ on a thread that has already waited seconds for a collective.
   model averaging (local SGD, CoCoD-SGD, DiLoCo average weights, not gradients: zeros would
   shrink the model).
 * **stall** (docs/horovod_api.md#one-rank-step). When every rank waits inside a collective and
-  they are not all in the same one, none can ever complete (each needs the others in its own).
+  they are not all in the same one, none can ever complete (each needs the others in its own;
+  point-to-point rounds, which involve only some ranks, are never judged).
   Seen twice, one second apart, with nobody having moved, that is reported at once, naming which
   rank is in which collective, instead of after the collective timeout (300 s by default).
 """
@@ -146,7 +147,9 @@ def stalled(be: Any, waited_s: float) -> tuple[list[int], str] | None:
         be._stall = None
         return None
     seen = tuple((r, tuple(st["where"][:3])) for r, st in sorted(states.items())) + ((be.rank, tuple(mine[:3])),)
-    if len({w[1:] for _, w in seen}) == 1:  # all in the same collective: slow, not stuck
+    if len({w[1:] for _, w in seen}) == 1 or any(w[1] == "sendrecv" for _, w in seen):
+        # all in the same collective: slow, not stuck; point-to-point rounds (process sets,
+        # gTop-k) legitimately involve only some ranks
         be._stall = None
         return None
     if be._stall is None or be._stall[0] != seen:
