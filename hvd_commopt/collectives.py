@@ -28,12 +28,13 @@ from .compress.base import Compressor
 from .compress.user import UserCompressor, as_user_compressor
 from .engine.specs import verify_same_tensors
 from .errors import ConfigError
-from .negotiate import Request, negotiate
+from .matching import matcher
+from .negotiate import Request
 from .reduce.base import Adasum, Average, Max, Min, Product, ReduceContext, RoundInfo, Sum, check_tensor_op
 from .reduce.dense import DenseAllreduce
 from .tensor_ops import TensorOps
 
-__all__ = ["Work", "allreduce", "allreduce_async", "allgather", "allgather_async", "broadcast", "broadcast_async",
+__all__ = ["Work", "deferred", "allreduce", "allreduce_async", "allgather", "allgather_async", "broadcast", "broadcast_async",
            "broadcast_tensors", "grouped_allreduce_async", "grouped_allgather_async", "barrier", "allgather_object",
            "resolve_op"]
 
@@ -46,20 +47,45 @@ _BACKEND_OP = {Min: "min", Max: "max", Product: "prod"}
 
 
 class Work:
-    """A started collective: :meth:`wait` gives its result (computed once), :meth:`done` polls."""
+    """A started collective: :meth:`wait` gives its result (computed once), :meth:`done` polls
+    (``ready``, when given, instead of the handles)."""
 
-    def __init__(self, finish: Callable[[], Any], handles: Sequence[Any] = ()):
-        self._finish, self._handles = finish, tuple(handles)
+    def __init__(self, finish: Callable[[], Any], handles: Sequence[Any] = (), ready: Callable[[], bool] | None = None):
+        self._finish, self._handles, self._ready = finish, tuple(handles), ready
         self._result, self._finished = None, False
 
     def done(self) -> bool:
-        return self._finished or all(h.poll() for h in self._handles)
+        if self._finished:
+            return True
+        return self._ready() if self._ready is not None else all(h.poll() for h in self._handles)
 
     def wait(self) -> Any:
         if not self._finished:
             self._result, self._finished = self._finish(), True
             self._finish = None
         return self._result
+
+
+def deferred(comm: Communicator, req: Request, payload: Callable[[], Work]) -> Work:
+    """Submit ``req`` for matching by name (:mod:`hvd_commopt.matching`) and return at once: once
+    every rank has submitted it, its check runs and then ``payload()`` starts the transfer, on the
+    progress thread in this call's place in the order, so the caller gets its Work before any
+    peer reached the same call (Horovod's ``*_async``, docs/horovod_api.md#async). A size-1
+    communicator runs the payload here."""
+    if comm.size == 1:
+        return payload()
+    m = matcher(comm)
+    entry = m.submit(req, payload)
+    handle = comm.defer(req.kind, req.name, lambda: m.run_until(entry))
+
+    def ready() -> bool:
+        if not handle.poll():
+            return False
+        try:
+            return handle.wait(0).done()
+        except Exception:  # noqa: BLE001 - failed: done, and wait() raises it
+            return True
+    return Work(lambda: comm.wait(handle).wait(), (handle,), ready)
 
 
 def resolve_op(average: bool | None, op: str | None) -> str:
@@ -106,9 +132,13 @@ def allreduce_async(comm: Communicator, ops: TensorOps, flat: Tensor, *, shape: 
     op = check_tensor_op(op)
     comp = _compressor(compression)
     dtype = ops.dtype_name(flat)
-    negotiate(comm, Request("allreduce", name, dtype, _shape(ops, flat, shape), op=op,
-                            args=(float(prescale_factor), float(postscale_factor), _picklable(comp))))
-    return _allreduce_payload(comm, ops, flat, dtype, op, comp, float(prescale_factor), float(postscale_factor), name)
+    req = Request("allreduce", name, dtype, _shape(ops, flat, shape), op=op,
+                  args=(float(prescale_factor), float(postscale_factor), _picklable(comp)))
+
+    def start() -> Work:
+        return _allreduce_payload(comm, ops, flat, dtype, op, comp, float(prescale_factor), float(postscale_factor),
+                                  name)
+    return deferred(comm, req, start)
 
 
 def _picklable(comp: Compressor | None) -> Any:
@@ -203,10 +233,13 @@ def grouped_allreduce_async(comm: Communicator, ops: TensorOps, flats: Sequence[
     op = check_tensor_op(op)
     comp = _compressor(compression)
     dtypes = tuple(ops.dtype_name(f) for f in flats)
-    negotiate(comm, Request("grouped_allreduce", name, dtypes, tuple(tuple(s) for s in shapes), op=op,
-                            args=(float(prescale_factor), float(postscale_factor), _picklable(comp))))
-    return _grouped_payload(comm, ops, list(flats), dtypes, op, comp, float(prescale_factor),
-                            float(postscale_factor), name)
+    req = Request("grouped_allreduce", name, dtypes, tuple(tuple(s) for s in shapes), op=op,
+                  args=(float(prescale_factor), float(postscale_factor), _picklable(comp)))
+
+    def start() -> Work:
+        return _grouped_payload(comm, ops, list(flats), dtypes, op, comp, float(prescale_factor),
+                                float(postscale_factor), name)
+    return deferred(comm, req, start)
 
 
 def _grouped_payload(comm: Communicator, ops: TensorOps, flats: list, dtypes: tuple, op: str,
@@ -239,15 +272,17 @@ def allgather_async(comm: Communicator, ops: TensorOps, flat: Tensor, rest: tupl
     dtype = ops.dtype_name(flat)
     row = math.prod(rest)
     d0 = ops.numel(flat) // row if row else 0
-    negotiate(comm, Request("allgather", name, dtype, (d0,) + tuple(rest)))
     if comm.size == 1:
         return Work(lambda: (flat, [d0]))
-    h = comm.allgather_tensor_async(ops, flat, name)
 
-    def finish() -> tuple[Tensor, list[int]]:
-        out, counts = comm.wait(h)
-        return out, [c // row if row else 0 for c in counts]
-    return Work(finish, (h,))
+    def start() -> Work:
+        h = comm.allgather_tensor_async(ops, flat, name)
+
+        def finish() -> tuple[Tensor, list[int]]:
+            out, counts = comm.wait(h)
+            return out, [c // row if row else 0 for c in counts]
+        return Work(finish, (h,))
+    return deferred(comm, Request("allgather", name, dtype, (d0,) + tuple(rest)), start)
 
 
 def allgather(comm: Communicator, ops: TensorOps, flat: Tensor, rest: tuple[int, ...], name: str = "allgather") -> Tensor:
@@ -262,18 +297,20 @@ def grouped_allgather_async(comm: Communicator, ops: TensorOps, flats: Sequence[
     dtypes = tuple(ops.dtype_name(f) for f in flats)
     rows = [max(math.prod(r), 1) for r in rests]
     shapes = tuple((ops.numel(f) // n,) + tuple(r) for f, r, n in zip(flats, rests, rows))
-    negotiate(comm, Request("grouped_allgather", name, dtypes, shapes))
     if comm.size == 1:
         return Work(lambda: [(f, [s[0]]) for f, s in zip(flats, shapes)])
-    hs = [comm.allgather_tensor_async(ops, f, f"{name}.{i}") for i, f in enumerate(flats)]
 
-    def finish() -> list:
-        out = []
-        for h, n in zip(hs, rows):
-            flat, counts = comm.wait(h)
-            out.append((flat, [c // n for c in counts]))
-        return out
-    return Work(finish, hs)
+    def start() -> Work:
+        hs = [comm.allgather_tensor_async(ops, f, f"{name}.{i}") for i, f in enumerate(flats)]
+
+        def finish() -> list:
+            out = []
+            for h, n in zip(hs, rows):
+                flat, counts = comm.wait(h)
+                out.append((flat, [c // n for c in counts]))
+            return out
+        return Work(finish, hs)
+    return deferred(comm, Request("grouped_allgather", name, dtypes, shapes), start)
 
 
 def broadcast_async(comm: Communicator, ops: TensorOps, flat: Tensor, root: int = 0, name: str = "broadcast",
@@ -281,11 +318,14 @@ def broadcast_async(comm: Communicator, ops: TensorOps, flat: Tensor, root: int 
     """Start overwriting ``flat`` with root's (``flat`` may be overwritten); ranks must agree on
     the shape, dtype and root."""
     comm.check_rank(root, "root")
-    negotiate(comm, Request("broadcast", name, ops.dtype_name(flat), _shape(ops, flat, shape), root=root))
     if comm.size == 1:
         return Work(lambda: flat)
-    h = comm.broadcast_tensor_async(ops, flat, root, name)
-    return Work(lambda: comm.wait(h), (h,))
+    req = Request("broadcast", name, ops.dtype_name(flat), _shape(ops, flat, shape), root=root)
+
+    def start() -> Work:
+        h = comm.broadcast_tensor_async(ops, flat, root, name)
+        return Work(lambda: comm.wait(h), (h,))
+    return deferred(comm, req, start)
 
 
 def broadcast(comm: Communicator, ops: TensorOps, flat: Tensor, root: int = 0, name: str = "broadcast",
@@ -296,14 +336,16 @@ def broadcast(comm: Communicator, ops: TensorOps, flat: Tensor, root: int = 0, n
 
 def barrier(comm: Communicator) -> None:
     """Wait until every rank (of ``comm``) calls barrier; the negotiation round is the barrier."""
-    negotiate(comm, Request("barrier", "barrier"))
+    deferred(comm, Request("barrier", "barrier"), lambda: Work(lambda: None)).wait()
 
 
 def allgather_object(comm: Communicator, obj: Any, name: str = "allgather_object") -> list[Any]:
     """Every rank's picklable ``obj`` in rank order (checked like the tensor collectives, so it
     fails cleanly against a different collective or a joined rank)."""
-    negotiate(comm, Request("allgather_object", name))
-    return comm.allgather_object(obj, name)
+    def payload() -> Work:
+        out = comm.allgather_object(obj, name)
+        return Work(lambda: out)
+    return deferred(comm, Request("allgather_object", name), payload).wait()
 
 
 def broadcast_tensors(comm: Communicator, ops: TensorOps, specs: Sequence[TensorSpec], flats: Sequence[Tensor],

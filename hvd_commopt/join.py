@@ -6,7 +6,9 @@ others' tensors divided by the full size), until every rank has joined; a collec
 cannot run with a joined rank (allgather, broadcast, ...) fails on the ranks that called it.
 ``join()`` returns, on every rank, the rank that joined last.
 
-It runs on the negotiation rounds of :mod:`hvd_commopt.negotiate`: the joined rank answers each
+On a backend that can see its peers' collectives (MPI: :mod:`hvd_commopt.comm.mpi_join`) the
+joined rank follows every collective the others run, the optimizer's buckets included. Elsewhere
+it runs on the negotiation rounds of :mod:`hvd_commopt.negotiate`: the joined rank answers each
 round with a "join" request carrying how many rounds it has been joined, reads what the others
 asked for, and mirrors the payload with zeros of that dtype and shape.
 """
@@ -17,6 +19,8 @@ from typing import Any
 
 from .collectives import _allreduce_payload, _grouped_payload
 from .comm.communicator import Communicator
+from .comm.handle import JoinedReply
+from .matching import _request, plan
 from .negotiate import NEGOTIATE_NAME, Request, verdict
 from .tensor_ops import TensorOps
 
@@ -28,22 +32,30 @@ def join(comm: Communicator, ops: TensorOps, like: Any = None) -> int:
     rank to join (the same on every rank). ``like``: a tensor whose device the zeros use."""
     if comm.size == 1:
         return 0
+    if comm.backend.follows_joined:  # every collective, the optimizer's buckets included
+        return comm.follow_joined(Request("join", "join"))
     rounds = 0
     while True:
-        reqs = comm.allgather_object(Request("join", "join", joined_for=rounds), name=NEGOTIATE_NAME)
-        if all(q.kind == "join" for q in reqs):
-            fewest = min(q.joined_for for q in reqs)  # fewest rounds joined = joined last
-            return max(r for r, q in enumerate(reqs) if q.joined_for == fewest)
+        offers = comm.allgather_object(JoinedReply(Request("join", "join", joined_for=rounds)), name=NEGOTIATE_NAME)
+        if all(isinstance(o, JoinedReply) for o in offers):
+            joined_for = [o.request.joined_for for o in offers]
+            fewest = min(joined_for)  # fewest rounds joined = joined last
+            return max(r for r, n in enumerate(joined_for) if n == fewest)
         rounds += 1
-        if verdict(reqs) is not None:
-            continue  # the ranks that asked raise; this one stays joined
-        q = next(q for q in reqs if q.kind != "join")
-        if q.kind == "allreduce":
-            pre, post, comp = q.args
-            zeros = ops.zeros(math.prod(q.shape), q.dtype, like)
-            _allreduce_payload(comm, ops, zeros, q.dtype, q.op, comp, pre, post, q.name).wait()
-        elif q.kind == "grouped_allreduce":
-            pre, post, comp = q.args
-            zeros = [ops.zeros(math.prod(s), d, like) for d, s in zip(q.dtype, q.shape)]
-            _grouped_payload(comm, ops, zeros, q.dtype, q.op, comp, pre, post, q.name).wait()
-        # barrier: the negotiation round itself was the barrier
+        what, keys = plan(offers)
+        if what != "run":
+            continue
+        for key in keys:
+            reqs = [_request(o, key) for o in offers]
+            if verdict(reqs) is not None:
+                continue  # the ranks that asked raise; this one stays joined
+            q = next(q for q in reqs if q.kind != "join")
+            if q.kind == "allreduce":
+                pre, post, comp = q.args
+                zeros = ops.zeros(math.prod(q.shape), q.dtype, like)
+                _allreduce_payload(comm, ops, zeros, q.dtype, q.op, comp, pre, post, q.name).wait()
+            elif q.kind == "grouped_allreduce":
+                pre, post, comp = q.args
+                zeros = [ops.zeros(math.prod(s), d, like) for d, s in zip(q.dtype, q.shape)]
+                _grouped_payload(comm, ops, zeros, q.dtype, q.op, comp, pre, post, q.name).wait()
+            # barrier: the negotiation round itself was the barrier

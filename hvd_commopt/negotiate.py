@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .comm.handle import JoinedReply
 from .errors import ConfigError, RankMismatchError
 
 __all__ = ["Request", "TensorMismatchError", "negotiate", "verdict", "JOINABLE", "NEGOTIATE_NAME"]
@@ -102,7 +103,7 @@ def negotiate(comm: Any, req: Request, ranks: list[int] | None = None) -> list[R
     when they cannot run together. A size-1 communicator skips the exchange."""
     if comm.size == 1:
         return [req]
-    reqs = comm.allgather_object(req, name=NEGOTIATE_NAME)
+    reqs = [q.request if isinstance(q, JoinedReply) else q for q in comm.allgather_object(req, name=NEGOTIATE_NAME)]
     why = verdict(reqs, ranks)
     if why is not None:
         raise TensorMismatchError(why)

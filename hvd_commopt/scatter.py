@@ -16,10 +16,10 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from .collectives import _BACKEND_OP, Work, _allreduce_payload, _compressor, _int_scale, _picklable
+from .collectives import _BACKEND_OP, Work, _allreduce_payload, _compressor, _int_scale, _picklable, deferred
 from .comm.communicator import Communicator
 from .errors import ConfigError
-from .negotiate import Request, negotiate
+from .negotiate import Request
 from .reduce.base import Adasum, Average, check_tensor_op
 from .tensor_ops import TensorOps
 
@@ -49,15 +49,17 @@ def alltoall_async(comm: Communicator, ops: TensorOps, flat: Tensor, shape: Sequ
     if len(splits) != p or any(s < 0 for s in splits) or sum(splits) != d0:
         raise ConfigError(f"alltoall '{name}': splits {splits} must be {p} non-negative row counts summing to "
                           f"dim 0 ({d0})")
-    negotiate(comm, Request("alltoall", name, ops.dtype_name(flat), shape))
     if p == 1:
         return Work(lambda: (flat, splits))
-    h = comm.alltoall_tensor_async(ops, flat, [s * row for s in splits], name)
 
-    def finish() -> tuple[Tensor, list[int]]:
-        out, counts = comm.wait(h)
-        return out, [c // row if row else 0 for c in counts]
-    return Work(finish, (h,))
+    def start() -> Work:
+        h = comm.alltoall_tensor_async(ops, flat, [s * row for s in splits], name)
+
+        def finish() -> tuple[Tensor, list[int]]:
+            out, counts = comm.wait(h)
+            return out, [c // row if row else 0 for c in counts]
+        return Work(finish, (h,))
+    return deferred(comm, Request("alltoall", name, ops.dtype_name(flat), shape), start)
 
 
 def scatter_rows(d0: int, size: int) -> list[int]:
@@ -76,18 +78,31 @@ def reducescatter_async(comm: Communicator, ops: TensorOps, flat: Tensor, shape:
                         op: str = Average, compression: Any = None, prescale_factor: float = 1.0,
                         postscale_factor: float = 1.0, name: str = "reducescatter") -> Work:
     """Start a reducescatter; ``wait()`` gives this rank's flat part (rows: :func:`scatter_rows`)."""
-    op = check_tensor_op(op)
+    op = _scatter_op(op, name)
     comp = _compressor(compression)
     shape = tuple(int(d) for d in shape)
     if not shape:
         raise ConfigError(f"reducescatter '{name}': the tensor needs at least one dimension")
     dtype = ops.dtype_name(flat)
     pre, post = float(prescale_factor), float(postscale_factor)
-    negotiate(comm, Request("reducescatter", name, dtype, shape, op=op, args=(pre, post, _picklable(comp))))
-    if comp is None and dtype in _NATIVE and op != Adasum and comm.buffer_kind == "numpy" and comm.size > 1:
-        return _native(comm, ops, flat, shape, dtype, op, pre, post, name)
-    w = _allreduce_payload(comm, ops, flat, dtype, op, comp, pre, post, name)
-    return Work(lambda: _my_part(ops, w.wait(), shape, comm.rank, comm.size), w._handles)
+    req = Request("reducescatter", name, dtype, shape, op=op, args=(pre, post, _picklable(comp)))
+
+    def start() -> Work:
+        if comp is None and dtype in _NATIVE and comm.buffer_kind == "numpy" and comm.size > 1:
+            return _native(comm, ops, flat, shape, dtype, op, pre, post, name)
+        w = _allreduce_payload(comm, ops, flat, dtype, op, comp, pre, post, name)
+        return Work(lambda: _my_part(ops, w.wait(), shape, comm.rank, comm.size), w._handles)
+    return deferred(comm, req, start)
+
+
+def _scatter_op(op: str, name: str) -> str:
+    """The op of a reducescatter: Adasum is refused, as Horovod refuses it (each rank would hold
+    a part of a combination that is defined on whole vectors: docs/horovod_api.md#reducescatter)."""
+    op = check_tensor_op(op)
+    if op == Adasum:
+        raise ConfigError(f"reducescatter '{name}' does not support op=Adasum (Adasum combines whole gradients); "
+                          f"use op=Sum or op=Average, or allreduce(op=Adasum)")
+    return op
 
 
 def _native(comm: Communicator, ops: TensorOps, flat: Tensor, shape: tuple, dtype: str, op: str, pre: float,
@@ -116,15 +131,18 @@ def grouped_reducescatter_async(comm: Communicator, ops: TensorOps, flats: Seque
                                 prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                                 name: str = "grouped_reducescatter") -> Work:
     """Reducescatter of several tensors with one check; ``wait()`` gives this rank's parts."""
-    op = check_tensor_op(op)
+    op = _scatter_op(op, name)
     comp = _compressor(compression)
     shapes = [tuple(int(d) for d in s) for s in shapes]
     if any(not s for s in shapes):
         raise ConfigError(f"grouped_reducescatter '{name}': every tensor needs at least one dimension")
     dtypes = tuple(ops.dtype_name(f) for f in flats)
-    negotiate(comm, Request("grouped_reducescatter", name, dtypes, tuple(shapes), op=op,
-                            args=(float(prescale_factor), float(postscale_factor), _picklable(comp))))
-    works = [_allreduce_payload(comm, ops, f, d, op, comp, float(prescale_factor), float(postscale_factor),
-                                f"{name}.{i}") for i, (f, d) in enumerate(zip(flats, dtypes))]
-    return Work(lambda: [_my_part(ops, w.wait(), s, comm.rank, comm.size) for w, s in zip(works, shapes)],
-                [h for w in works for h in w._handles])
+    req = Request("grouped_reducescatter", name, dtypes, tuple(shapes), op=op,
+                  args=(float(prescale_factor), float(postscale_factor), _picklable(comp)))
+
+    def start() -> Work:
+        works = [_allreduce_payload(comm, ops, f, d, op, comp, float(prescale_factor), float(postscale_factor),
+                                    f"{name}.{i}") for i, (f, d) in enumerate(zip(flats, dtypes))]
+        return Work(lambda: [_my_part(ops, w.wait(), s, comm.rank, comm.size) for w, s in zip(works, shapes)],
+                    [h for w in works for h in w._handles])
+    return deferred(comm, req, start)

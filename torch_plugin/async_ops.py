@@ -36,7 +36,7 @@ def _check_name(name: str | None) -> None:
     if name is None:
         return
     with _lock:
-        if any(n == name for _, _, n in _handles.values()):
+        if any(n == name and not w.done() for w, _, n in _handles.values()):  # Horovod frees a name once done
             raise ConfigError(f"a collective named '{name}' is already in flight on this rank: synchronize it "
                               f"first or use another name")
 

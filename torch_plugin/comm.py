@@ -362,9 +362,10 @@ class TorchDistBackend(Backend):
 
     # -- the control plane's services (no-ops without one, as in the base class) -------------------
     def diagnose(self):
-        if self._control is not None:
-            return self._control.diagnose()
-        return super().diagnose()
+        return self._control.diagnose() if self._control is not None else super().diagnose()
+
+    def stalled(self, waited_s: float):
+        return self._control.stalled(waited_s) if self._control is not None else None
 
     def peer_failure(self):
         return self._control.peer_failure() if self._control is not None else None

@@ -84,6 +84,9 @@ class TorchScheduleHost:
         with torch.no_grad():
             for n, g in grads.items():
                 p = params[n]
+                if p.grad is not None and p.grad.is_sparse:  # autograd's was sparse: so is the result
+                    p.grad = g.to_sparse()
+                    continue
                 # the .grad setter checks shape, dtype and device; the layout is ours to check
                 if contiguous[n] and g.is_contiguous() and not g.requires_grad:
                     try:

@@ -84,7 +84,8 @@ class _DistributedOptimizerMixin:
         def hook(p: torch.Tensor) -> None:
             engine = engine_ref()
             if engine is not None:
-                engine.grad_ready(name, p.grad)
+                g = p.grad  # a sparse one (nn.Embedding(sparse=True)) is reduced dense (docs/horovod_api.md#sparse)
+                engine.grad_ready(name, g.to_dense() if g.is_sparse else g)
         return hook
 
     @property
@@ -252,7 +253,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
                          gradient_predivide_factor: float = 1.0, fusion_threshold: int | None = None,
                          communicator=None, schedule=None, fusion: str = "threshold",
                          fusion_options=None, verbose: bool | None = None,
-                         process_set=None, model: torch.nn.Module | None = None,
+                         process_set=None, sparse_as_dense: bool = False,
+                         model: torch.nn.Module | None = None,
                          broadcast_buffers: bool = True) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that ``step()`` uses gradients averaged over all ranks.
 
@@ -282,6 +284,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
             rank 0; default ``HVD_COMMOPT_VERBOSE``.
         process_set: reduce over this ProcessSet's ranks only (``add_process_set``); on ranks
             outside it the optimizer steps on local gradients, as in Horovod.
+        sparse_as_dense: Horovod's flag, accepted: sparse gradients are always reduced dense and
+            handed back sparse (docs/horovod_api.md#sparse).
         model: the model, for its buffers (BatchNorm's running statistics, ...): their names, shapes
             and dtypes are checked across ranks here, and with ``broadcast_buffers`` every rank holds
             rank 0's values before every forward, as under DDP (docs/usage.md#buffers).

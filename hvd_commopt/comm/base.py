@@ -126,6 +126,28 @@ class Backend(abc.ABC):
         """Start ``allgather_equal`` now, on this thread: (is_completed, finish), or None."""
         return None
 
+    def allgather_host(self, data: Any, name: str, deadline: float) -> tuple[Any, list[int]]:
+        """:meth:`allgather` of host bytes (pickled objects). Default: the allgather itself (host
+        buffers); native backends override it."""
+        return self.allgather(data, name, deadline)
+
+    # join() with a backend-level follower (docs/horovod_api.md#join): a backend that can see the
+    # collective its peers are in says so with ``follows_joined`` and implements follow_joined.
+    follows_joined = False
+
+    def follow_joined(self, reply: bytes, deadline: float) -> int:
+        """After ``join()``: take part, with zeros (``reply`` in object exchanges), in every
+        collective the other ranks run until every rank has joined; return the rank that joined
+        last (the same on every rank)."""
+        raise NotImplementedError(f"the {self.name} backend cannot follow its peers' collectives")
+
+    def stalled(self, waited_s: float) -> tuple[list[int], str] | None:
+        """Asked by a thread that has waited ``waited_s`` for a collective: (ranks, explanation)
+        once every rank is known to wait in a collective that not all of them are in (a step or
+        call that only some ranks make), so that the wait can end in seconds instead of at its
+        timeout; None otherwise (the default: no side channel to see the peers)."""
+        return None
+
     def diagnose(self) -> tuple[list[int] | None, str]:
         """After a wait timed out: (ranks known not to have arrived or None, an explanation)."""
         return None, f"the {self.name} backend cannot tell which ranks are missing"

@@ -31,11 +31,11 @@ from ..errors import CollectiveTimeoutError, ConfigError, HvdCommoptError
 from .base import REDUCE_OPS, Backend
 from . import direct as _direct
 from .direct import DirectHandle
-from .handle import Handle
+from .handle import Handle, JoinedReply
 from .traffic import CountingLink, TrafficCounter, from_wire, nbytes as _nbytes, to_wire
 from ..errors import RankFailedError
 
-__all__ = ["Communicator", "TrafficCounter", "CountingLink", "to_wire", "from_wire"]
+__all__ = ["Communicator", "JoinedReply", "TrafficCounter", "CountingLink", "to_wire", "from_wire"]
 
 
 _STOP = object()
@@ -140,10 +140,32 @@ class Communicator:
         if self._closed:
             raise HvdCommoptError(f"{op} '{name}' called after shutdown(); call init() again")
         h = Handle(op, name)
+        if threading.get_ident() == self._thread.ident:
+            # submitted by a deferred operation running on the progress thread (:meth:`defer`):
+            # run it now, in the deferred operation's place in the order (docs/horovod_api.md#async)
+            h._start()
+            self._complete(h, lambda: fn(*args, deadline=time.monotonic() + self.timeout_s), traffic)
+            return h
         with self._order:
             self._queued += 1
         self._queue.put((h, fn, args, traffic))
         return h
+
+    def defer(self, op: str, name: str, start: Callable[[], Any]) -> Handle:
+        """Run ``start()`` on the progress thread, in submission order with every other
+        collective, and return at once: the handle's result is what ``start`` returns. The
+        collectives ``start`` submits run there and then, so a whole negotiated operation (its
+        cross-rank check, then its payload) keeps one place in the order without blocking the
+        caller (Horovod's ``*_async``, docs/horovod_api.md#async)."""
+        return self._submit(op, name, lambda deadline: start(), (), lambda _r: (0, 0))
+
+    def follow_joined(self, reply: Any) -> int:
+        """``join()`` where the backend follows its peers (:meth:`Backend.follow_joined`), in order;
+        no timeout (the others may train for long), but a peer that fails or leaves ends it."""
+        data = pickle.dumps(JoinedReply(reply))
+        h = self._submit("join", "join", self.backend.follow_joined, (data,), lambda _r: (0, 0))
+        self._wait_watching_peers(h, float("inf"))
+        return h.wait(0)
 
     def wait(self, handle: Handle) -> Any:
         """Wait for ``handle`` at most the communicator's timeout; then fail naming the missing ranks."""
@@ -173,10 +195,18 @@ class Communicator:
         whether a peer failed or ended its script: then the collective can never complete, and
         waiting out the timeout would keep the whole job alive for it (300 s by default).
         Returns the time left of ``limit``; raises RankFailedError naming the peer."""
-        end = time.monotonic() + limit
+        begun = time.monotonic()
+        end = begun + limit
         while not self._wait_slice(handle, min(_PEER_CHECK_S, max(end - time.monotonic(), 0.0))):
             if time.monotonic() >= end:
                 return 0.0
+            stalled = self.backend.stalled(time.monotonic() - begun)
+            if stalled is not None:  # docs/horovod_api.md#one-rank-step
+                self._broken = CollectiveTimeoutError(
+                    f"rank {self.rank}: {handle.op} '{handle.name}' cannot complete: {stalled[1]}. Seen after "
+                    f"{time.monotonic() - begun:.1f} s instead of the {self.timeout_s:g} s timeout",
+                    op=handle.op, name=handle.name, missing_ranks=stalled[0])
+                raise self._broken
             failed = self.backend.peer_failure()
             if failed is not None:
                 err = RankFailedError(f"rank {self.rank}: {handle.op} '{handle.name}' cannot complete: "
@@ -347,6 +377,11 @@ class Communicator:
         for c in counts:
             objs.append(pickle.loads(out[off:off + c].tobytes()))
             off += c
+        joined = [r for r, o in enumerate(objs) if isinstance(o, JoinedReply)]
+        if joined and not isinstance(obj, JoinedReply) and name != JoinedReply.NEGOTIATION:
+            raise HvdCommoptError(f"'{name}' (an exchange of Python objects) cannot run while rank(s) {joined} "
+                                  f"have called join(): only allreduces and barriers can "
+                                  f"(docs/horovod_api.md#join). Call it before join(), on every rank")
         return objs
 
     def broadcast_object(self, obj: Any, root: int = 0, name: str = "broadcast_object") -> Any:
@@ -355,9 +390,7 @@ class Communicator:
         return self.allgather_object(obj if self.rank == root else None, name)[root]
 
     def _host_allgather(self, data: np.ndarray, name: str, deadline: float):
-        if self.backend.buffer_kind == "numpy":
-            return self.backend.allgather(data, name, deadline)
-        return self.backend.allgather_host(data, name, deadline)  # type: ignore[attr-defined]  # native backends provide it
+        return self.backend.allgather_host(data, name, deadline)
 
     # -- lifecycle ----------------------------------------------------------------------------
     def check_rank(self, r: int, what: str) -> None:

@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 from ..errors import CollectiveTimeoutError
 
-__all__ = ["Handle"]
+__all__ = ["Handle", "JoinedReply"]
 
 
 class Handle:
@@ -73,3 +73,13 @@ class Handle:
     def interval(self) -> tuple[float | None, float | None]:
         """(start, finish) in ``time.perf_counter()`` seconds, for timelines."""
         return self._started, self._finished
+
+
+class JoinedReply:
+    """What a rank that called ``join()`` contributes to the others' object exchanges in place of
+    its object (docs/horovod_api.md#join); a negotiation round reads it as a "join" request."""
+
+    NEGOTIATION = "negotiate"  # the name of the negotiation rounds (hvd_commopt.negotiate)
+
+    def __init__(self, request: Any):
+        self.request = request

@@ -36,6 +36,7 @@ import numpy as np
 
 from ..dtypes import float32_to_half, half_to_float32
 from ..errors import LaunchEnvironmentError
+from . import mpi_join
 from .base import Backend
 
 __all__ = ["MPIBackend", "import_mpi"]
@@ -86,8 +87,8 @@ class MPIBackend(Backend):
         local.Free()
         self._ops = {"sum": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "prod": MPI.PROD}
         self._seq = 0
-        self._where: tuple[int, str, str] | None = None  # (seq, op, name) while inside one
-        self._last: tuple[int, str, str] | None = None
+        self._where: tuple[int, str, str, tuple | None] | None = None  # (seq, op, name, desc) while inside one
+        self._last: tuple[int, str, str, tuple | None] | None = None
         self._broken = False
         self._gone: dict[int, tuple[str, dict, float]] = {}  # peer -> (kind, notice, time heard)
         self._notices: list = []  # our notices' requests (completed before MPI_Finalize)
@@ -96,6 +97,9 @@ class MPIBackend(Backend):
         self._stop = threading.Event()
         self._can_query = MPI.Query_thread() >= MPI.THREAD_MULTIPLE
         self._responder: threading.Thread | None = None
+        self._joined_at: int | None = None  # this rank's collective count when it called join()
+        self._query_lock = threading.Lock()  # one query of the peers at a time (join, stall check)
+        self._stall: tuple | None = None  # (positions seen, when) of the last stall check
         if self._can_query and self._size > 1:
             self._responder = threading.Thread(target=self._respond, name="hvd_commopt-mpi-status", daemon=True)
             self._responder.start()
@@ -111,8 +115,9 @@ class MPIBackend(Backend):
     def local_size(self): return self._local_size
 
     # -- progress and timeouts ----------------------------------------------------------------
-    def _begin(self, op: str, name: str) -> None:
-        self._where = (self._seq, op, name)
+    def _begin(self, op: str, name: str, desc: tuple | None = None) -> None:
+        # desc: what a joined rank needs to take part with zeros (docs/horovod_api.md#join)
+        self._where = (self._seq, op, name, desc)
 
     def _end(self) -> None:
         self._last, self._where = self._where, None
@@ -130,7 +135,7 @@ class MPIBackend(Backend):
         where = self._where
         if where is None:
             return None, "no collective is in progress on this rank (the progress thread is stuck before it)"
-        seq, op, name = where
+        seq, op, name = where[:3]
         if not self._can_query:
             return None, (f"stuck in collective #{seq} {op} '{name}'; this MPI library has no "
                           f"MPI_THREAD_MULTIPLE, so the backend cannot tell which ranks are missing")
@@ -149,7 +154,7 @@ class MPIBackend(Backend):
             elif st["where"] is None:
                 parts.append(f"rank {r} is idle; its last finished was {last}" if st["last"]
                              else f"rank {r} has run no collective")
-            elif tuple(st["where"][1:]) != (op, name):
+            elif tuple(st["where"][1:3]) != (op, name):
                 # Compared by kind and name, not by sequence number: two ranks can both be in
                 # their 5th collective and still not be in the same one (a Top-k allgather on
                 # one, a dense allreduce on the other), and MPI then waits forever.
@@ -168,6 +173,10 @@ class MPIBackend(Backend):
         return missing, f"stuck in collective #{seq} {op} '{name}': {detail}"
 
     def _query_peers(self) -> dict[int, dict]:
+        with self._query_lock:
+            return self._query_peers_locked()
+
+    def _query_peers_locked(self) -> dict[int, dict]:
         MPI = self.MPI
         reqs = [self._status.isend(None, dest=r, tag=_QUERY) for r in range(self._size) if r != self._rank]
         out: dict[int, dict] = {}
@@ -184,23 +193,34 @@ class MPIBackend(Backend):
 
     def _respond(self) -> None:
         MPI, st = self.MPI, self.MPI.Status()
+        last_query = 0.0
         while not self._stop.is_set():
             try:
                 heard = False
                 if self._status.Iprobe(source=MPI.ANY_SOURCE, tag=_QUERY, status=st):
                     src, heard = st.Get_source(), True
                     self._status.recv(source=src, tag=_QUERY)
-                    self._status.isend({"where": self._where, "last": self._last, "left": self._left},
-                                       dest=src, tag=_REPLY)
+                    self._status.isend({"where": self._where, "last": self._last, "left": self._left,
+                                        "joined": self._joined_at}, dest=src, tag=_REPLY)
+                    last_query = time.monotonic()
                 if self._status.Iprobe(source=MPI.ANY_SOURCE, tag=_NOTICE, status=st):
                     src, heard = st.Get_source(), True
                     note = self._status.recv(source=src, tag=_NOTICE)
                     if src not in self._gone or note["kind"] == "failed":
                         self._gone[src] = (note["kind"], note, time.monotonic())
-                if not heard:
-                    time.sleep(_POLL_S)
+                if not heard:  # a joined peer asks often: answer it within a millisecond
+                    time.sleep(_POLL_S if time.monotonic() - last_query > 1.0 else 0.001)
             except Exception:  # noqa: BLE001 - MPI finalised underneath us at exit
                 return
+
+    # -- what the peers' positions tell (hvd_commopt.comm.mpi_join) ------------------------------
+    follows_joined = True
+
+    def follow_joined(self, reply: bytes, deadline: float) -> int:
+        return mpi_join.follow(self, reply)
+
+    def stalled(self, waited_s: float) -> tuple[list[int], str] | None:
+        return mpi_join.stalled(self, waited_s)
 
     # -- failures and exit --------------------------------------------------------------------
     def _notify(self, kind: str, text: str = "") -> None:
@@ -274,7 +294,7 @@ class MPIBackend(Backend):
 
     # -- collectives --------------------------------------------------------------------------
     def allreduce_(self, buf, op, name, deadline):
-        self._begin("allreduce", name)
+        self._begin("allreduce", name, (buf.dtype.str, buf.size, op))
         if buf.dtype in (np.float16, np.uint16):  # uint16 = bfloat16 bit patterns
             if op != "sum":
                 raise ValueError(f"reduce op {op!r} is not supported for half-precision buffers; use 'sum'")
@@ -310,8 +330,8 @@ class MPIBackend(Backend):
             self._comm.Sendrecv(np.ascontiguousarray(flat[chunk[send_i]]), dest=right, recvbuf=recv[:n], source=left)
             flat[chunk[recv_i]] = recv[:n]
 
-    def allgather(self, buf, name, deadline):
-        self._begin("allgather", name)
+    def allgather(self, buf, name, deadline, op: str = "allgather"):
+        self._begin(op, name, (buf.dtype.str, 0, False))
         buf = np.ascontiguousarray(buf).reshape(-1)
         counts = np.zeros(self._size, dtype=np.int64)
         self._comm.Allgather(np.array([buf.size], dtype=np.int64), counts)
@@ -320,8 +340,13 @@ class MPIBackend(Backend):
         self._end()
         return out, counts.tolist()
 
+    def allgather_host(self, data, name, deadline):
+        """Pickled objects' bytes (the Communicator's object allgather), marked as such so that a
+        joined rank answers with its own object (docs/horovod_api.md#join)."""
+        return self.allgather(data, name, deadline, op="allgather_object")
+
     def allgather_equal(self, buf, name, deadline):
-        self._begin("allgather", name)
+        self._begin("allgather", name, (buf.dtype.str, buf.size, True))
         buf = np.ascontiguousarray(buf).reshape(-1)
         out = np.empty(buf.size * self._size, dtype=buf.dtype)
         self._comm.Allgather(buf, out)  # no size exchange: the caller promised equal sizes
@@ -331,14 +356,14 @@ class MPIBackend(Backend):
     def reducescatter(self, buf, counts, op, name, deadline):
         if buf.dtype in (np.float16, np.uint16):  # no MPI sum for halves: the ring allreduce, sliced
             return super().reducescatter(buf, counts, op, name, deadline)
-        self._begin("reducescatter", name)
+        self._begin("reducescatter", name, (buf.dtype.str, list(counts), op))
         out = np.empty(counts[self._rank], dtype=buf.dtype)
         self._comm.Reduce_scatter(np.ascontiguousarray(buf).reshape(-1), out, list(counts), self._ops[op])
         self._end()
         return out
 
     def alltoall(self, buf, counts, name, deadline):
-        self._begin("alltoall", name)
+        self._begin("alltoall", name, (buf.dtype.str,))
         buf = np.ascontiguousarray(buf).reshape(-1)
         send = np.asarray(counts, dtype=np.int64)
         recv = np.zeros(self._size, dtype=np.int64)
@@ -349,13 +374,13 @@ class MPIBackend(Backend):
         return out, recv.tolist()
 
     def broadcast_(self, buf, root, name, deadline):
-        self._begin("broadcast", name)
+        self._begin("broadcast", name, (buf.dtype.str, buf.size, root))
         self._comm.Bcast(buf, root=root)
         self._end()
         return buf
 
     def barrier(self, name, deadline):
-        self._begin("barrier", name)
+        self._begin("barrier", name, ())
         self._comm.Barrier()
         self._end()
 
