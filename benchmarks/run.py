@@ -75,6 +75,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--density", type=float, default=0.001, help="sparse density for the throughput jobs")
     ap.add_argument("--no-tta", dest="tta", action="store_false", help="skip the time-to-accuracy job")
     ap.add_argument("--tta-only", action="store_true", help="only the time-to-accuracy job (no throughput jobs)")
+    ap.add_argument("--tta-tasks", default=None, help="of digits,transformer (default digits, plus transformer "
+                    "when --models has it)")
     ap.add_argument("--tta-epochs", type=int, default=None, help="default 12; quick 2")
     ap.add_argument("--target", type=float, default=0.95, help="test accuracy for time-to-accuracy")
     ap.add_argument("--mpi", default="auto", choices=["auto", "openmpi", "mpich"],
@@ -101,6 +103,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     bad = [m for m in a.models.split(",") if m not in MODELS]
     if bad:
         ap.error(f"unknown model(s) {bad}; known: {', '.join(MODELS)}")
+    a.tta_tasks = a.tta_tasks or ("digits,transformer" if "transformer" in a.models.split(",") else "digits")
+    if set(a.tta_tasks.split(",")) - {"digits", "transformer"}:
+        ap.error(f"--tta-tasks takes digits and/or transformer, not {a.tta_tasks!r}")
     a.lm_steps = a.lm_steps or (20 if q else 300)
     a.lm_eval_every = a.lm_eval_every or (10 if q else 25)
     a.blocks = a.blocks or (2 if q else 3)
@@ -254,14 +259,14 @@ def run_net(net: str, args: argparse.Namespace, prog: _Progress) -> dict[str, An
             run["jobs"].append(job)
             if job.get("launcher_version"):
                 run["cluster"]["launcher_version"] = job["launcher_version"]
-        if args.tta:
+        if args.tta and "digits" in args.tta_tasks.split(","):
             argv = ["benchmarks.suite.tta", "--variants", args.variants, "--epochs", str(args.tta_epochs),
                     "--target", str(args.target)] + (["--schedule-warmup", "5"] if args.quick else [])
             job = _run_job_retry(cl, args, argv, work, f"{tag}_tta", nvar * args.tta_epochs, prog, f"{net} digits")
             run["jobs"].append(job)
             if job.get("launcher_version"):
                 run["cluster"]["launcher_version"] = job["launcher_version"]
-        if args.tta and "transformer" in args.models.split(","):
+        if args.tta and "transformer" in args.tta_tasks.split(","):
             argv = ["benchmarks.suite.tta_lm", "--variants", args.variants, "--steps", str(args.lm_steps),
                     "--eval-every", str(args.lm_eval_every), "--target", str(args.lm_target),
                     "--optimizer", args.lm_optimizer, "--device", args.device, "--shape", args.transformer_shape,
@@ -331,8 +336,9 @@ def main(argv: list[str] | None = None) -> int:
     nets = [n.strip() for n in args.net.split(",") if n.strip()]
     models = [] if args.tta_only else args.models.split(",")
     nvar = len(args.variants.split(","))
-    lm = nvar * _intervals(args) if args.tta and "transformer" in args.models.split(",") else 0
-    total = len(nets) * (len(models) * nvar * (args.blocks + 1) + (nvar * args.tta_epochs + lm if args.tta else 0))
+    tasks = args.tta_tasks.split(",") if args.tta else []
+    total = len(nets) * (len(models) * nvar * (args.blocks + 1) + nvar * args.tta_epochs * ("digits" in tasks)
+                         + nvar * _intervals(args) * ("transformer" in tasks))
     prog = _Progress(args.progress, total)
     runs = []
     try:
