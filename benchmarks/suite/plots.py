@@ -18,11 +18,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from ..common import ROOT  # noqa: E402
 
-from .report import BASELINES, best_ours  # noqa: E402
+from .report import BASELINES, best_ours, tta_missed  # noqa: E402
 
 __all__ = ["plot_run", "plot_timeline_compare", "plot_summary"]
 
-FAMILY = {"compute": "#999999", "ddp": "#444444", "ddp_nofirst": "#555555", "ddp_powersgd1": "#777777", "ddp_powersgd4": "#777777"}
+FAMILY = {"compute": "#999999", "ddp": "#444444", "ddp_nofirst": "#555555", "ddp_powersgd1": "#777777", "ddp_powersgd4": "#777777",
+          "ddp_bf16": "#666666", "ddp_fp16": "#666666"}
 SPARSE = {"topk", "gtopk", "lags", "lags_fused", "omgs", "dgc", "randomk", "dgc_exact", "topk_thr", "oktopk", "ssd_topk", "od_topk",
           "od_dgc"}
 SCHEDULE = {"od", "ssd", "cd", "cocod", "local_sgd"}
@@ -78,18 +79,22 @@ def _bytes(ax: Any, job: dict, title: str) -> None:
 
 def _tta(ax: Any, job: dict, title: str) -> None:
     cmap = plt.get_cmap("tab20")
+    metric = "val_loss" if job.get("task") == "lm" else "test_acc"
     for i, (name, r) in enumerate(sorted(job["results"].items())):
         c = r["curve"]
         ddp = name.startswith("ddp")
-        ax.plot([p["wall_s"] for p in c], [p["test_acc"] for p in c], "--" if ddp else "-",
+        ax.plot([p["wall_s"] for p in c], [p[metric] for p in c], "--" if ddp else "-",
                 marker="os^vD<>"[i % 7], ms=3, label=name, color="k" if name == "ddp" else cmap(i % 20),
                 lw=2.0 if ddp or name == "ssgd" else 1.1)
     ax.axhline(job["target"], color="k", lw=0.8, ls=":")
-    lows = [p["test_acc"] for r in job["results"].values() for p in r["curve"]]
-    ax.set_ylim(max(0.0, min(lows + [0.8]) - 0.05), 1.0)
+    values = [p[metric] for r in job["results"].values() for p in r["curve"]]
+    if metric == "test_acc":
+        ax.set_ylim(max(0.0, min(values + [0.8]) - 0.05), 1.0)
+    else:  # the first points (~ln 256) would flatten the rest
+        ax.set_ylim(min(values + [job["target"]]) - 0.1, max(values[len(values) // 4:] + [job["target"]]) + 0.3)
     ax.set_xlim(left=0)
     ax.set_xlabel("training wall time (s)")
-    ax.set_ylabel("test accuracy")
+    ax.set_ylabel("validation loss" if metric == "val_loss" else "test accuracy")
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7, ncol=2)
 
@@ -163,18 +168,18 @@ def plot_run(run: dict, out: Path) -> list[Path]:
             paths.append(out / f"{kind}.png")
             fig.savefig(paths[-1], dpi=110)
             plt.close(fig)
-        tta = next((j for j in run["jobs"] if j.get("mode") == "tta" and j.get("results")), {})
-        missed = tuple(k for k, v in tta.get("results", {}).items() if v["time_to_target_s"] is None)
         for job in tp:
-            p = plot_timeline_compare(job, out, net, missed)
+            p = plot_timeline_compare(job, out, net, tuple(tta_missed(run, job["model"])))
             if p:
                 paths.append(p)
     for job in run["jobs"]:
         if job.get("mode") == "tta" and job.get("results"):
             fig, ax = plt.subplots(figsize=(8, 5))
-            _tta(ax, job, f"digits CNN @ {net}: test accuracy vs training wall time")
+            lm = job.get("task") == "lm"
+            _tta(ax, job, f"transformer @ {net}: validation loss vs training wall time" if lm else
+                 f"digits CNN @ {net}: test accuracy vs training wall time")
             fig.tight_layout()
-            paths.append(out / "accuracy_vs_time.png")
+            paths.append(out / ("val_loss_vs_time.png" if lm else "accuracy_vs_time.png"))
             fig.savefig(paths[-1], dpi=110)
             plt.close(fig)
     return paths

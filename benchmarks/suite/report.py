@@ -12,7 +12,7 @@ from typing import Any
 
 from . import variants as V
 
-__all__ = ["net_markdown", "summary_markdown", "load_runs", "fmt_bytes", "best_ours", "paired_ratio"]
+__all__ = ["net_markdown", "summary_markdown", "load_runs", "fmt_bytes", "best_ours", "paired_ratio", "tta_missed"]
 
 BASELINES = V.BASELINES
 
@@ -77,7 +77,30 @@ def _throughput_table(job: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _lm_tta_table(job: dict[str, Any]) -> list[str]:
+    res = job["results"]
+    shape = job.get("shape", {})
+    lines = [f"**Time to validation loss**: transformer ({job['params'] / 1e6:.2f}M parameters, {shape.get('layers')} "
+             f"layers, width {shape.get('width')}, byte-level stdlib text), {job['steps']} steps of "
+             f"{job['batch_per_rank']} x {job['context']} tokens per rank, {job['optimizer']} lr {job['lr']:g} "
+             f"(warm-up {job['lr_warmup_steps']} steps), validation every {job['eval_every']} steps on "
+             f"{job['eval_windows']} held-out windows (initial loss {job['initial_val_loss']:.3f}), target "
+             f"{job['target']:g}; sparse density {job['density']:g}, averaging period {job['period']}", "",
+             "| variant | time to target (s) | steps to target | final val loss | vs DDP's | step (s) |",
+             "|---|---:|---:|---:|---:|---:|"]
+    ddp = res.get("ddp", {}).get("final_val_loss")
+    for name, r in sorted(res.items(), key=lambda kv: (kv[1]["time_to_target_s"] is None,
+                                                       kv[1]["time_to_target_s"] or 0)):
+        t = r["time_to_target_s"]
+        rel = f"{(r['final_val_loss'] / ddp - 1) * 100:+.1f}%" if ddp else "–"
+        hit = f"{t:.1f} | {r['steps_to_target']}" if t is not None else "not reached | –"
+        lines.append(f"| {name} | {hit} | {r['final_val_loss']:.4f} | {rel} | {r['step_s']:.3f} |")
+    return lines
+
+
 def _tta_table(job: dict[str, Any]) -> list[str]:
+    if job.get("task") == "lm":
+        return _lm_tta_table(job)
     res = job["results"]
     lines = [f"**Time to accuracy**: digits CNN ({job['params'] / 1e3:.1f}k parameters), {job['epochs']} epochs x "
              f"{job['steps_per_epoch']} steps, batch {job['batch_per_rank']}/rank, lr {job['lr']:g}, target "
@@ -139,14 +162,14 @@ def net_markdown(run: dict[str, Any]) -> str:
 def summary_markdown(runs: list[dict[str, Any]]) -> str:
     """One table across network settings: DDP's comm/compute ratio, PowerSGD and our best."""
     lines = ["| network | model | DDP comm/compute | DDP samples/s | PowerSGD r1 / r4 vs DDP | best of ours | "
-             "its speed-up vs DDP | best of ours reaching the TTA target | its speed-up | SSGD vs DDP |",
-             "|---|---|---:|---:|---:|---|---:|---|---:|---:|"]
+             "its speed-up vs DDP | best of ours reaching the TTA target | its speed-up | SSGD vs DDP | "
+             "DDP + bf16 / fp16 hook vs DDP |",
+             "|---|---|---:|---:|---:|---|---:|---|---:|---:|---:|"]
     for run in runs:
-        tta = next((j for j in run["jobs"] if j.get("mode") == "tta" and j.get("results")), None)
-        missed = set() if tta is None else {k for k, v in tta["results"].items() if v["time_to_target_s"] is None}
         for job in run["jobs"]:
             if job.get("mode") != "throughput" or job.get("error"):
                 continue
+            missed = tta_missed(run, job["model"])
             res = job["results"]
             ddp, comp = res.get("ddp", {}).get("step_s"), res.get("compute", {}).get("step_s")
             if not ddp:
@@ -159,8 +182,17 @@ def summary_markdown(runs: list[dict[str, Any]]) -> str:
             lines.append(f"| {run['cluster']['network']} | {job['model']} | {ddp / comp:.2f} | "
                          f"{res['ddp']['samples_per_s']:.1f} | {sp('ddp_powersgd1')} / {sp('ddp_powersgd4')} | "
                          f"{best or '–'} | {sp(best) if best else '–'} | {ok or '–'} | {sp(ok) if ok else '–'} | "
-                         f"{sp('ssgd')} |" if comp else "")
+                         f"{sp('ssgd')} | {sp('ddp_bf16')} / {sp('ddp_fp16')} |" if comp else "")
     return "\n".join(line for line in lines if line)
+
+
+def tta_missed(run: dict[str, Any], model: str) -> set[str]:
+    """The variants that missed the time-to-accuracy target of the job that stands for ``model``'s
+    accuracy: the transformer's own (validation loss), the digits CNN's for the other models."""
+    task = "lm" if model == "transformer" else "digits"
+    tta = next((j for j in run["jobs"] if j.get("mode") == "tta" and j.get("results")
+                and j.get("task", "digits") == task), None)
+    return set() if tta is None else {k for k, v in tta["results"].items() if v["time_to_target_s"] is None}
 
 
 def load_runs(results_dir: Path) -> list[dict[str, Any]]:

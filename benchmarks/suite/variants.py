@@ -16,6 +16,8 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.nn as nn
 
+from .baselines import b_ddp, ddp_bytes_per_step
+
 __all__ = ["Skip", "Ctx", "Runner", "VARIANTS", "DEFAULT", "QUICK", "build", "describe", "ddp_bytes_per_step",
            "known", "is_ours"]
 
@@ -38,6 +40,7 @@ class Ctx:
     size: int
     lr: float = 0.01
     momentum: float = 0.9
+    optimizer: str = "sgd"  # "sgd" (with ``momentum``) or "adamw" (the transformer's time-to-accuracy)
     density: float = 0.001
     period: int = 4
     warmup_steps: int = 0
@@ -111,6 +114,10 @@ def _hco():
 
 # -- builders ----------------------------------------------------------------------------------------
 def _sgd(model: nn.Module, ctx: Ctx, momentum: float | None = None) -> torch.optim.Optimizer:
+    """The local optimizer: SGD with ``ctx.momentum`` (``momentum`` overrides it: DGC applies its
+    own), or AdamW (``ctx.optimizer == "adamw"``; weight decay 0.01, no momentum to override)."""
+    if ctx.optimizer == "adamw":
+        return torch.optim.AdamW(model.parameters(), lr=ctx.lr, weight_decay=0.01)
     return torch.optim.SGD(model.parameters(), lr=ctx.lr, momentum=ctx.momentum if momentum is None else momentum)
 
 
@@ -134,47 +141,6 @@ def _ours(name: str, model: nn.Module, ctx: Ctx, momentum: float | None = None, 
 
 def b_compute(model: nn.Module, ctx: Ctx) -> Runner:
     return Runner("compute", model, _sgd(model, ctx), model)
-
-
-def ddp_bytes_per_step(model: nn.Module, size: int, rank_r: int | None = None, min_rate: float = 2.0) -> int:
-    """Analytic bytes each rank sends per step: ring allreduce 2(P-1)/P of what DDP reduces.
-
-    Plain DDP reduces every gradient (fp32). PowerSGD (``rank_r``) reduces, per 2-D view
-    (n x m) of a >= 2-D gradient, P (n x r) and Q (m x r) when that compresses at least
-    ``min_rate``-fold (torch's ``min_compression_rate``), and the rest uncompressed.
-    """
-    elems = 0
-    for p in model.parameters():
-        if rank_r is None or p.dim() <= 1:
-            elems += p.numel()
-            continue
-        n, m = p.shape[0], p.numel() // p.shape[0]
-        r = min(rank_r, n, m)
-        elems += (n + m) * r if n * m >= min_rate * (n + m) * r else n * m
-    return int(2 * (size - 1) / size * 4 * elems)
-
-
-def b_ddp(model: nn.Module, ctx: Ctx, powersgd_rank: int | None = None, first_bucket: bool = True) -> Runner:
-    from torch.nn.parallel import DistributedDataParallel as DDP
-    # one Gloo group per DDP instance: with three DDPs on one group, ResNet jobs intermittently
-    # died of a Gloo message-size mismatch inside backward (docs/benchmarking.md#powersgd-buckets)
-    group = ctx.new_ddp_group() if ctx.new_ddp_group is not None else ctx.ddp_group
-    # bucket_cap_mb=None is DDP's default: 25 MiB buckets after a 1 MiB first one. An explicit 25
-    # is not the same: torch makes the first bucket only when bucket_cap_mb is None
-    # (BucketCapacityConfig), so the explicit cap means no first bucket (`ddp_nofirst`). PowerSGD
-    # keeps the explicit cap: its hook chains further collectives from each bucket's callbacks,
-    # and with several buckets in flight Gloo receives them in a different order on each rank (a
-    # message-size mismatch; docs/benchmarking.md#powersgd-buckets)
-    first_bucket = first_bucket and powersgd_rank is None
-    ddp = DDP(model, bucket_cap_mb=None if first_bucket else 25, process_group=group)
-    name = "ddp" if first_bucket else "ddp_nofirst"
-    if powersgd_rank is not None:
-        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
-        state = psgd.PowerSGDState(process_group=group, matrix_approximation_rank=powersgd_rank,
-                                   start_powerSGD_iter=max(2, ctx.powersgd_start))
-        ddp.register_comm_hook(state, psgd.powerSGD_hook)
-        name = f"ddp_powersgd{powersgd_rank}"
-    return Runner(name, ddp, _sgd(ddp, ctx), model, analytic_bytes=ddp_bytes_per_step(model, ctx.size, powersgd_rank))
 
 
 def b_ssgd_gloo(model: nn.Module, ctx: Ctx) -> Runner:
@@ -288,6 +254,10 @@ def b_fp16(model: nn.Module, ctx: Ctx) -> Runner:
     return _ours("fp16", model, ctx, compression=_hco().Compression.fp16)
 
 
+def b_bf16(model: nn.Module, ctx: Ctx) -> Runner:
+    return _ours("bf16", model, ctx, compression=_hco().Compression.bf16)
+
+
 # name -> (builder, one-line description)
 VARIANTS: dict[str, tuple[Callable[[nn.Module, Ctx], Runner], str]] = {
     "compute": (b_compute, "no communication: the compute-only lower bound"),
@@ -295,6 +265,8 @@ VARIANTS: dict[str, tuple[Callable[[nn.Module, Ctx], Runner], str]] = {
     "ddp_nofirst": (lambda m, c: b_ddp(m, c, first_bucket=False), "DDP with bucket_cap_mb=25: no first bucket"),
     "ddp_powersgd1": (lambda m, c: b_ddp(m, c, 1), "DDP + PowerSGD comm hook, rank 1"),
     "ddp_powersgd4": (lambda m, c: b_ddp(m, c, 4), "DDP + PowerSGD comm hook, rank 4"),
+    "ddp_bf16": (lambda m, c: b_ddp(m, c, hook="bf16"), "DDP + bf16_compress_hook (gradients sent as bfloat16)"),
+    "ddp_fp16": (lambda m, c: b_ddp(m, c, hook="fp16"), "DDP + fp16_compress_hook (gradients sent as float16)"),
     "ssgd": (lambda m, c: _ours("ssgd", m, c), "our S-SGD, threshold fusion (25 MiB), default backend"),
     "ssgd_nofirst": (lambda m, c: _ours("ssgd_nofirst", m, c, fusion_options={"first_bucket_bytes": 0}),
                      "our S-SGD without DDP's 1 MiB first bucket (nothing overlaps backward on a model under 25 MiB)"),
@@ -303,6 +275,7 @@ VARIANTS: dict[str, tuple[Callable[[nn.Module, Ctx], Runner], str]] = {
     "optimal": (b_fusion("optimal"), "S-SGD, exact (DP) bucket planner"),
     "auto": (b_fusion("auto"), "S-SGD, the planner the simulator predicts fastest"),
     "fp16": (b_fp16, "S-SGD, fp16 compression"),
+    "bf16": (b_bf16, "S-SGD, bf16 compression"),
     "topk": (b_sparse("topk"), "Top-k S-SGD (whole-bucket top-k, allgather, error feedback)"),
     "gtopk": (b_sparse("gtopk"), "gTop-k S-SGD (recursive doubling)"),
     "lags": (b_sparse("topk", layerwise=True), "LAGS-SGD: layer-wise top-k, one bucket per layer"),
@@ -350,11 +323,11 @@ VARIANTS: dict[str, tuple[Callable[[nn.Module, Ctx], Runner], str]] = {
 NATIVE_AB = ("topk_np", "dgc_np", "lags_fused_np")
 BACKEND_AB = ("topk_ar", "lags_queued")  # opt-in A/Bs of a backend choice, like the _np ones
 DEFAULT = [n for n in VARIANTS if n != "ssgd_gloo" and n not in NATIVE_AB + BACKEND_AB]
-QUICK = ["compute", "ddp", "ddp_powersgd1", "ssgd", "mgwfbp", "fp16", "topk", "gtopk", "dgc", "od", "local_sgd"]
+QUICK = ["compute", "ddp", "ddp_bf16", "ddp_powersgd1", "ssgd", "mgwfbp", "fp16", "topk", "gtopk", "dgc", "od", "local_sgd"]
 
 
 # the variants that do not run on our library: the bounds and DDP's, what ours are compared with
-BASELINES = ("compute", "ddp", "ddp_nofirst", "ddp_powersgd1", "ddp_powersgd4")
+BASELINES = ("compute", "ddp", "ddp_nofirst", "ddp_powersgd1", "ddp_powersgd4", "ddp_bf16", "ddp_fp16")
 
 
 def is_ours(name: str) -> bool:

@@ -26,10 +26,9 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from hvd_commopt import timeline
 from hvd_commopt.comm import direct
@@ -40,19 +39,11 @@ from ..common import ROOT, block_order
 
 from . import variants as V
 from .rankenv import RankEnv, setup
+from .workloads import MODELS, TRANSFORMER_SHAPES, Workload, rank_device, workload
 
 __all__ = ["main", "timed_step", "add_ready_instants"]
 
 _PAIR_SUM_BYTES = pair_sum.MAX_BYTES  # the library's bound, restored after a topk_ar step
-
-
-def _models(name: str, quick: bool) -> tuple[Callable[[], torch.nn.Module], Callable[[], torch.Tensor], int]:
-    from benchmarks.models import deep_mlp, resnet18
-    if name == "resnet18":
-        return (lambda: resnet18(width=16 if quick else 64)), (lambda: torch.randn(8, 3, 32, 32)), 8
-    if name == "deep_mlp":
-        return (lambda: deep_mlp(depth=12 if quick else 48)), (lambda: torch.randn(32, 64)), 32
-    raise SystemExit(f"unknown model {name!r}: use resnet18 or deep_mlp")
 
 
 def add_ready_instants(model: torch.nn.Module) -> None:
@@ -80,7 +71,7 @@ def timed_step(r: V.Runner, x: torch.Tensor, y: torch.Tensor) -> None:
     with timeline.span("step", "step"):
         r.opt.zero_grad()
         with timeline.span("forward", "forward"):
-            loss = F.cross_entropy(r.module(x), y)
+            loss = Workload.loss(r.module(x), y)
         with timeline.span("backward", "backward"):
             loss.backward()
         if r.ours and engine_traces():
@@ -107,11 +98,11 @@ def _build_all(names: list[str], base: torch.nn.Module, ctx: V.Ctx, env: RankEnv
 
 def run(args: argparse.Namespace) -> dict:
     env = setup(args.progress)
-    build_model, make_x, batch = _models(args.model, args.quick)
+    wl = workload(args.model, args.quick, rank_device(args.device, env.rank), args.transformer_shape)
+    batch = wl.batch_per_rank
     torch.manual_seed(0)
-    base = build_model()
-    x = make_x()
-    y = torch.randint(0, 10, (x.shape[0],))
+    base = wl.build()
+    x, y = wl.batch()
     ctx = V.Ctx(mode="throughput", rank=env.rank, size=env.size, density=args.density, period=args.steps,
                 ddp_group=env.ddp_group, new_ddp_group=env.new_gloo_group, gloo_comm=env.gloo_comm,
                 fresh_comm=env.fresh_comm if env.backend == "gloo" else None,
@@ -221,6 +212,7 @@ def run(args: argparse.Namespace) -> dict:
             out[name]["fusion_report"] = json.loads(json.dumps(rep, default=str))
     nparams = sum(p.numel() for p in base.parameters())
     return {"mode": "throughput", "model": args.model, "params": nparams, "batch_per_rank": batch,
+            "device": str(wl.device), "tokens_per_sample": wl.tokens_per_sample,
             "ranks": env.size, "blocks": args.blocks, "steps_per_block": args.steps, "warmup_steps": args.warmup,
             "block_warmup_steps": args.block_warmup,
             "density": args.density, "period": args.steps, "backend": env.backend, "mpi_library": env.mpi_library,
@@ -230,7 +222,9 @@ def run(args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="one rank of a benchmarks.run throughput job")
-    ap.add_argument("--model", required=True)
+    ap.add_argument("--model", required=True, choices=MODELS)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (one GPU per rank)")
+    ap.add_argument("--transformer-shape", default="auto", choices=TRANSFORMER_SHAPES)
     ap.add_argument("--variants", required=True)
     ap.add_argument("--blocks", type=int, default=3)
     ap.add_argument("--steps", type=int, default=4)

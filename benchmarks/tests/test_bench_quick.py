@@ -98,3 +98,36 @@ def test_reports_plots_and_timelines(quick_run) -> None:
         assert {"forward", "backward", "update", "step"} <= lanes
     assert (tl / "ddp.rank0.json").exists()
     assert "loopback deep_mlp" in r.stderr  # the tqdm bar's description
+
+
+def test_quick_transformer_with_the_hook_baselines(tmp_path) -> None:
+    """``--models transformer`` at 2 ranks on loopback: the throughput job on the tiny GPT, DDP's
+    fp16/bf16 hook baselines beside our fp16/bf16 (half of DDP's bytes each), and the
+    time-to-validation-loss job with its table and plot (the digits job left out)."""
+    _require()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HVD_COMMOPT_TIMEOUT": "120"}
+    env.pop("HVD_COMMOPT_BACKEND", None)
+    cmd = [sys.executable, "-m", "benchmarks.run", "--net", "loopback", "--ranks", "2", "--quick", "--mpi", "openmpi",
+           "--variants", "compute,ddp,ddp_bf16,ddp_fp16,ssgd,fp16,bf16", "--models", "transformer",
+           "--tta-tasks", "transformer", "--lm-steps", "10", "--lm-eval-every", "5", "--timeout", "240",
+           "--out", str(tmp_path)]
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=420)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    run = json.loads((tmp_path / "bench_loopback.json").read_text())
+    assert [j["mode"] for j in run["jobs"]] == ["throughput", "tta"]  # no digits job
+    tp, lm = run["jobs"]
+    res = tp["results"]
+    assert tp["model"] == "transformer" and tp["status"]["ddp_bf16"] == "ok" and tp["status"]["ddp_fp16"] == "ok"
+    for hook, ours in (("ddp_bf16", "bf16"), ("ddp_fp16", "fp16")):
+        assert res[hook]["bytes_per_step_analytic"] * 2 == res["ddp"]["bytes_per_step_analytic"]
+        assert res[ours]["bytes_sent_per_step_accounted"][0] == pytest.approx(res[hook]["bytes_per_step_analytic"],
+                                                                               rel=0.01)
+    assert lm["task"] == "lm" and set(lm["results"]) == {"ddp", "ddp_bf16", "ddp_fp16", "ssgd", "fp16", "bf16"}
+    for name, v in lm["results"].items():
+        assert [p["step"] for p in v["curve"]] == [0, 5, 10], name
+        assert v["final_val_loss"] < lm["initial_val_loss"], name  # ten AdamW steps lower the loss
+    # DDP and our S-SGD average the same gradients: the same validation loss (float32 sums in another order)
+    assert lm["results"]["ssgd"]["final_val_loss"] == pytest.approx(lm["results"]["ddp"]["final_val_loss"], rel=1e-3)
+    md = (tmp_path / "bench_loopback.md").read_text()
+    assert "Time to validation loss" in md and "| ddp_bf16 |" in md
+    assert (tmp_path / "plots" / "loopback" / "val_loss_vs_time.png").exists()

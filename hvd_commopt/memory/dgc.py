@@ -17,6 +17,7 @@ scales the clipping norm by sqrt(1/P); pass ``clip_norm`` already scaled for tha
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any, Sequence
 
 from ..buckets import Bucket
@@ -65,6 +66,7 @@ class DGCMemory:
         self._v = TensorStore("DGC velocity")
         self._snaps = (Generations(self._u), Generations(self._v))
         self._skipped: set[str] = set()
+        self._warned_no_momentum = False
 
     fuses_selection = True  # compensate_select: the fused step of select_with_memory
     auto = False  # set by MomentumCorrection: falls back to error feedback where it cannot switch
@@ -96,8 +98,24 @@ class DGCMemory:
                               f"got {momentum}")
         self.momentum, self.nesterov = float(momentum), bool(nesterov)
         self._bound = True
+        self._check_bound()  # warns, once, when the momentum bound here is 0
 
     def _check_bound(self) -> None:
+        """Refuse a momentum that was never bound; warn once when the wrapped optimizer's momentum,
+        taken because none was given, is 0: DGC then runs with no momentum anywhere, which its
+        paper's usage (momentum inside DGC, optimizer without it) silently becomes when the
+        optimizer follows the paper but the compression is left at momentum=None
+        (docs/dgc.md#no-momentum). :class:`~hvd_commopt.memory.momentum.MomentumCorrection`
+        overrides this: there μ = 0 is plain error feedback, by design."""
+        if self._bound and self.from_optimizer and self.momentum == 0.0 and not self._warned_no_momentum:
+            self._warned_no_momentum = True
+            warnings.warn("Compression.dgc() takes its momentum from the wrapped optimizer (momentum=None), and "
+                          "that optimizer has none (momentum 0, or no momentum hyper-parameter, as Adam): DGC "
+                          "runs with no momentum at all (docs/dgc.md#no-momentum). Pass the momentum to DGC, "
+                          "Compression.dgc(..., momentum=0.9), or give the optimizer its momentum "
+                          "(SGD(..., momentum=0.9); DGC then applies it itself); pass momentum=0.0 to train "
+                          "without it on purpose (e.g. under Adam, whose first moment is its momentum).",
+                          RuntimeWarning, stacklevel=2)
         if not self._bound:
             raise ConfigError("this compression takes its momentum from the wrapped optimizer (momentum=None), "
                               "but no optimizer is attached (DistributedGradientTape, reduce_step): pass the "
