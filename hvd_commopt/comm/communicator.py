@@ -24,7 +24,6 @@ import threading
 import time
 from typing import Any, Callable
 
-import numpy as np
 
 from .. import timeline as _timeline
 from ..errors import CollectiveTimeoutError, ConfigError, HvdCommoptError
@@ -32,6 +31,7 @@ from .base import REDUCE_OPS, Backend
 from . import direct as _direct
 from .direct import DirectHandle
 from .handle import Handle, JoinedReply
+from .objects import ObjectCollectives
 from .traffic import CountingLink, TrafficCounter, from_wire, nbytes as _nbytes, to_wire
 from ..errors import RankFailedError
 
@@ -44,7 +44,7 @@ _STOP = object()
 _PEER_CHECK_S = 0.2
 
 
-class Communicator:
+class Communicator(ObjectCollectives):
     """Rank, size and collectives over a :class:`Backend`, each available blocking or async.
 
     Args:
@@ -366,31 +366,6 @@ class Communicator:
             return (link.sent, link.received) if link is not None else (0, 0)
 
         return self._submit(op, name, call, (), traffic)
-
-    # -- Python objects (set-up only: pickled, host memory) ------------------------------------
-    def allgather_object(self, obj: Any, name: str = "allgather_object") -> list[Any]:
-        """Every rank's ``obj``, in rank order. Always on host bytes, whatever the backend."""
-        data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
-        out, counts = self.wait(self._submit("allgather", name, self._host_allgather, (data, name),
-                                             lambda r: ((self.size - 1) * data.nbytes, 0)))
-        objs, off = [], 0
-        for c in counts:
-            objs.append(pickle.loads(out[off:off + c].tobytes()))
-            off += c
-        joined = [r for r, o in enumerate(objs) if isinstance(o, JoinedReply)]
-        if joined and not isinstance(obj, JoinedReply) and name != JoinedReply.NEGOTIATION:
-            raise HvdCommoptError(f"'{name}' (an exchange of Python objects) cannot run while rank(s) {joined} "
-                                  f"have called join(): only allreduces and barriers can "
-                                  f"(docs/horovod_api.md#join). Call it before join(), on every rank")
-        return objs
-
-    def broadcast_object(self, obj: Any, root: int = 0, name: str = "broadcast_object") -> Any:
-        """root's ``obj`` on every rank."""
-        self.check_rank(root, "root")
-        return self.allgather_object(obj if self.rank == root else None, name)[root]
-
-    def _host_allgather(self, data: np.ndarray, name: str, deadline: float):
-        return self.backend.allgather_host(data, name, deadline)
 
     # -- lifecycle ----------------------------------------------------------------------------
     def check_rank(self, r: int, what: str) -> None:
