@@ -93,6 +93,7 @@ class AutoPolicy:
         self.report: dict[str, Any] | None = None
         self.decisions = 0
         self._warned = False
+        self._rank = 0
         self.restart()
 
     def restart(self) -> None:
@@ -179,6 +180,7 @@ class AutoPolicy:
 
     def _decide(self, port: PolicyPort) -> None:
         comm = port.comm
+        self._rank = comm.rank
         self.cost_model = self._cost_model(port)
         self._recalibrate = False
         payload: Any = None
@@ -280,6 +282,8 @@ class AutoPolicy:
         rep["measured_s"], rep["measured_steps"] = m, len(self._recent)
         rep["prediction_error"] = rep["predicted_s"] / m - 1 if m > 0 else None
         rep["phase"] = "measured"
+        if self.options.verbose and self._rank == 0:
+            self.log(format_report(rep))
 
     def _watch(self, port: PolicyPort) -> None:
         """Every ``period`` steps: rank 0's verdict on re-deciding, broadcast (module docstring)."""
