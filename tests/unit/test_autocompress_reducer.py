@@ -185,3 +185,28 @@ def test_schedules_with_their_own_compression_refuse_auto(schedule):
             build_engine(comm, NumpyOps(), compression="auto", schedule=sched)
         return True
     assert run_ranks(1, body)[0]
+
+
+def test_checkpoint_keeps_the_choice_and_the_residuals():
+    def body(comm):
+        def engine():
+            red = AutoReducer(AutoOptions(warmup_steps=10 ** 6))
+            eng = build_engine(comm, NumpyOps(), compression=red, fusion_threshold=0)
+            eng.register(SPECS)
+            return eng
+        eng = engine()
+        for step, key in enumerate(["topk@0.1", "topk@0.1"]):
+            eng.reducer.assign({b.name: Method.parse(key) for b in eng.buckets})
+            g = int_grads(comm.rank, step)
+            for n in eng.backward_names:
+                eng.grad_ready(n, g[n])
+            eng.reduce_step()
+        eng.reducer.assign({b.name: Method("bf16") for b in eng.buckets})  # decided, not yet run
+        sd = eng.state_dict()
+        other = engine()
+        other.load_state_dict(sd)
+        same = {n: np.array_equal(a, velocities(other)[n]) for n, a in velocities(eng).items()}
+        return other.reducer.assignment == eng.reducer.assignment, other.reducer._flush_next, same
+    for same_choice, flush, same in run_ranks(2, body):
+        assert same_choice and all(same.values())
+        assert len(flush) == 3  # the switch to bf16 still owes each bucket its flush
