@@ -94,6 +94,8 @@ class AutoPolicy:
         self.decisions = 0
         self._warned = False
         self._rank = 0
+        self._previous: dict[str, Method] | None = None
+        self._banned: set[tuple[str, str]] = set()  # (bucket, kind) measured slower than predicted
         self.restart()
 
     def restart(self) -> None:
@@ -149,8 +151,8 @@ class AutoPolicy:
         self._recent.append(period)
         if self.phase == "measure":
             if len(self._recent) >= opts.measure_steps:
-                self._measured()
                 self.phase, self._since = "watch", 0
+                self._measured(port)
             return
         self._since += 1
         if self._since >= opts.period:
@@ -194,10 +196,8 @@ class AutoPolicy:
             self.phase = "failed"
             raise ConfigError(f"compression='auto': choosing failed on rank 0 ({payload['error']}); "
                               f"pass a fixed Compression.* instead")
-        sched = port.scheduler
-        if sched is not None and sched.outstanding:
-            sched.drain()  # rounds in flight use the old methods; draining is value-neutral
-        self.reducer.assign({k: Method.parse(v) for k, v in payload["assignment"].items()})
+        self._previous = {b.name: self.reducer.method_of(b.name) for b in port.buckets}
+        self._assign(port, {k: Method.parse(v) for k, v in payload["assignment"].items()})
         self.report = dict(payload["report"])
         self.decisions += 1
         self.report["decisions"] = self.decisions
@@ -208,6 +208,12 @@ class AutoPolicy:
         self._since = 0
         if self.options.verbose and comm.rank == 0:
             self.log(format_report(self.report))
+
+    def _assign(self, port: PolicyPort, methods: dict[str, Method]) -> None:
+        sched = port.scheduler
+        if sched is not None and sched.outstanding:
+            sched.drain()  # rounds in flight use the old methods; draining is value-neutral
+        self.reducer.assign(methods)
 
     def _fits(self, port: PolicyPort, kinds: Sequence[str], max_numel: int) -> dict[str, SelectFit]:
         ops, like = port.ops, self.reducer.like
@@ -244,7 +250,8 @@ class AutoPolicy:
                 notes.append((True, "1-D tensors, sent whole (docs/topk.md#dense-1d)"))
             else:
                 notes.append((True, ""))
-        cands = {b.name: (opts.candidates(sparse_ok=not b.dense) if ok else (DENSE,)) for b, (ok, _) in zip(buckets, notes)}
+        cands = {b.name: tuple(m for m in (opts.candidates(sparse_ok=not b.dense) if ok else (DENSE,))
+                               if m == DENSE or (b.name, m.kind) not in self._banned) for b, (ok, _) in zip(buckets, notes)}
         if port.comm.size == 1:
             cands = {b.name: (DENSE,) for b in buckets}
             notes = [(False, "one rank: nothing is sent")] * len(buckets)
@@ -274,7 +281,11 @@ class AutoPolicy:
         }
         return {"assignment": {c.name: c.method.key for c in choice.buckets}, "report": report, "warning": warning}
 
-    def _measured(self) -> None:
+    def _measured(self, port: PolicyPort) -> None:
+        """The decision's steps are measured. Rank 0 checks it against the step it replaced and
+        broadcasts the verdict: a decision measured slower than the profiled step before it by more
+        than ``margin`` is undone, and the methods it brought to a bucket are not chosen for that
+        bucket again (docs/auto-compression.md#revert)."""
         rep = self.report
         if rep is None or not self._recent:
             return
@@ -282,6 +293,23 @@ class AutoPolicy:
         rep["measured_s"], rep["measured_steps"] = m, len(self._recent)
         rep["prediction_error"] = rep["predicted_s"] / m - 1 if m > 0 else None
         rep["phase"] = "measured"
+        prev, self._previous = self._previous, None
+        changed = {k: v for k, v in (prev or {}).items() if self.reducer.method_of(k) != v}
+        revert = bool(changed) and m > rep["profiled_period_s"] * (1 + self.options.margin)
+        comm = port.comm
+        if comm.size > 1 and prev is not None:
+            revert = bool(comm.broadcast_object(revert, root=0, name="autocompress.revert"))
+        if revert:
+            self._banned |= {(k, self.reducer.method_of(k).kind) for k in changed if self.reducer.method_of(k) != DENSE}
+            rep["reverted"] = (f"measured {m * 1e3:.4g} ms against {rep['profiled_period_s'] * 1e3:.4g} ms before: "
+                               f"back to the previous methods; not chosen again for these buckets: "
+                               + ", ".join(f"{k} {self.reducer.method_of(k).key}" for k in sorted(changed)))
+            self._assign(port, prev)
+            for b in rep["buckets"]:
+                b["method"] = prev[b["bucket"]].key if b["bucket"] in prev else b["method"]
+            rep["predicted_s"] = rep["profiled_period_s"]
+            rep["phase"] = "reverted"
+            self.phase, self._recent = "settle", deque(maxlen=max(self.options.measure_steps, 1))
         if self.options.verbose and self._rank == 0:
             self.log(format_report(rep))
 

@@ -16,6 +16,8 @@ def format_report(rep: dict[str, Any]) -> str:
     lines = [f"[hvd_commopt] compression='auto' (decision {rep.get('decisions', 1)}): predicted step "
              f"{_ms(rep['predicted_s'])} (dense fp32 {_ms(rep['dense_predicted_s'])}), measured "
              f"{_ms(rep.get('measured_s'))}; re-decides beyond {rep['margin']:.0%} after {rep['period']} steps"]
+    if rep.get("reverted"):
+        lines.append(f"  reverted: {rep['reverted']}")
     for b in rep["buckets"]:
         lines.append(f"  {b['bucket']} ({b['bytes']} B): {b['method']} - {b['why']}")
     return "\n".join(lines)

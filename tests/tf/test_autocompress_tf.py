@@ -26,7 +26,7 @@ def test_keras_optimizer_with_auto_agrees_across_ranks():
     def body(comm):
         model = models[comm.rank]
         opt = hco.DistributedOptimizer(keras.optimizers.SGD(0.05), communicator=comm,
-                                       compression=Compression.auto(cost_model=SLOW))
+                                       compression=Compression.auto(cost_model=SLOW, margin=1e3))
 
         @tf.function
         def step(x, y):
