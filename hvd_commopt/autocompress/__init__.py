@@ -6,8 +6,9 @@ each bucket to its method, :class:`AutoPolicy` decides on rank 0, broadcasts and
 from .choose import BucketChoice, BucketCosts, Choice, choose, predict
 from .options import DEFAULT_ALLOW, DEFAULT_MIN_DENSITY, METHODS, AutoOptions, Method
 from .policy import AutoPolicy
+from .methods import CastWithMemory, build_method
 from .reducer import AutoReducer
 from .resolve import resolve_auto
 
-__all__ = ["AutoOptions", "AutoPolicy", "AutoReducer", "BucketChoice", "BucketCosts", "Choice", "DEFAULT_ALLOW",
+__all__ = ["AutoOptions", "AutoPolicy", "AutoReducer", "CastWithMemory", "build_method", "BucketChoice", "BucketCosts", "Choice", "DEFAULT_ALLOW",
            "DEFAULT_MIN_DENSITY", "METHODS", "Method", "choose", "predict", "resolve_auto"]

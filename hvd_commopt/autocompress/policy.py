@@ -37,11 +37,12 @@ from typing import Any, Callable, Protocol, Sequence
 from ..calibrate import calibrate
 from ..errors import ConfigError
 from ..fusion.cost_model import AlphaBeta, CostModel
-from ..fusion.pricing import fit_select_cost
 from ..reduce.base import Reducer
 from .choose import DENSE, choose, predict
 from .options import AutoOptions, Method
-from .pricing import SelectFit, bucket_costs, fit_kind
+from .local_cost import measure_local_costs
+from .methods import build_method
+from .pricing import SelectFit, bucket_costs
 from .report import format_report
 
 __all__ = ["AutoPolicy", "PolicyPort", "Routing"]
@@ -215,23 +216,14 @@ class AutoPolicy:
             sched.drain()  # rounds in flight use the old methods; draining is value-neutral
         self.reducer.assign(methods)
 
-    def _fits(self, port: PolicyPort, kinds: Sequence[str], max_numel: int) -> dict[str, SelectFit]:
-        ops, like = port.ops, self.reducer.like
-        fits: dict[str, SelectFit] = {}
-        if like is None:
-            return fits
-        d = self.options.densities[-1] if self.options.densities else 0.01
-        for kind in kinds:
-            sub: Reducer = self.reducer.sub(Method(kind, d) if kind not in ("bf16", "fp16") else Method(kind))
-            comp = sub.compressor
-            if kind in ("bf16", "fp16"):
-                def run(buf: Any, k: int, comp: Any = comp) -> Any:
-                    return comp.compress(ops, buf)[0]
-            else:
-                def run(buf: Any, k: int, comp: Any = comp) -> Any:
-                    return comp.select(ops, buf, None, 0)[0]
-            fits[kind] = fit_select_cost(ops, like, d, max_numel, self.clock, select=run)
-        return fits
+    def _fits(self, port: PolicyPort, methods: Sequence[Method], max_numel: int) -> dict[str, SelectFit]:
+        """Each candidate's compute on this machine, measured whole (:mod:`.local_cost`)."""
+        like = self.reducer.like
+        if like is None or not methods:
+            return {}
+        mem = self.reducer.memory
+        return measure_local_costs(port.ops, like, methods, max_numel, float(mem.momentum or 0.0), bool(mem.nesterov),
+                                   build_method)
 
     def _choose_on_rank0(self, port: PolicyPort) -> dict[str, Any]:
         buckets = port.buckets
@@ -258,8 +250,8 @@ class AutoPolicy:
         elif not any(ok for ok, _ in notes):
             warning = (f"compression='auto': no compressor applies to these gradients ({notes[0][1]}); "
                        f"sending them dense")
-        kinds = sorted({fit_kind(m) for ms in cands.values() for m in ms if m != DENSE})
-        fits = self._fits(port, kinds, max((b.numel for b in buckets), default=1))
+        methods = sorted({m for ms in cands.values() for m in ms if m != DENSE}, key=lambda m: m.lossiness)
+        fits = self._fits(port, methods, max((b.numel for b in buckets), default=1))
         costs = [bucket_costs(b.name, b.numel * 4, gaps[i], cands[b.name], cm, fits, notes[i][1])
                  for i, b in enumerate(buckets)]
         current = [self.reducer.method_of(b.name) for b in buckets]

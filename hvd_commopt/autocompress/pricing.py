@@ -19,7 +19,7 @@ from ..fusion.pricing import dense_pricing, sparse_pricing
 from .choose import BucketCosts
 from .options import Method
 
-__all__ = ["SelectFit", "method_costs", "bucket_costs", "fit_kind"]
+__all__ = ["SelectFit", "method_costs", "bucket_costs", "fit_kind", "compress_time"]
 
 #: ``(s, c0)`` of ``c0 + s·x·log2 x`` seconds for x elements.
 SelectFit = tuple[float, float]
@@ -33,17 +33,27 @@ def fit_kind(method: Method) -> str:
     return {"gtopk": "topk", "oktopk": "topk"}.get(method.kind, method.kind)
 
 
+def compress_time(method: Method, nbytes: int, fits: Mapping[str, SelectFit]) -> float:
+    """The compute ``method`` adds to a bucket over dense fp32: ``c0 + s·x`` for x elements with
+    ``fits[method.key]`` (measured whole, :mod:`.local_cost`), or else OMGS's ``c0 + s·x·log2 x``
+    with ``fits[kind]`` (the selection alone, as the fusion planners price it)."""
+    if method.key in fits:
+        s, c0 = fits[method.key]
+        return c0 + s * (nbytes // 4)
+    s, c0 = fits.get(fit_kind(method), (0.0, 0.0))
+    return topk_select_time(s, c0=c0)(nbytes)
+
+
 def method_costs(method: Method, nbytes: int, cost: CostModel, fits: Mapping[str, SelectFit]) -> tuple[float, float] | None:
     """``(compress_s, comm_s)`` of ``method`` on a bucket of ``nbytes`` fp32 bytes; None when the
     cost model cannot price it (gTop-k without a point-to-point fit)."""
     if method.kind == "none":
         return 0.0, dense_pricing(cost, 1.0, "dense").comm_time(nbytes)
-    s, c0 = fits.get(fit_kind(method), (0.0, 0.0))
-    sel = topk_select_time(s, c0=c0)(nbytes)
+    sel = compress_time(method, nbytes, fits)
     if not method.sparse:
         return sel, dense_pricing(cost, 0.5, method.kind).comm_time(nbytes)
     try:
-        pr = sparse_pricing(cost, _COMM_KIND[method.kind], method.density, s, c0)
+        pr = sparse_pricing(cost, _COMM_KIND[method.kind], method.density)
     except ConfigError:
         return None
     return sel, pr.comm_time(nbytes)
