@@ -10,12 +10,13 @@ tuner (docs/auto-compression.md#policy):
    its ``start`` took (this rank's clock);
 4. decide (every rank enters, the same step): the link is calibrated once
    (:func:`hvd_commopt.calibrate.calibrate`; the fusion tuner's model or ``cost_model=`` when
-   given), rank 0 fits the selection/cast cost of each allowed kind on its tensor ops
-   (:func:`hvd_commopt.fusion.pricing.fit_select_cost`), chooses
+   given), rank 0 measures the compute each candidate adds on its tensor ops
+   (:func:`~hvd_commopt.autocompress.local_cost.measure_local_costs`), chooses
    (:func:`~hvd_commopt.autocompress.choose.choose`) and broadcasts; every rank applies the same
    assignment (rounds of a delayed schedule in flight are drained first);
 5. ``settle`` one step, ``measure`` ``measure_steps`` steps (the median period is the measured
-   step), then ``watch``: every ``period`` steps rank 0 compares the median of its last
+   step; a decision measured slower than the step before it by more than ``margin`` is undone on
+   rank 0's verdict, and its methods are not chosen for those buckets again), then ``watch``: every ``period`` steps rank 0 compares the median of its last
    ``measure_steps`` periods with the prediction and broadcasts its verdict; a difference above
    ``margin`` re-profiles (with the current assignment) and decides again, with a fresh
    calibration of the link (a link that got slower) unless a cost model was given.
