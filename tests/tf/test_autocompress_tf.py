@@ -39,8 +39,9 @@ def test_keras_optimizer_with_auto_agrees_across_ranks():
             x = rng.standard_normal((8, 16)).astype(np.float32)
             step(x, x[:, :4].argmax(1).astype(np.int64))
         rep = opt.comm_engine.compression_report
+        assert rep["decisions"] == 1 and all(b["why"] for b in rep["buckets"])
         return [w.numpy() for w in model.trainable_variables], [(b["bucket"], b["method"]) for b in rep["buckets"]]
     (w0, m0), (w1, m1) = run_ranks(2, body)
-    assert m0 == m1 and any("@" in m for _, m in m0)  # the 16 KB kernel goes sparse on the slow link
+    assert m0 == m1 and any(m != "none" for _, m in m0)  # the kernel is compressed on the slow link
     for a, b in zip(w0, w1):
         np.testing.assert_array_equal(a, b)
