@@ -55,6 +55,7 @@ class Routing(Protocol):
     options: AutoOptions
     timing: Any
     like: Any
+    memory: Any  # the shared memory (its momentum, for timing each candidate alike)
 
     def sub(self, method: Method) -> Reducer: ...
     def method_of(self, bucket_name: str) -> Method: ...
