@@ -18,9 +18,11 @@ densities (see :class:`hvd_commopt.compress.selector.DensitySpec`).
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 from .errors import ConfigError
+from .autocompress.options import DEFAULT_ALLOW, DEFAULT_MIN_DENSITY, AutoOptions
+from .autocompress.reducer import AutoReducer
 from .compress.cast import BF16Compressor, FP16Compressor, NoneCompressor
 from .compress.dgc import DGCSelector
 from .compress.randomk import RandomKSelector
@@ -162,3 +164,34 @@ class Compression:
         return OkTopK(density, error_feedback=error_feedback, index_dtype=index_dtype, selection=selection,
                       tau=tau, band=band, rebalance=rebalance, min_k=min_k, dense_1d=dense_1d,
                       memory=_memory(error_feedback, momentum_correction, momentum_masking, nonfinite))
+
+    @staticmethod
+    def auto(min_density: float = DEFAULT_MIN_DENSITY, allow: Sequence[str] = DEFAULT_ALLOW, margin: float = 0.25,
+             period: int = 200, verbose: bool = False, cost_model: Any = None) -> AutoReducer:
+        """Per bucket, the method with the shortest predicted step (docs/auto-compression.md#model):
+        dense fp32, bf16/fp16, or Top-k / DGC / gTop-k / Ok-Topk / random-k at a density, all
+        with error feedback, from the calibrated link, the measured selection cost and the
+        profiled backward timeline; rank 0 decides, every rank follows. ``compression="auto"`` is
+        ``Compression.auto()``.
+
+        Args:
+            min_density: the lowest density a sparse method may use; 0.01 by default, the density
+                the convergence tables show reaching S-SGD's accuracy (docs/auto-compression.md#accuracy-floor).
+            allow: the methods to choose from, of ``"none"``, ``"bf16"``, ``"fp16"``, ``"topk"``,
+                ``"dgc"``, ``"gtopk"``, ``"oktopk"``, ``"randomk"``; default ``("none", "bf16",
+                "topk", "dgc", "gtopk")`` (docs/auto-compression.md#defaults). Dense fp32 is always
+                a candidate.
+            margin: re-decide when the measured step and the prediction differ by more than this
+                fraction (checked every ``period`` steps).
+            period: at least this many steps between two decisions.
+            verbose: print the report on rank 0 after each decision.
+            cost_model: a fitted link model (``CostModel``, its dict or a JSON path) instead of
+                calibrating the link (e.g. an emulated link measured once).
+
+        Raises:
+            ConfigError: ``allow`` naming an unknown method or nothing, or a bound that excludes
+                every method allowed.
+        """
+        return AutoReducer(AutoOptions(min_density=min_density, allow=tuple(allow) if not isinstance(allow, str)
+                                       else (allow,), margin=margin, period=period, verbose=verbose,
+                                       cost_model=cost_model))

@@ -100,6 +100,12 @@ class _DistributedOptimizerMixin:
         return self._hco_engine.fusion_report
 
     @property
+    def compression_report(self) -> dict | None:
+        """With ``compression="auto"``: per bucket the method chosen and why, the predicted and
+        measured step (docs/auto-compression.md#report); None otherwise."""
+        return self._hco_engine.compression_report
+
+    @property
     def comm_stats(self) -> dict:
         """Traffic and wait time of the last step (bytes sent/received, seconds, per bucket)."""
         return self._hco_engine.last_stats.as_dict()
@@ -262,6 +268,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         optimizer: any ``torch.optim`` optimizer (converted in place and returned).
         named_parameters: ``model.named_parameters()``; names must match across ranks.
         compression: ``Compression.none`` (default), ``Compression.fp16``, ``Compression.bf16``.
+            ``"auto"`` / ``Compression.auto(...)``: chosen per bucket at run time (docs/auto-compression.md).
         backward_passes_per_step: local accumulation passes before one reduction (summed).
         op: ``Average`` (default) or ``Sum``.
         gradient_predivide_factor: with Average, divide by f before the sum, by size/f after.

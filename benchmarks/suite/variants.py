@@ -313,6 +313,8 @@ VARIANTS: dict[str, tuple[Callable[[nn.Module, Ctx], Runner], str]] = {
     "cd": (b_schedule("cd"), "CD-SGD (delayed, ternary-compressed gradients)"),
     "cocod": (b_schedule("cocod"), "CoCoD-SGD (decoupled model averaging)"),
     "local_sgd": (b_schedule("local_sgd"), "local SGD (periodic model averaging)"),
+    "auto": (lambda m, c: _ours("auto", m, c, compression=_hco().Compression.auto(cost_model=c.cost_model or None, verbose=True)),
+             "compression='auto': per bucket, the method the link model predicts fastest (docs/auto-compression.md)"),
 }
 
 # ssgd_gloo is opt-in: with DDP's Gloo group and our Gloo communicator in one process, a ResNet job

@@ -33,6 +33,7 @@ from typing import Any, Callable, Sequence
 
 from .. import env
 from .. import timeline as _timeline
+from ..autocompress.resolve import resolve_auto
 from ..buckets import Bucket, TensorSpec, build_buckets
 from ..comm.communicator import Communicator
 from ..compress.base import Compressor
@@ -91,7 +92,8 @@ class CommEngine:
         self.backward_passes_per_step = check_backward_passes(backward_passes_per_step)
         f = check_predivide(gradient_predivide_factor, op)
         self.comm, self.ops = comm, ops
-        self.reducer = own_reducer(make_reducer(compression, op), self)
+        # compression="auto": one method per bucket, chosen at run time (docs/auto-compression.md#policy)
+        self.reducer = own_reducer(make_reducer(resolve_auto(compression, op), op), self)
         self.fusion_threshold, self.fusion_threshold_source = env.fusion_threshold_setting(fusion_threshold)
         self.op = op
         self.gradient_predivide_factor = f

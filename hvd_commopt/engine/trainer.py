@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
 
 from .. import timeline as _timeline
+from ..autocompress.reducer import AutoReducer
 from ..buckets import Bucket, TensorSpec
 from ..comm.communicator import Communicator
 from ..errors import HvdCommoptError
@@ -159,6 +160,8 @@ class Trainer:
                     new_plan, f"fusion={tuner.strategy!r} planned differently on some rank")},
                     what="fusion plan")
                 self.set_plan(new_plan)
+            if isinstance(self.engine.reducer, AutoReducer):  # compression="auto" decides after fusion
+                self.engine.reducer.policy.step_end(self.engine)  # docs/auto-compression.md#policy
             return loss
 
     def synchronize(self) -> dict[str, Any]:
@@ -247,3 +250,13 @@ class Trainer:
     def fusion_report(self) -> dict | None:
         """The bucketing in use and, for planned strategies, predicted vs measured iteration time."""
         return self.engine.tuner.report
+
+    @property
+    def compression_report(self) -> dict | None:
+        """compression="auto"'s decision per bucket, predicted and measured step, why
+        (docs/auto-compression.md#report); None for a fixed compression or before deciding."""
+        reducer = self.engine.reducer
+        if not isinstance(reducer, AutoReducer):
+            return None
+        rep = reducer.policy.report
+        return None if rep is None else dict(rep, phase=reducer.policy.phase)

@@ -22,6 +22,8 @@ FORBIDDEN = {
     "select": {"engine", "reduce", "schedule", "compress", "comm", "fusion", "builder", "runtime", "collectives",
                "numpy_ops", "calibrate", "process_sets", "compression"},
     "memory": {"reduce", "engine", "schedule", "builder", "collectives", "runtime", "comm", "fusion"},
+    # compression="auto": a reducer and its policy, below the engine that drives them
+    "autocompress": {"engine", "schedule", "builder", "collectives", "runtime", "compression"},
 }
 
 # package -> modules (of hvd_commopt, dotted) it must never import: a memory knows no selector

@@ -1,0 +1,176 @@
+"""The chooser: per bucket, the method whose predicted step is the shortest (a pure function).
+
+Model (docs/auto-compression.md#model): the DAG of one synchronous step
+(:func:`hvd_commopt.fusion.simulator.simulate`, docs/dag-model.md#task-graph) over the engine's
+buckets in launch order. Each bucket ``b`` has
+
+* ``gap_s``: the backward compute between the previous bucket's launch and its own (measured on
+  rank 0: the fusion tuner's timeline, per bucket; the first bucket's gap includes the forward);
+* per method ``m``: ``compress_s(m)`` on the compute stream (the selection or cast, fitted on this
+  machine and device) and ``comm_s(m)`` on the network queue (the calibrated alpha-beta model).
+
+The step is ``update_s`` after the later of the compute stream and the network queue. The
+search: the best uniform assignment (one method for every bucket) first, then coordinate
+descent, bucket by bucket, until no bucket changes (at most ``sweeps`` passes). Ties (within
+``tie`` of the best) go to the least lossy method (fp32, bf16, fp16, then sparse by falling
+density), so a method is chosen only when it pays; the result is never predicted slower than
+dense fp32 (dense is kept otherwise).
+
+The simulator takes one cost function per plan; the buckets are handed to it as tensors of
+``index + 1`` bytes, so that each cost function looks its bucket up by size
+(:func:`predict`): the real DAG code, per-bucket costs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from ..fusion.simulator import SimResult, simulate
+from .options import Method
+
+__all__ = ["BucketCosts", "BucketChoice", "Choice", "predict", "choose", "TIE"]
+
+#: A less lossy method within this fraction of the best predicted step wins (1 %).
+TIE = 0.01
+
+
+@dataclass(frozen=True)
+class BucketCosts:
+    """What one bucket costs, per candidate method (seconds).
+
+    Attributes:
+        name: the bucket's name; nbytes: its fp32 bytes.
+        gap_s: backward compute before it becomes ready (module docstring).
+        costs: method -> (compress_s, comm_s); the first key in least-lossy order is the
+            fallback (dense fp32 must be present).
+        note: why the candidates are restricted, if they are (a 1-D bucket, a dtype).
+    """
+
+    name: str
+    nbytes: int
+    gap_s: float
+    costs: Mapping[Method, tuple[float, float]]
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class BucketChoice:
+    """The decision for one bucket, with the numbers behind it and a sentence why."""
+
+    name: str
+    method: Method
+    compress_s: float
+    comm_s: float
+    step_if_dense_s: float
+    why: str
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The assignment, the predicted step with it and with dense fp32 everywhere."""
+
+    buckets: tuple[BucketChoice, ...]
+    predicted_s: float
+    dense_s: float
+    uniform: Method
+
+    @property
+    def methods(self) -> list[Method]:
+        return [b.method for b in self.buckets]
+
+
+DENSE = Method("none")
+
+
+def predict(buckets: Sequence[BucketCosts], methods: Sequence[Method], update_s: float = 0.0) -> SimResult:
+    """The simulated step with ``methods[b]`` for bucket ``b`` (module docstring)."""
+    sel = [buckets[b].costs[m][0] for b, m in enumerate(methods)]
+    comm = [buckets[b].costs[m][1] for b, m in enumerate(methods)]
+    n = len(buckets)
+    return simulate([[b] for b in range(n)], [b + 1 for b in range(n)], [bk.gap_s for bk in buckets],
+                    lambda x: comm[int(x) - 1], update_time=update_s, compress_time=lambda x: sel[int(x) - 1])
+
+
+def _best(options: Sequence[tuple[Method, float]], tie: float) -> tuple[Method, float]:
+    """The least lossy option within ``tie`` of the fastest."""
+    fastest = min(t for _, t in options)
+    ok = [(m, t) for m, t in options if t <= fastest * (1 + tie)]
+    return min(ok, key=lambda mt: (mt[0].lossiness, mt[1]))
+
+
+def choose(buckets: Sequence[BucketCosts], update_s: float = 0.0, tie: float = TIE, sweeps: int = 4) -> Choice:
+    """The per-bucket methods of the shortest predicted step (module docstring)."""
+    for b in buckets:
+        if DENSE not in b.costs:
+            raise ValueError(f"bucket {b.name!r} has no dense fp32 cost; dense is the fallback every bucket needs")
+    n = len(buckets)
+
+    def step(ms: Sequence[Method]) -> float:
+        return predict(buckets, ms, update_s).iteration_time
+
+    dense = [DENSE] * n
+    dense_s = step(dense)
+    # the best uniform method (each bucket that cannot use it stays dense)
+    kinds = sorted({m for b in buckets for m in b.costs}, key=lambda m: m.lossiness)
+    uniform_opts = []
+    for m in kinds:
+        ms = [m if m in b.costs else DENSE for b in buckets]
+        uniform_opts.append((m, step(ms)))
+    uniform, _ = _best(uniform_opts, tie)
+    cur = [uniform if uniform in b.costs else DENSE for b in buckets]
+    for _ in range(sweeps):
+        changed = False
+        for i, b in enumerate(buckets):
+            opts = []
+            for m in sorted(b.costs, key=lambda m: m.lossiness):
+                trial = list(cur)
+                trial[i] = m
+                opts.append((m, step(trial)))
+            best, _ = _best(opts, tie)
+            if best != cur[i]:
+                cur[i], changed = best, True
+        if not changed:
+            break
+    if step(cur) > dense_s:  # never predicted slower than dense
+        cur = dense
+    final = step(cur)
+    out = []
+    for i, b in enumerate(buckets):
+        m = cur[i]
+        alt = list(cur)
+        alt[i] = DENSE
+        if_dense = step(alt)
+        out.append(BucketChoice(b.name, m, b.costs[m][0], b.costs[m][1], if_dense, _why(buckets, cur, i, final, update_s)))
+    return Choice(tuple(out), final, dense_s, uniform)
+
+
+def _why(buckets: Sequence[BucketCosts], cur: Sequence[Method], i: int, final: float, update_s: float) -> str:
+    b, m = buckets[i], cur[i]
+    ms = 1e3
+    if b.note and len(b.costs) == 1:
+        return f"dense only: {b.note}"
+    if m != DENSE:
+        alt = list(cur)
+        alt[i] = DENSE
+        saved = predict(buckets, alt, update_s).iteration_time - final
+        return (f"{m.key}: the step is {saved * ms:.3g} ms shorter than with this bucket dense "
+                f"(select/cast {b.costs[m][0] * ms:.3g} ms, send {b.costs[m][1] * ms:.3g} ms instead of "
+                f"{b.costs[DENSE][1] * ms:.3g} ms)")
+    others = [k for k in b.costs if k != DENSE]
+    if not others:
+        return "dense: no other method allowed"
+    steps = []
+    for k in others:
+        alt = list(cur)
+        alt[i] = k
+        steps.append((predict(buckets, alt, update_s).iteration_time, k))
+    t, k = min(steps, key=lambda tk: (tk[0], tk[1].lossiness))
+    c_sel, c_comm = b.costs[k]
+    saving = b.costs[DENSE][1] - c_comm
+    if c_sel >= saving:
+        return (f"dense: {k.key} would select/cast for {c_sel * ms:.3g} ms to save {saving * ms:.3g} ms of "
+                f"sending (costs more than it saves)")
+    if t >= final * (1 - TIE):
+        return (f"dense: its sending is hidden behind backward ({k.key} would change the step by "
+                f"{(t - final) * ms:+.3g} ms)")
+    return f"dense: {k.key} predicts {t * ms:.4g} ms against {final * ms:.4g} ms"

@@ -1,0 +1,93 @@
+"""The compute each method adds to a bucket on this machine and device, measured whole.
+
+Each candidate's sub-reducer (built fresh, over a fresh memory with the same momentum, so the
+training state is untouched) reduces a bucket of float32 noise on a **one-rank** communicator,
+where no collective runs: what is timed is all the compute of the method on the bucket (the
+memory's compensation, the selection or cast, the memory's update, the scatter or cast back and
+the momentum of momentum correction), on the adapter's own tensor ops and device. The time of
+dense fp32 at the same size is subtracted, and ``c0 + s·x`` (x elements) is fitted by least squares
+over the sizes timed (docs/auto-compression.md#model). A first measurement on the deep MLP showed
+why the whole round is timed: the selection alone, fitted as OMGS does, predicted 1 ms for a
+bf16 cast of 2.8M elements that cost 14 ms once the cast back and the momentum were counted.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ..buckets import Bucket, TensorSpec
+from ..comm.communicator import Communicator
+from ..comm.inproc import InProcBackend, InProcWorld
+from ..errors import ConfigError
+from ..memory.momentum import MomentumCorrection
+from ..reduce.base import ReduceContext, RoundInfo
+from .choose import DENSE
+from .options import Method
+from .pricing import SelectFit
+
+__all__ = ["measure_local_costs", "probe_sizes"]
+
+
+def probe_sizes(max_numel: int) -> list[int]:
+    """2^14, 2^17, 2^20 elements below the largest bucket, and the largest bucket itself."""
+    top = max(int(max_numel), 1 << 10)
+    return sorted({n for n in (1 << 14, 1 << 17, 1 << 20) if n < top} | {top})
+
+
+def _fit(xs: Sequence[int], ts: Sequence[float]) -> SelectFit:
+    """``(s, c0)`` of ``t ≈ c0 + s·x``, both at least 0."""
+    x, t = np.asarray(xs, np.float64), np.asarray(ts, np.float64)
+    if x.size >= 2:
+        s, c0 = np.polyfit(x, t, 1)
+        if s >= 0 and c0 >= 0:
+            return float(s), float(c0)
+    s = max(0.0, float(x @ t) / float(x @ x)) if float(x @ x) else 0.0
+    return s, 0.0
+
+
+def measure_local_costs(ops: Any, like: Any, methods: Sequence[Method], max_numel: int, momentum: float,
+                        nesterov: bool, build: Callable[[Method, MomentumCorrection], Any],
+                        clock: Callable[[], float] = time.perf_counter, repeats: int = 3) -> dict[str, SelectFit]:
+    """``{method.key: (s, c0)}``: the compute ``method`` adds to a bucket of x elements over dense
+    fp32, ``c0 + s·x`` seconds (module docstring). A method that cannot run on one rank is left out."""
+    comm = Communicator(InProcBackend(InProcWorld(1), 0), timeout_s=60.0)
+    try:
+        ctx = ReduceContext(comm, ops)
+        sizes = probe_sizes(max_numel)
+        rng = np.random.default_rng(0)
+        data = {n: rng.standard_normal(n).astype(np.float32) for n in sizes}
+
+        def timed(m: Method) -> list[float] | None:
+            mem = MomentumCorrection(momentum_masking=True, auto=True)
+            mem.bind_momentum(momentum, nesterov)
+            red = build(m, mem)
+            out = []
+            for n in sizes:
+                b = Bucket.of(0, [TensorSpec(f"probe{n}", (n, 1), "float32")])
+                best = float("inf")
+                for r in range(repeats + 1):  # the first round allocates the memory's buffers
+                    buf = ops.from_numpy(data[n], like)
+                    t0 = clock()
+                    try:
+                        res = red.reduce(b, RoundInfo(r), buf, ctx)
+                    except (ConfigError, ValueError, NotImplementedError):
+                        return None
+                    ops.to_numpy(ops.gather(res, ops.from_numpy(np.zeros(1, np.int64), like)))  # to completion
+                    if r:
+                        best = min(best, clock() - t0)
+                out.append(best)
+            return out
+
+        base = timed(DENSE)
+        fits: dict[str, SelectFit] = {}
+        for m in methods:
+            if m == DENSE:
+                continue
+            ts = timed(m)
+            if ts is not None and base is not None:
+                fits[m.key] = _fit(sizes, [max(0.0, t - t0) for t, t0 in zip(ts, base)])
+        return fits
+    finally:
+        comm.shutdown()

@@ -1,0 +1,133 @@
+"""The options of ``Compression.auto(...)`` and the candidate methods it may choose from.
+
+Accuracy first (docs/auto-compression.md#accuracy-floor): every sparse candidate runs with error
+feedback (with momentum correction when the wrapped optimizer has momentum, the setting the
+convergence tables in docs/topk.md#momentum-correction measured), at a density no lower than
+``min_density``. The default floor, 0.01, is the density at which those tables show Top-k,
+gTop-k and LAGS reaching S-SGD's accuracy; lower densities are the user's call.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ConfigError
+
+__all__ = ["Method", "AutoOptions", "METHODS", "DEFAULT_ALLOW", "DENSITY_GRID", "DEFAULT_MIN_DENSITY"]
+
+#: Every method the chooser knows: dense fp32, the two 16-bit casts, and the sparse methods of the
+#: library (all with the shared error-feedback memory, docs/auto-compression.md#shared-memory).
+CASTS = ("bf16", "fp16")
+SPARSE = ("topk", "dgc", "gtopk", "oktopk", "randomk")
+METHODS = ("none",) + CASTS + SPARSE
+#: Chosen from unless ``allow=`` says otherwise: fp16 needs a loss scale to be safe and random-k
+#: trains worse than top-k at the same density, Ok-Topk has no convergence row yet
+#: (docs/auto-compression.md#defaults).
+DEFAULT_ALLOW = ("none", "bf16", "topk", "dgc", "gtopk")
+#: The densities tried for each sparse method (those at or above ``min_density``).
+DENSITY_GRID = (0.1, 0.03, 0.01, 0.003, 0.001, 0.0003, 0.0001)
+DEFAULT_MIN_DENSITY = 0.01
+
+
+@dataclass(frozen=True, order=True)
+class Method:
+    """One candidate: ``kind`` (one of :data:`METHODS`) at ``density`` (1.0 for dense kinds)."""
+
+    kind: str
+    density: float = 1.0
+
+    @property
+    def sparse(self) -> bool:
+        return self.kind in SPARSE
+
+    @property
+    def key(self) -> str:
+        """``"none"``, ``"bf16"``, ``"topk@0.01"``: the name in reports and broadcasts."""
+        return f"{self.kind}@{self.density:g}" if self.sparse else self.kind
+
+    @property
+    def lossiness(self) -> tuple[int, float]:
+        """Order for ties (least lossy first): fp32, bf16, fp16, then sparse by falling density."""
+        if not self.sparse:
+            return (METHODS.index(self.kind), 0.0)
+        return (len(METHODS), -self.density)
+
+    @classmethod
+    def parse(cls, key: str) -> Method:
+        kind, _, dens = key.partition("@")
+        return cls(kind, float(dens) if dens else 1.0)
+
+
+@dataclass(frozen=True)
+class AutoOptions:
+    """What ``Compression.auto(...)`` was given (docs/auto-compression.md#options).
+
+    Attributes:
+        min_density: the lowest density a sparse method may use (default 0.01).
+        allow: the methods to choose from (default :data:`DEFAULT_ALLOW`); "none" (dense fp32)
+            is always a candidate, being the reference.
+        margin: re-decide when the measured step differs from the predicted one by more than
+            this fraction (default 0.25).
+        period: at least this many steps between two decisions (default 200).
+        verbose: print the report on rank 0 after each decision.
+        cost_model: a fitted :class:`~hvd_commopt.fusion.cost_model.CostModel` (or its dict, or a
+            JSON path) instead of calibrating the link at the first decision.
+        warmup_steps, profile_steps, measure_steps: steps before profiling (dense), steps
+            profiled, steps measured after a decision.
+    """
+
+    min_density: float = DEFAULT_MIN_DENSITY
+    allow: tuple[str, ...] = DEFAULT_ALLOW
+    margin: float = 0.25
+    period: int = 200
+    verbose: bool = False
+    cost_model: Any = None
+    warmup_steps: int = 3
+    profile_steps: int = 5
+    measure_steps: int = 5
+    densities: tuple[float, ...] = field(default=(), init=False)
+
+    def __post_init__(self) -> None:
+        allow = self.allow
+        if isinstance(allow, str):
+            allow = (allow,)
+        allow = tuple(allow)
+        if not allow:
+            raise ConfigError("Compression.auto(allow=[]) leaves nothing to choose from; name at least one of "
+                              f"{METHODS} (or leave allow out for {DEFAULT_ALLOW})")
+        unknown = [a for a in allow if a not in METHODS]
+        if unknown:
+            raise ConfigError(f"Compression.auto(allow=...) names unknown methods {unknown}; the methods are {METHODS}")
+        if not (isinstance(self.min_density, (int, float)) and 0 < self.min_density <= 1):
+            raise ConfigError(f"min_density must be in (0, 1], got {self.min_density!r}")
+        dens = tuple(d for d in DENSITY_GRID if d >= self.min_density)
+        sparse = [a for a in allow if a in SPARSE]
+        if sparse and not dens and not any(a in CASTS or a == "none" for a in allow):
+            raise ConfigError(f"Compression.auto(allow={list(allow)}, min_density={self.min_density}) excludes every "
+                              f"candidate: the densities tried are {DENSITY_GRID}; lower min_density to at most "
+                              f"{DENSITY_GRID[0]} or allow 'none'/'bf16'")
+        if not (isinstance(self.margin, (int, float)) and self.margin > 0):
+            raise ConfigError(f"margin must be a fraction > 0 (e.g. 0.25), got {self.margin!r}")
+        for name in ("period", "warmup_steps", "profile_steps", "measure_steps"):
+            v = getattr(self, name)
+            low = 1 if name in ("period", "profile_steps") else 0
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise ConfigError(f"{name} must be an integer >= {low}, got {v!r}")
+        object.__setattr__(self, "allow", tuple(dict.fromkeys(("none",) + allow)))
+        object.__setattr__(self, "densities", dens)
+
+    def candidates(self, sparse_ok: bool = True) -> tuple[Method, ...]:
+        """The methods a bucket may use, least lossy first (``sparse_ok`` False: 1-D buckets)."""
+        out = [Method(a) for a in self.allow if a not in SPARSE]
+        if sparse_ok:
+            out += [Method(a, d) for a in self.allow if a in SPARSE for d in self.densities]
+        return tuple(sorted(out, key=lambda m: m.lossiness))
+
+    @property
+    def any_sparse(self) -> bool:
+        return bool(self.densities) and any(a in SPARSE for a in self.allow)
+
+    def config(self) -> dict:
+        return {"min_density": self.min_density, "allow": list(self.allow), "margin": self.margin,
+                "period": self.period, "warmup_steps": self.warmup_steps, "profile_steps": self.profile_steps,
+                "measure_steps": self.measure_steps, "cost_model given": self.cost_model is not None}

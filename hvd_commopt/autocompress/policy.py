@@ -1,0 +1,326 @@
+"""The runtime policy of ``compression="auto"``: profile, decide on rank 0, broadcast, watch.
+
+Driven by the Trainer once per step (``step_end``, the same step on every rank), after the fusion
+tuner (docs/auto-compression.md#policy):
+
+1. ``wait``: while a planned ``fusion=`` is still profiling or measuring, nothing is done (its
+   plan decides the buckets; a re-plan restarts this policy, ``AutoReducer.relayout``);
+2. ``warmup``: ``warmup_steps`` steps, dense fp32 everywhere;
+3. ``profile``: ``profile_steps`` steps; per bucket, the compute between launches and the time
+   its ``start`` took (this rank's clock);
+4. decide (every rank enters, the same step): the link is calibrated once
+   (:func:`hvd_commopt.calibrate.calibrate`; the fusion tuner's model or ``cost_model=`` when
+   given), rank 0 measures the compute each candidate adds on its tensor ops
+   (:func:`~hvd_commopt.autocompress.local_cost.measure_local_costs`), chooses
+   (:func:`~hvd_commopt.autocompress.choose.choose`) and broadcasts; every rank applies the same
+   assignment (rounds of a delayed schedule in flight are drained first);
+5. ``settle`` one step, ``measure`` ``measure_steps`` steps (the median period is the measured
+   step; a decision measured slower than the step before it by more than ``margin`` is undone on
+   rank 0's verdict, and its methods are not chosen for those buckets again), then ``watch``: every ``period`` steps rank 0 compares the median of its last
+   ``measure_steps`` periods with the prediction and broadcasts its verdict; a difference above
+   ``margin`` re-profiles (with the current assignment) and decides again, with a fresh
+   calibration of the link (a link that got slower) unless a cost model was given.
+
+The prediction's constant part ``update_s`` (the optimizer step and what the model does not
+see) is fitted on the profiled steps: the measured median period minus the simulated step of the
+assignment in use (docs/auto-compression.md#model).
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+import warnings
+from collections import deque
+from typing import Any, Callable, Protocol, Sequence
+
+from ..calibrate import calibrate
+from ..errors import ConfigError
+from ..fusion.cost_model import AlphaBeta, CostModel
+from ..reduce.base import Reducer
+from .choose import DENSE, choose, predict
+from .options import AutoOptions, Method
+from .local_cost import measure_local_costs
+from .methods import build_method
+from .pricing import SelectFit, bucket_costs
+from .report import format_report
+
+__all__ = ["AutoPolicy", "PolicyPort", "Routing"]
+
+
+class Routing(Protocol):
+    """What the policy drives (implemented by :class:`~hvd_commopt.autocompress.reducer.AutoReducer`)."""
+
+    options: AutoOptions
+    timing: Any
+    like: Any
+    memory: Any  # the shared memory (its momentum, for timing each candidate alike)
+
+    def sub(self, method: Method) -> Reducer: ...
+    def method_of(self, bucket_name: str) -> Method: ...
+    def assign(self, methods: dict[str, Method]) -> None: ...
+
+
+class PolicyPort(Protocol):
+    """What the policy reads of the engine (implemented by :class:`~hvd_commopt.engine.CommEngine`)."""
+
+    comm: Any
+    ops: Any
+    tuner: Any
+    scheduler: Any
+
+    @property
+    def buckets(self) -> list[Any]: ...
+
+
+def _load(spec: Any) -> CostModel:
+    if isinstance(spec, CostModel):
+        return spec
+    if isinstance(spec, str):
+        with open(spec) as f:
+            spec = json.load(f)
+    return CostModel.from_dict(spec)
+
+
+class AutoPolicy:
+    """The decisions of one :class:`~hvd_commopt.autocompress.reducer.AutoReducer` (module docstring)."""
+
+    def __init__(self, reducer: Routing, clock: Callable[[], float] = time.perf_counter,
+                 log: Callable[[str], None] | None = None):
+        self.reducer = reducer
+        self.options = reducer.options
+        self.clock = clock
+        self.log = log or (lambda msg: print(msg, file=sys.stdout, flush=True))
+        self.cost_model: CostModel | None = None
+        self.report: dict[str, Any] | None = None
+        self.decisions = 0
+        self._warned = False
+        self._rank = 0
+        self._previous: dict[str, Method] | None = None
+        self._banned: set[tuple[str, str]] = set()  # (bucket, kind) measured slower than predicted
+        self.restart()
+
+    def restart(self) -> None:
+        """Start over from the warm-up (a new bucket layout)."""
+        self.phase = "warmup"
+        self._steps = 0
+        self._t_prev: float | None = None
+        self._names: list[str] = []
+        self._samples: list[tuple[float, list[float], list[float]]] = []
+        self._recent: deque[float] = deque(maxlen=self.options.measure_steps or 1)
+        self._since = 0
+        self._recalibrate = False
+
+    # -- per step ---------------------------------------------------------------------------
+    def step_end(self, port: PolicyPort) -> None:
+        """A step ended on every rank (same count); may decide, collectively."""
+        now = self.clock()
+        rows = self.reducer.timing.take()
+        prev, self._t_prev = self._t_prev, now
+        if port.tuner.phase not in ("static", "done"):
+            self.phase, self._steps = "wait", 0
+            return
+        names = [b.name for b in port.buckets]
+        if names != self._names:
+            self.restart()
+            self._t_prev, self._names = now, names
+            return
+        if prev is None:
+            return
+        period = now - prev
+        opts = self.options
+        if self.phase == "wait":
+            self.phase, self._steps = "warmup", 0
+        self._steps += 1
+        if self.phase == "warmup":
+            if self._steps >= opts.warmup_steps:
+                self.phase, self._samples = "profile", []
+            return
+        if self.phase == "profile":
+            if len(rows) == len(names):
+                gaps, sel, last = [], [], prev
+                for _, t0, t1 in rows:
+                    gaps.append(max(0.0, t0 - last))
+                    sel.append(t1 - t0)
+                    last = t1
+                self._samples.append((period, gaps, sel))
+            if len(self._samples) >= opts.profile_steps:
+                self._decide(port)
+            return
+        if self.phase == "settle":
+            self.phase, self._recent = "measure", deque(maxlen=max(opts.measure_steps, 1))
+            return
+        self._recent.append(period)
+        if self.phase == "measure":
+            if len(self._recent) >= opts.measure_steps:
+                self.phase, self._since = "watch", 0
+                self._measured(port)
+            return
+        self._since += 1
+        if self._since >= opts.period:
+            self._since = 0
+            self._watch(port)
+
+    # -- decisions ----------------------------------------------------------------------------
+    def _cost_model(self, port: PolicyPort) -> CostModel:
+        comm = port.comm
+        if self.options.cost_model is not None:
+            return _load(self.options.cost_model)
+        if comm.size == 1:
+            return CostModel(AlphaBeta(0.0, 0.0), AlphaBeta(0.0, 0.0), None, ranks=1)
+        tuned = port.tuner.cost_model
+        if self.cost_model is None and tuned is not None:
+            return tuned
+        if self.cost_model is not None and not self._recalibrate:
+            return self.cost_model
+        kw: dict[str, Any] = {}
+        if comm.buffer_kind != "numpy":
+            like, ops = self.reducer.like, port.ops
+            if like is None:
+                raise ConfigError("compression='auto' calibrates the link with the engine's tensors, and no "
+                                  "float32 bucket was seen; pass Compression.auto(cost_model=...)")
+            kw["make_buffer"] = lambda nbytes: ops.zeros(nbytes // 4, "float32", like=like)
+        return calibrate(comm, **kw)
+
+    def _decide(self, port: PolicyPort) -> None:
+        comm = port.comm
+        self._rank = comm.rank
+        self.cost_model = self._cost_model(port)
+        self._recalibrate = False
+        payload: Any = None
+        if comm.rank == 0:
+            try:
+                payload = self._choose_on_rank0(port)
+            except (ConfigError, ValueError, OSError, KeyError) as e:
+                payload = {"error": f"{type(e).__name__}: {e}"}
+        payload = comm.broadcast_object(payload, root=0, name="autocompress.choice") if comm.size > 1 else payload
+        if "error" in payload:
+            self.phase = "failed"
+            raise ConfigError(f"compression='auto': choosing failed on rank 0 ({payload['error']}); "
+                              f"pass a fixed Compression.* instead")
+        self._previous = {b.name: self.reducer.method_of(b.name) for b in port.buckets}
+        self._assign(port, {k: Method.parse(v) for k, v in payload["assignment"].items()})
+        self.report = dict(payload["report"])
+        self.decisions += 1
+        self.report["decisions"] = self.decisions
+        if payload.get("warning") and not self._warned:
+            self._warned = True
+            warnings.warn(payload["warning"], stacklevel=2)
+        self.phase = "settle" if self.options.measure_steps else "watch"
+        self._since = 0
+        if self.options.verbose and comm.rank == 0:
+            self.log(format_report(self.report))
+
+    def _assign(self, port: PolicyPort, methods: dict[str, Method]) -> None:
+        sched = port.scheduler
+        if sched is not None and sched.outstanding:
+            sched.drain()  # rounds in flight use the old methods; draining is value-neutral
+        self.reducer.assign(methods)
+
+    def _fits(self, port: PolicyPort, methods: Sequence[Method], max_numel: int) -> dict[str, SelectFit]:
+        """Each candidate's compute on this machine, measured whole (:mod:`.local_cost`)."""
+        like = self.reducer.like
+        if like is None or not methods:
+            return {}
+        mem = self.reducer.memory
+        return measure_local_costs(port.ops, like, methods, max_numel, float(mem.momentum or 0.0), bool(mem.nesterov),
+                                   build_method)
+
+    def _choose_on_rank0(self, port: PolicyPort) -> dict[str, Any]:
+        buckets = port.buckets
+        cm = self.cost_model
+        opts = self.options
+        n = len(self._samples)
+        gaps = [statistics.median(s[1][b] for s in self._samples) for b in range(len(buckets))]
+        measured_sel = [statistics.median(s[2][b] for s in self._samples) for b in range(len(buckets))]
+        period = statistics.median(s[0] for s in self._samples)
+        warning = None
+        notes = []
+        for b in buckets:
+            if b.dtype != "float32":
+                notes.append((False, f"{b.dtype} gradients: the casts and sparse methods here take float32"))
+            elif b.dense:
+                notes.append((True, "1-D tensors, sent whole (docs/topk.md#dense-1d)"))
+            else:
+                notes.append((True, ""))
+        cands = {b.name: tuple(m for m in (opts.candidates(sparse_ok=not b.dense) if ok else (DENSE,))
+                               if m == DENSE or (b.name, m.kind) not in self._banned) for b, (ok, _) in zip(buckets, notes)}
+        if port.comm.size == 1:
+            cands = {b.name: (DENSE,) for b in buckets}
+            notes = [(False, "one rank: nothing is sent")] * len(buckets)
+        elif not any(ok for ok, _ in notes):
+            warning = (f"compression='auto': no compressor applies to these gradients ({notes[0][1]}); "
+                       f"sending them dense")
+        methods = sorted({m for ms in cands.values() for m in ms if m != DENSE}, key=lambda m: m.lossiness)
+        fits = self._fits(port, methods, max((b.numel for b in buckets), default=1))
+        costs = [bucket_costs(b.name, b.numel * 4, gaps[i], cands[b.name], cm, fits, notes[i][1])
+                 for i, b in enumerate(buckets)]
+        current = [self.reducer.method_of(b.name) for b in buckets]
+        current = [m if m in c.costs else DENSE for m, c in zip(current, costs)]
+        update_s = max(0.0, period - predict(costs, current).iteration_time)
+        choice = choose(costs, update_s)
+        report = {
+            "phase": "decided", "profiled_steps": n, "profiled_period_s": period, "update_s": update_s,
+            "predicted_s": choice.predicted_s, "dense_predicted_s": choice.dense_s,
+            "measured_s": None, "prediction_error": None, "margin": opts.margin, "period": opts.period,
+            "uniform_best": choice.uniform.key,
+            "buckets": [{"bucket": c.name, "bytes": costs[i].nbytes, "method": c.method.key,
+                         "compress_ms": c.compress_s * 1e3, "comm_ms": c.comm_s * 1e3,
+                         "measured_start_ms": measured_sel[i] * 1e3, "why": c.why}
+                        for i, c in enumerate(choice.buckets)],
+            "select_fits": {k: list(v) for k, v in fits.items()},
+            "cost_model": cm.to_dict() if cm is not None else None,
+            "allow": list(opts.allow), "min_density": opts.min_density,
+        }
+        return {"assignment": {c.name: c.method.key for c in choice.buckets}, "report": report, "warning": warning}
+
+    def _measured(self, port: PolicyPort) -> None:
+        """The decision's steps are measured. Rank 0 checks it against the step it replaced and
+        broadcasts the verdict: a decision measured slower than the profiled step before it by more
+        than ``margin`` is undone, and the methods it brought to a bucket are not chosen for that
+        bucket again (docs/auto-compression.md#revert)."""
+        rep = self.report
+        if rep is None or not self._recent:
+            return
+        m = statistics.median(self._recent)
+        rep["measured_s"], rep["measured_steps"] = m, len(self._recent)
+        rep["prediction_error"] = rep["predicted_s"] / m - 1 if m > 0 else None
+        rep["phase"] = "measured"
+        prev, self._previous = self._previous, None
+        changed = {k: v for k, v in (prev or {}).items() if self.reducer.method_of(k) != v}
+        revert = bool(changed) and m > rep["profiled_period_s"] * (1 + self.options.margin)
+        comm = port.comm
+        if comm.size > 1 and prev is not None:
+            revert = bool(comm.broadcast_object(revert, root=0, name="autocompress.revert"))
+        if revert:
+            self._banned |= {(k, self.reducer.method_of(k).kind) for k in changed if self.reducer.method_of(k) != DENSE}
+            rep["reverted"] = (f"measured {m * 1e3:.4g} ms against {rep['profiled_period_s'] * 1e3:.4g} ms before: "
+                               f"back to the previous methods; not chosen again for these buckets: "
+                               + ", ".join(f"{k} {self.reducer.method_of(k).key}" for k in sorted(changed)))
+            self._assign(port, prev)
+            for b in rep["buckets"]:
+                b["method"] = prev[b["bucket"]].key if b["bucket"] in prev else b["method"]
+            rep["predicted_s"] = rep["profiled_period_s"]
+            rep["phase"] = "reverted"
+            self.phase, self._recent = "settle", deque(maxlen=max(self.options.measure_steps, 1))
+        if self.options.verbose and self._rank == 0:
+            self.log(format_report(rep))
+
+    def _watch(self, port: PolicyPort) -> None:
+        """Every ``period`` steps: rank 0's verdict on re-deciding, broadcast (module docstring)."""
+        comm = port.comm
+        verdict = False
+        rep = self.report
+        if comm.rank == 0 and rep is not None and self._recent:
+            m = statistics.median(self._recent)
+            rep["measured_s"] = m
+            pred = rep["predicted_s"]
+            verdict = bool(pred > 0 and abs(m / pred - 1) > self.options.margin)
+        if comm.size > 1:
+            verdict = bool(comm.broadcast_object(verdict, root=0, name="autocompress.watch"))
+        if verdict:
+            self.phase, self._samples, self._steps = "profile", [], 0
+            self._recalibrate = True
+            if rep is not None:
+                rep["phase"] = "re-deciding"

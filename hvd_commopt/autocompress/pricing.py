@@ -1,0 +1,70 @@
+"""Per-bucket costs of each candidate method: the calibrated link and the fitted selection cost.
+
+Pure functions of a :class:`~hvd_commopt.fusion.cost_model.CostModel` (hvd_commopt.calibrate),
+the measured selection/cast cost per kind (``(s, c0)`` of ``c0 + s·x·log2 x`` for x elements,
+:func:`hvd_commopt.fusion.pricing.fit_select_cost`, timed on rank 0 with the adapter's tensor
+ops) and the bucket's timeline (docs/auto-compression.md#model). The communication times are the
+fusion planners' own (:mod:`hvd_commopt.fusion.pricing`): allreduce ``α + β·n`` for dense, of n/2
+bytes for the 16-bit casts, two allgathers for Top-k/DGC, the point-to-point rounds of gTop-k and
+Ok-Topk, an allreduce of the k values for random-k.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+from ..errors import ConfigError
+from ..fusion.cost_model import CostModel
+from ..fusion.omgs import topk_select_time
+from ..fusion.pricing import dense_pricing, sparse_pricing
+from .choose import BucketCosts
+from .options import Method
+
+__all__ = ["SelectFit", "method_costs", "bucket_costs", "fit_kind", "compress_time"]
+
+#: ``(s, c0)`` of ``c0 + s·x·log2 x`` seconds for x elements.
+SelectFit = tuple[float, float]
+
+_COMM_KIND = {"topk": "topk", "dgc": "topk", "gtopk": "gtopk", "oktopk": "oktopk", "randomk": "randomk"}
+
+
+def fit_kind(method: Method) -> str:
+    """Whose selection cost prices ``method``: gTop-k and Ok-Topk select locally by the exact
+    top-k, as Top-k does; DGC samples its threshold, random-k draws indices, casts cast."""
+    return {"gtopk": "topk", "oktopk": "topk"}.get(method.kind, method.kind)
+
+
+def compress_time(method: Method, nbytes: int, fits: Mapping[str, SelectFit]) -> float:
+    """The compute ``method`` adds to a bucket over dense fp32: ``c0 + s·x`` for x elements with
+    ``fits[method.key]`` (measured whole, :mod:`.local_cost`), or else OMGS's ``c0 + s·x·log2 x``
+    with ``fits[kind]`` (the selection alone, as the fusion planners price it)."""
+    if method.key in fits:
+        s, c0 = fits[method.key]
+        return c0 + s * (nbytes // 4)
+    s, c0 = fits.get(fit_kind(method), (0.0, 0.0))
+    return topk_select_time(s, c0=c0)(nbytes)
+
+
+def method_costs(method: Method, nbytes: int, cost: CostModel, fits: Mapping[str, SelectFit]) -> tuple[float, float] | None:
+    """``(compress_s, comm_s)`` of ``method`` on a bucket of ``nbytes`` fp32 bytes; None when the
+    cost model cannot price it (gTop-k without a point-to-point fit)."""
+    if method.kind == "none":
+        return 0.0, dense_pricing(cost, 1.0, "dense").comm_time(nbytes)
+    sel = compress_time(method, nbytes, fits)
+    if not method.sparse:
+        return sel, dense_pricing(cost, 0.5, method.kind).comm_time(nbytes)
+    try:
+        pr = sparse_pricing(cost, _COMM_KIND[method.kind], method.density)
+    except ConfigError:
+        return None
+    return sel, pr.comm_time(nbytes)
+
+
+def bucket_costs(name: str, nbytes: int, gap_s: float, candidates: Sequence[Method], cost: CostModel,
+                 fits: Mapping[str, SelectFit], note: str = "") -> BucketCosts:
+    """The :class:`BucketCosts` of one bucket over ``candidates`` (those the model can price)."""
+    costs = {}
+    for m in candidates:
+        c = method_costs(m, nbytes, cost, fits)
+        if c is not None:
+            costs[m] = c
+    return BucketCosts(name, int(nbytes), float(gap_s), costs, note)

@@ -1,0 +1,167 @@
+"""``AutoReducer``: one reducer per bucket, chosen by the policy, over one shared memory.
+
+The engine binds one reducer per optimizer (``CommEngine.reducer``) and calls it per bucket
+(``start(bucket, ...)``, ``finish``, ``settle``), so mixing methods per bucket needs no engine
+change: this reducer routes each bucket to the sub-reducer of its assigned method
+(docs/auto-compression.md#per-bucket). Sub-reducers are made on first use, one per method.
+
+Shared memory (docs/auto-compression.md#shared-memory): every sub-reducer holds the *same*
+:class:`~hvd_commopt.memory.momentum.MomentumCorrection` (error feedback; DGC's momentum
+correction when the wrapped optimizer has momentum, as ``Compression.topk``'s default), keyed by
+bucket name. A bucket that changes from one sparse method or density to another keeps its
+residual (velocity) and momentum as they are: nothing to move. A bucket that changes from a
+sparse method to a dense one first sends its residual: its next round is a selection of *every*
+element (``_flush``: Top-k at density 1 through the sparse path, which clears the residual
+exactly as a sparse round does), and only the round after that is dense. No gradient mass is lost
+(tests/unit/test_autocompress_reducer.py proves it exactly).
+
+Dense fp32 is the sparse reducers' density-1 path (``dense_start``/``finish_dense``): with
+momentum correction the momentum is applied to the average, S-SGD with momentum bit for bit
+(docs/topk.md#momentum-correction). bf16/fp16 are that path with the payload cast
+(:class:`~hvd_commopt.autocompress.methods.CastWithMemory`).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from ..buckets import Bucket
+from ..compress.topk import TopKSelector
+from ..host import ScheduleHost
+from ..memory.momentum import MomentumCorrection
+from ..reduce.base import Pending, ReduceContext, Reducer, RoundInfo
+from ..reduce.momentum import bind_momentum_memory
+from ..reduce.sparse_allgather import SparseAllgather
+from ..tensor_ops import TensorOps
+from .choose import DENSE
+from .methods import build_method
+from .options import AutoOptions, Method
+from .policy import AutoPolicy
+
+__all__ = ["AutoReducer", "BucketTiming"]
+
+class BucketTiming:
+    """When each bucket's ``start`` began and ended this step (rank-local, for the profile)."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter):
+        self.clock = clock
+        self._rows: list[tuple[int, float, float]] = []
+
+    def add(self, index: int, t0: float, t1: float) -> None:
+        self._rows.append((index, t0, t1))
+
+    def take(self) -> list[tuple[int, float, float]]:
+        rows, self._rows = self._rows, []
+        return sorted(rows)
+
+
+@dataclass
+class _Routed:
+    sub: Reducer
+    inner: Pending
+
+
+class AutoReducer(Reducer):
+    """``compression="auto"``: each bucket reduced by the method the policy assigned it
+    (module docstring); :attr:`policy` decides (:mod:`hvd_commopt.autocompress.policy`)."""
+
+    name = "auto"
+    sparse = False  # the fusion planners price the buckets dense (docs/auto-compression.md#per-bucket)
+    holds_rank_state = True
+
+    def __init__(self, options: AutoOptions | None = None, clock: Callable[[], float] = time.perf_counter):
+        self.options = options if options is not None else AutoOptions()
+        self.memory = MomentumCorrection(momentum_masking=True, auto=True)
+        self._subs: dict[Method, Reducer] = {}
+        self._flush = SparseAllgather(TopKSelector(1.0, min_k=1), self.memory, dense_when_full=False)
+        self.assignment: dict[str, Method] = {}
+        self._flush_next: set[str] = set()
+        self.timing = BucketTiming(clock)
+        self.like: Any = None  # a float32 tensor on this engine's device (for timing selections on rank 0)
+        self.policy = AutoPolicy(self, clock)
+
+    def sub(self, method: Method) -> Reducer:
+        r = self._subs.get(method)
+        if r is None:
+            r = self._subs[method] = build_method(method, self.memory)
+        return r
+
+    def method_of(self, bucket_name: str) -> Method:
+        return self.assignment.get(bucket_name, DENSE)
+
+    def assign(self, methods: dict[str, Method]) -> None:
+        """Switch to ``methods`` (between steps, no round in flight): a bucket going from sparse
+        to dense sends its residual in its next round (module docstring)."""
+        for name, new in methods.items():
+            old = self.method_of(name)
+            if old.sparse and not new.sparse:
+                self._flush_next.add(name)
+            elif new.sparse:
+                self._flush_next.discard(name)
+        self.assignment = dict(methods)
+
+    # -- the Reducer interface, routed per bucket ----------------------------------------------
+    def start(self, bucket: Bucket, rnd: RoundInfo, flat: Any, ctx: ReduceContext) -> Pending:
+        t0 = self.timing.clock()
+        if self.like is None and bucket.dtype == "float32":
+            self.like = ctx.ops.zeros(1, "float32", like=flat)  # the device, not the buffer
+        sub: Reducer
+        if bucket.name in self._flush_next:
+            self._flush_next.discard(bucket.name)
+            sub = self._flush
+        else:
+            sub = self.sub(self.method_of(bucket.name))
+        inner = sub.start(bucket, rnd, flat, ctx)
+        self.timing.add(bucket.index, t0, self.timing.clock())
+        return Pending(inner.name, _Routed(sub, inner), inner.handles)
+
+    def finish(self, pending: Pending, ctx: ReduceContext) -> Any:
+        st: _Routed = pending.state
+        out = st.sub.finish(st.inner, ctx)
+        pending.finite, pending.support = st.inner.finite, st.inner.support
+        return out
+
+    def settle(self, bucket: Bucket, rnd: RoundInfo, out: Any, ctx: ReduceContext,
+               pending: Pending | None = None) -> bool:
+        if pending is None:
+            return self.sub(self.method_of(bucket.name)).settle(bucket, rnd, out, ctx, None)
+        st: _Routed = pending.state
+        return st.sub.settle(bucket, rnd, out, ctx, st.inner)
+
+    def rollback(self, bucket: Bucket, rnd: RoundInfo, ctx: ReduceContext) -> None:
+        self.sub(self.method_of(bucket.name)).rollback(bucket, rnd, ctx)
+
+    def keeps_dense(self, spec: Any) -> bool:
+        """1-D tensors go to buckets of their own, sent whole, when a sparse method may be chosen
+        (docs/topk.md#dense-1d)."""
+        return self.options.any_sparse and len(spec.shape) <= 1
+
+    def bind_host(self, host: ScheduleHost, names: list[str]) -> Any:
+        """The shared memory takes the optimizer's momentum (docs/dgc.md#optimizer-momentum)."""
+        return bind_momentum_memory(self.memory, host, names)
+
+    def relayout(self, ops: TensorOps, old: Sequence[Bucket], new: Sequence[Bucket]) -> None:
+        """A re-plan: the memory follows its tensors (docs/lags-omgs.md#replan-residuals); every new
+        bucket starts dense until the policy decides again. A residual moved into a new bucket is
+        sent by that bucket's first round (the flush)."""
+        self.memory.relayout(ops, old, new)
+        moved = {t for b in old if self.method_of(b.name).sparse for t in b.names}
+        self.assignment = {}
+        self._flush_next = {b.name for b in new if moved.intersection(b.names)}
+        self.policy.restart()
+
+    def config(self) -> dict:
+        return {"reducer": self.name, **self.options.config()}
+
+    def state_dict(self) -> dict:
+        return {"memory": self.memory.state_dict(), "assignment": {k: m.key for k, m in self.assignment.items()},
+                "flush": sorted(self._flush_next)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.memory.load_state_dict(dict(state.get("memory", {})))
+        self.assignment = {k: Method.parse(v) for k, v in dict(state.get("assignment", {})).items()}
+        self._flush_next = set(state.get("flush", ()))
+
+    def __repr__(self) -> str:
+        return f"Compression.auto({self.options.config()})"
