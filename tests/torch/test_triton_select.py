@@ -71,3 +71,28 @@ def test_on_cuda_the_triton_select_equals_the_torch_route(monkeypatch, kind):
         assert torch.equal(got, want), (kind, n, k)
         assert torch.equal(ranked[0], wranked[0]) and torch.equal(ranked[1], wranked[1])
         assert np.array_equal(np.diff(got.cpu().numpy()) > 0, np.ones(k - 1, bool))  # ascending
+
+
+@pytest.mark.slow  # ~10 s: ptxas on four kernels
+@needs_triton
+def test_the_kernels_compile_for_an_h100_without_one():
+    """Each kernel lowers to a cubin for sm_90 (Triton's own ptxas; no GPU needed): what the
+    interpreter cannot show (the language's GPU lowering of histogram, cumsum, atomics)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    K, p = triton_select.kernels(), "*i32"
+    cases = [
+        (K.histogram, {"bits_ptr": p, "n": "i32", "hist_ptr": p, "gate_ptr": p, "prefix_ptr": p},
+         {"PREFIX_SHIFT": 31, "DIGIT_SHIFT": 20, "BINS": 2048}),
+        (K.histogram, {"bits_ptr": p, "n": "i32", "hist_ptr": p, "gate_ptr": p, "prefix_ptr": p},
+         {"PREFIX_SHIFT": 9, "DIGIT_SHIFT": 0, "BINS": 512}),
+        (K.split, {"bits_ptr": p, "n": "i32", "state_ptr": p, "out_ptr": p, "cand_idx_ptr": p, "cand_key_ptr": p,
+                   "ctr_ptr": p}, {"CAP": 1_004_096}),
+        (K.count_equal, {"bits_ptr": p, "n": "i32", "gate_ptr": p, "kth_ptr": p, "counts_ptr": p}, {}),
+        (K.write_overflow, {"bits_ptr": p, "n": "i32", "gate_ptr": p, "state_ptr": p, "starts_ptr": p, "out_ptr": p,
+                            "ctr_ptr": p}, {}),
+    ]
+    for fn, sig, const in cases:
+        const = {**const, "BLOCK": triton_select.BLOCK}
+        src = triton.compiler.ASTSource(fn=fn, signature={**sig, **{c: "constexpr" for c in const}}, constexprs=const)
+        assert triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["cubin"]
