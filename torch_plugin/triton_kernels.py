@@ -30,9 +30,9 @@ def histogram(bits_ptr, n, hist_ptr, gate_ptr, prefix_ptr, PREFIX_SHIFT: tl.cons
 
 
 @triton.jit
-def split(bits_ptr, n, state_ptr, out_ptr, cand_idx_ptr, cand_key_ptr, ctr_ptr,
+def split(bits_ptr, n, state_ptr, out_ptr, out_key_ptr, cand_idx_ptr, cand_key_ptr, ctr_ptr,
            CAP: tl.constexpr, BLOCK: tl.constexpr):
-    """Keys in bins above ``state[0]``: their indices to ``out`` (slots from ``ctr[0]``); keys
+    """Keys in bins above ``state[0]``: their indices and keys to ``out``/``out_key`` (slots from ``ctr[0]``); keys
     in that bin: (index, key) to the candidate buffer while it has room (``ctr[1]`` counts all)."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
@@ -41,7 +41,9 @@ def split(bits_ptr, n, state_ptr, out_ptr, cand_idx_ptr, cand_key_ptr, ctr_ptr,
     d = key >> 20
     sure = (m & (d > b)).to(tl.int32)
     base = tl.atomic_add(ctr_ptr, tl.sum(sure, 0))
-    tl.store(out_ptr + base + tl.cumsum(sure, 0) - 1, offs.to(tl.int32), mask=sure != 0)
+    pos = base + tl.cumsum(sure, 0) - 1
+    tl.store(out_ptr + pos, offs.to(tl.int32), mask=sure != 0)
+    tl.store(out_key_ptr + pos, key, mask=sure != 0)
     cand = (m & (d == b)).to(tl.int32)
     cbase = tl.atomic_add(ctr_ptr + 1, tl.sum(cand, 0))
     cpos = cbase + tl.cumsum(cand, 0) - 1

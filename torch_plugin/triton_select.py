@@ -12,18 +12,19 @@ the top digits, then the candidates of the k-th's bucket compacted into a buffer
    host read) find the bin ``b`` of the k-th largest key, ``above`` (the count of larger bins) and
    ``rem = k - above``.
 2. **Split** (pass 2, one read): keys in bins above ``b`` are selected for sure and their indices
-   written to the output (one atomic per program reserves the slots, ``tl.cumsum`` places them);
-   keys in bin ``b`` are the candidates, compacted with their keys into a buffer of fixed
+   and keys written to k slots (one atomic per program reserves the slots, ``tl.cumsum`` places
+   them); keys in bin ``b`` are the candidates, compacted with their keys into a buffer of fixed
    capacity :func:`capacity` (a few times k).
-3. **Fix-up** on the candidates (torch ops over the fixed capacity): the ``rem`` largest by the
-   composite key ``(key << 32) | (0xFFFFFFFF - index)`` (``torch.topk``, exact, ties by index).
+3. **Fix-up** (torch ops over the fixed sizes): the k largest composite keys
+   ``(key << 32) | (0xFFFFFFFF - index)`` of the sure slots and the candidate buffer, unused
+   slots -1: one unsorted ``torch.topk`` over k + capacity entries, exact, ties by index.
 4. **Overflow** (more candidates than the capacity: a few distinct magnitudes, e.g. many zeros at
    the k-th): kernels gated by a device flag (every program returns at once when it is clear, so
    the usual step pays their launches only) finish the radix select on the data: the next 11 and
    the last 9 bits give the exact k-th key ``K``, then the keys equal to ``K`` are taken in index
    order (per-program counts, their exclusive sum, a rank within the program). Six reads then.
 
-The k indices come out in slot order and are sorted ascending (``torch.sort`` of k elements).
+The k indices come out in no order and are sorted ascending (``torch.sort`` of k elements).
 :func:`topk_abs_index` is what ``TorchOps.topk_abs_index`` calls on CUDA float32 tensors of at
 least :data:`MIN_N` elements when ``triton`` imports; otherwise the torch-op route runs (the
 tested fallback). The kernels also run under ``TRITON_INTERPRET=1`` on CPU tensors, which is how
@@ -77,13 +78,13 @@ def kernels() -> Any:
 def topk_abs_index(t: torch.Tensor, k: int) -> torch.Tensor:
     """The k positions of the largest magnitudes of the float32 tensor ``t`` (ties: the lower
     index; NaN above +Inf), ascending, int64: ``TorchOps.topk_abs_index``'s set, bit for bit."""
-    return torch.sort(_select(t, k).to(torch.int64)).values
+    return torch.sort(_select(t, k)).values
 
 
 def topk_abs_ranked(t: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``TorchOps.topk_abs_ranked``: (positions, magnitude keys) of the k largest, ranked (key
     descending, then index ascending), int64: the selected set ordered by its composite key."""
-    idx = _select(t, k).to(torch.int64)
+    idx = _select(t, k)
     keys = _keys64(t.reshape(-1).view(torch.int32).index_select(0, idx))
     comp = torch.sort(torch.bitwise_or(torch.bitwise_left_shift(keys, 32), torch.rsub(idx, _LOW32)),
                       descending=True).values
@@ -95,7 +96,7 @@ def _keys64(bits: torch.Tensor) -> torch.Tensor:
 
 
 def _select(t: torch.Tensor, k: int) -> torch.Tensor:
-    """The k selected positions (int32, in slot order); see the module docstring."""
+    """The k selected positions (int64, in no particular order); see the module docstring."""
     if not AVAILABLE:
         raise RuntimeError("triton is not installed: use TorchOps.topk_abs_index (the torch-op route)")
     K = kernels()
@@ -112,25 +113,27 @@ def _select(t: torch.Tensor, k: int) -> torch.Tensor:
     b1, above1 = _bin_of_kth(hist, k)
     rem1 = torch.rsub(above1, k)
     cap = capacity(n, k)
-    out = torch.empty(k + 1, **i32)  # slot k: the spare, written by what is not taken
+    out, out_key = torch.empty(k + 1, **i32), torch.empty(k, **i32)  # out's slot k: a spare
     cand_idx, cand_key = torch.empty(cap, **i32), torch.empty(cap, **i32)
     ctr = torch.zeros(3, **i32)
-    K.split[grid](bits, n, b1.to(torch.int32), out, cand_idx, cand_key, ctr, CAP=cap, BLOCK=BLOCK)
+    K.split[grid](bits, n, b1.to(torch.int32), out, out_key, cand_idx, cand_key, ctr, CAP=cap, BLOCK=BLOCK)
     found = ctr[1:2].to(torch.int64)
     overflow = torch.gt(found, cap)
-    # 3. the fix-up on the candidates (their count <= cap unless overflow)
-    slots = torch.arange(cap, dtype=torch.int64, device=dev)
-    comp = torch.where(torch.lt(slots, found),
-                       torch.bitwise_or(torch.bitwise_left_shift(cand_key.to(torch.int64), 32),
-                                        torch.rsub(cand_idx.to(torch.int64), _LOW32)), -1)
-    kk = min(k, cap)
-    top = torch.topk(comp, kk).indices  # sorted: the largest first
-    ranks = slots[:kk]
-    take = torch.logical_and(torch.lt(ranks, rem1), torch.logical_not(overflow))
-    out.index_copy_(0, torch.where(take, torch.add(ranks, above1), k), cand_idx.index_select(0, top))
-    # 4. overflow: the radix select finished on the data, gated by the flag
+    # 3. the fix-up: the k largest composite keys of the sure entries and the candidates (all of
+    # the bin's while they fit): one unsorted topk over k + cap slots, unused slots -1
+    sure = _composite(out[:k], out_key, above1)
+    comp = torch.topk(torch.cat([sure, _composite(cand_idx, cand_key, found)]), k, sorted=False).values
+    fixed = torch.rsub(torch.bitwise_and(comp, _LOW32), _LOW32)
+    # 4. overflow: the radix select finished on the data, gated by the flag, into out
     _overflow(K, bits, n, overflow, b1, above1, rem1, out, ctr, grid)
-    return out[:k]
+    return torch.where(overflow, out[:k].to(torch.int64), fixed)
+
+
+def _composite(idx: torch.Tensor, key: torch.Tensor, used: torch.Tensor) -> torch.Tensor:
+    """``(key << 32) | (0xFFFFFFFF - idx)`` in the first ``used`` slots (a device count), -1 after."""
+    slots = torch.arange(idx.numel(), dtype=torch.int64, device=idx.device)
+    comp = torch.bitwise_or(torch.bitwise_left_shift(key.to(torch.int64), 32), torch.rsub(idx.to(torch.int64), _LOW32))
+    return torch.where(torch.lt(slots, used), comp, -1)
 
 
 def _overflow(K: Any, bits, n, overflow, b1, above1, rem1, out, ctr, grid) -> None:

@@ -86,7 +86,7 @@ def test_the_kernels_compile_for_an_h100_without_one():
          {"PREFIX_SHIFT": 31, "DIGIT_SHIFT": 20, "BINS": 2048}),
         (K.histogram, {"bits_ptr": p, "n": "i32", "hist_ptr": p, "gate_ptr": p, "prefix_ptr": p},
          {"PREFIX_SHIFT": 9, "DIGIT_SHIFT": 0, "BINS": 512}),
-        (K.split, {"bits_ptr": p, "n": "i32", "state_ptr": p, "out_ptr": p, "cand_idx_ptr": p, "cand_key_ptr": p,
+        (K.split, {"bits_ptr": p, "n": "i32", "state_ptr": p, "out_ptr": p, "out_key_ptr": p, "cand_idx_ptr": p, "cand_key_ptr": p,
                    "ctr_ptr": p}, {"CAP": 1_004_096}),
         (K.count_equal, {"bits_ptr": p, "n": "i32", "gate_ptr": p, "kth_ptr": p, "counts_ptr": p}, {}),
         (K.write_overflow, {"bits_ptr": p, "n": "i32", "gate_ptr": p, "state_ptr": p, "starts_ptr": p, "out_ptr": p,
