@@ -1,7 +1,7 @@
 """One host read per STEP on the device route (docs/selection.md#one-read-per-step), proven on CPU.
 
-A step of several buckets (fused groups, a tensor alone, 1-D tensors in ``dense_1d`` buckets sent
-whole) with the device route forced on CPU tensors (as in test_device_route.py): every aten op of
+A step of four buckets (three matrices each in a sparse bucket, the two 1-D tensors in a
+``dense_1d`` bucket sent whole) with the device route forced on CPU tensors (as in test_device_route.py): every aten op of
 backward and ``step()`` is recorded, none of the forbidden ops may appear, and at most ONE
 ``_local_scalar_dense`` per step: the engine reads every bucket's NaN/Inf flags together, the one
 decision ``torch.amp.GradScaler`` also makes. The reduced gradients, weights and residuals equal
@@ -22,7 +22,7 @@ from hvd_commopt import Compression, run_ranks  # noqa: E402
 from tests.torch.test_device_route import (  # noqa: E402
     _STATE, Direct, Recorder, _bits, _route, _same, record_host_copies)
 
-# a fused pair, a tensor alone, and 1-D tensors (dense_1d buckets, sent whole)
+# three sparse buckets and one dense_1d bucket (the two 1-D tensors, sent whole)
 SHAPES = [(256, 256), (48, 40), (300,), (64, 64), (7,)]
 FUSION = 24 << 10
 
