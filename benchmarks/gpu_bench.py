@@ -20,7 +20,10 @@ Models: ``resnet50`` (torchvision's, batch 64 of 3x224x224, 1000 classes; SGD mo
 
 Selection (``--sizes``, default 25M and 100M float32; tiny: 64K): time / time of one
 ``torch.abs(t, out=buf)`` pass of ``torch.topk(t.abs(), k)``, our exact selection, threshold
-reuse in steady state, and the exact selection fused with the error-feedback add, k = 1 %.
+reuse in steady state, and the exact selection fused with the error-feedback add, k = 1 %. On
+CUDA with Triton installed these run the Triton select (torch_plugin/triton_select.py,
+docs/selection.md#triton-select; column ``triton``), and ``triton_topk`` (its kernels alone) and the
+``*_torch`` columns (the same three on the torch-op route) are measured beside them.
 
 With one process (no launcher) DDP runs on a process group of size 1 (NCCL on CUDA, Gloo on
 CPU) and ours on the local backend: the compressors run, nothing is sent. Under a launcher every
@@ -161,8 +164,8 @@ def measure_selection(n: int, density: float, reps: int, device) -> dict:
 
     from hvd_commopt.memory.error_feedback import ErrorFeedback
     from hvd_commopt.select.strategies import ExactTopK, ReuseTopK
-    from torch_plugin.ops import TorchOps
-    ops = TorchOps()
+    from torch_plugin import ops as torch_ops
+    ops, triton_available = torch_ops.TorchOps(), torch_ops.TRITON_SELECT
     k = max(int(n * density), 1)
     gen = torch.Generator(device=device).manual_seed(n)
     g = torch.randn(n, generator=gen, device=device)
@@ -181,14 +184,25 @@ def measure_selection(n: int, density: float, reps: int, device) -> dict:
     one = med(lambda: torch.abs(t, out=buf))
     out = {"n": n, "density": density, "k": k, "pass_ms": one * 1e3}
     out["torch.topk"] = med(lambda: torch.topk(t.abs(), k, sorted=False)) / one
-    ex = ExactTopK()
-    out["exact"] = med(lambda: ex.select(ops, t, k)) / one
-    reuse = ReuseTopK(tau=1 << 30, band=0.5)
-    reuse.select(ops, t, k, key="b")  # the exact step sets the threshold; then every step reuses it
-    out["reuse"] = med(lambda: reuse.select(ops, t, k, key="b")) / one
-    ef, sel = ErrorFeedback(), ExactTopK()
-    fn = lambda r, a: (lambda res: (res.values, res.indices, res.acc))(sel.select(ops, r, k, addend=a))  # noqa: E731
-    out["ef_exact"] = med(lambda: ef.compensate_select(ops, "b", g, fn)) / one
+    out["triton"] = torch_ops._triton_takes(t, k)  # the Triton select runs the device route's top-k
+    for suffix, triton_on in (("", out["triton"]), ("_torch", False)):  # "_torch": the torch-op route
+        if suffix and not out["triton"]:
+            continue
+        torch_ops.TRITON_SELECT = triton_on
+        try:
+            ex = ExactTopK()
+            out["exact" + suffix] = med(lambda: ex.select(ops, t, k)) / one
+            reuse = ReuseTopK(tau=1 << 30, band=0.5)
+            reuse.select(ops, t, k, key="b")  # the exact step sets the threshold; then every step reuses it
+            out["reuse" + suffix] = med(lambda: reuse.select(ops, t, k, key="b")) / one
+            ef, sel = ErrorFeedback(), ExactTopK()
+            fn = lambda r, a: (lambda res: (res.values, res.indices, res.acc))(sel.select(ops, r, k, addend=a))  # noqa: E731
+            out["ef_exact" + suffix] = med(lambda: ef.compensate_select(ops, "b", g, fn)) / one
+        finally:
+            torch_ops.TRITON_SELECT = triton_available
+    if out["triton"]:  # the kernels alone: two reads of the data plus the fix-up
+        from torch_plugin import triton_select
+        out["triton_topk"] = med(lambda: triton_select.topk_abs_index(t, k)) / one
     return out
 
 
@@ -253,10 +267,12 @@ def main(argv=None) -> dict:
         sizes = [float(s) for s in (a.sizes or ("0.065536" if a.tiny else "25,100")).split(",")]
         for m in sizes:
             result["selection"].append(measure_selection(int(m * 1e6), a.density, a.reps, device))
-        cols = ["torch.topk", "exact", "reuse", "ef_exact"]
-        log("\nselection, time / one abs pass, k = {:g} %".format(a.density * 100))
-        log(table(["elements", "pass (ms)"] + cols,
-                  [[r["n"], r["pass_ms"]] + [r[c] for c in cols] for r in result["selection"]]))
+        cols = ["torch.topk", "exact", "reuse", "ef_exact", "triton_topk", "exact_torch", "reuse_torch",
+                "ef_exact_torch"]
+        log("\nselection, time / one abs pass, k = {:g} % (targets: exact <= 3, reuse <= 1.5, "
+            "ef_exact <= 4; *_torch: the torch-op route, where the Triton select runs the others)".format(a.density * 100))
+        log(table(["elements", "pass (ms)", "triton"] + cols,
+                  [[r["n"], r["pass_ms"], r["triton"]] + [r.get(c, "-") for c in cols] for r in result["selection"]]))
     if rank == 0:
         out = Path(a.out)
         out.mkdir(parents=True, exist_ok=True)

@@ -9,9 +9,11 @@
 # Steps, each with its own time limit so that one hang cannot eat the rest:
 #   1. versions, nvidia-smi                                                    (seconds)
 #   2. the CUDA tests: tests/torch/test_cuda_path.py, test_backend_choice.py and every test file
-#      that skips without CUDA (pytest when the machine has it)                 (<= 150 s)
+#      that skips without CUDA (pytest when the machine has it), among them the Triton select
+#      against the torch route (tests/torch/test_triton_select.py)              (<= 150 s)
 #   3. python -m benchmarks.gpu_bench: ResNet-50 and GPT-2 small, one process,
-#      every variant interleaved, and the selection passes at 25M/100M          (<= 240 s)
+#      every variant interleaved, and the selection passes at 25M/100M, with the
+#      Triton select and on the torch-op route (*_torch columns)               (<= 240 s)
 #   4. 2 ranks sharing the GPU over Gloo (torchrun): compute, DDP(gloo), ours
 #      none/fp16/Top-k/DGC on ResNet-50                                         (<= 120 s)
 # Copy gpu_bench*.json into benchmarks/results/ (or pass --gpu-results) for python -m benchmarks.report.

@@ -60,9 +60,11 @@ def gpu_section(results: Path) -> list[str]:
         lines += _model_table(res)
         if res.get("selection"):
             lines += ["", "Selection, time / one `abs` pass over the buffer (float32, k = 1 %):", "",
-                      "| elements | pass (ms) | torch.topk | exact | threshold reuse | exact + error feedback |",
-                      "|---:|---:|---:|---:|---:|---:|"]
+                      "| elements | pass (ms) | torch.topk | exact | threshold reuse | exact + error feedback "
+                      "| Triton | exact, torch ops | reuse, torch ops | EF exact, torch ops |",
+                      "|---:|---:|---:|---:|---:|---:|:---:|---:|---:|---:|"]
             for r in res["selection"]:
+                torch_route = " | ".join(f"{r[c]:.1f}" if c in r else "-" for c in ("exact_torch", "reuse_torch", "ef_exact_torch"))
                 lines.append(f"| {r['n'] / 1e6:g}M | {r['pass_ms']:.3f} | {r['torch.topk']:.1f} | {r['exact']:.1f} | "
-                             f"{r['reuse']:.1f} | {r['ef_exact']:.1f} |")
+                             f"{r['reuse']:.1f} | {r['ef_exact']:.1f} | {'yes' if r.get('triton') else 'no'} | {torch_route} |")
     return lines

@@ -274,9 +274,10 @@ class TorchDistBackend(Backend):
         """(``gather()``: starts the allgather of ``buf`` whose every rank sends as many elements,
         into one buffer, and returns its Work; ``done()``: (the gathered buffer, counts))."""
         wire, dtype = movable(buf.reshape(-1))
-        wire = wire.contiguous()
+        wire, counts = wire.contiguous(), [wire.numel()] * self.size
+        if self.name == "gloo" and wire.is_cuda:  # pinned host staging (docs/backends.md#cuda-on-gloo)
+            return self._staging.gather_equal(wire, self.size, self._pg, lambda out: (restore(out, dtype), counts))
         out = torch.empty(self.size * wire.numel(), dtype=wire.dtype, device=wire.device)
-        counts = [wire.numel()] * self.size
         return (lambda: gather_single(out, wire, group=self._pg, async_op=True),
                 lambda: (restore(out, dtype), counts))
 

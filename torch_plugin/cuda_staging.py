@@ -21,6 +21,10 @@ halves in float32 one element at a time, so on two ranks a half-precision sum is
 allgather and the two parts are added on the device, rank 0's first: the same single rounding
 of ``a + b``, bit for bit, as Gloo's allreduce (docs/backends.md#pair-sum).
 
+The sparse paths' equal-size allgather (each rank's k (index, value) pairs, docs/topk.md#equal-sizes)
+is staged the same way (:meth:`HostStaging.gather_equal`): one copy out on the copy stream, Gloo's
+allgather of the pinned buffers, one copy back on the caller's stream.
+
 The logic runs on CPU tensors too (no streams, no pinning), which is how the tests check it
 without a GPU; the backend sends only CUDA buckets here.
 """
@@ -106,6 +110,32 @@ class HostStaging:
         self._released(host, ev)
         self._released(both, ev)
         return buf
+
+    def gather_equal(self, wire: torch.Tensor, group_size: int, group,
+                     finish: Callable[[torch.Tensor], object]):
+        """(``gather()``, ``done()``) of an allgather of the contiguous 1-D ``wire`` whose every rank
+        sends as many elements, through host memory (the sparse paths' exchange: k (index, value)
+        pairs): the device-to-host copy is queued on the copy stream now; ``gather()`` waits for
+        its event and starts Gloo's allgather of the host buffers, returning the Work; ``done()``
+        (after it completed) copies the gathered buffer back to the device on the caller's stream
+        (no host wait) and returns ``finish(gathered)``. The host buffers are kept between steps."""
+        n = wire.numel()
+        host = self._host(wire, n)
+        (ev,) = self._to_host(wire, host, [(0, n)])
+        both = self._host(wire, group_size * n) if group_size > 1 else torch.empty_like(host)
+
+        def gather():
+            if ev is not None:
+                ev.synchronize()  # this rank's part is on the host
+            return gather_single(both, host, group=group, async_op=True)
+
+        def done():
+            out = both.to(wire.device, non_blocking=True) if wire.is_cuda else both.clone()
+            ev_back = self._record(out)
+            self._released(host, ev_back)
+            self._released(both, ev_back)
+            return finish(out)
+        return gather, done
 
     def _to_host(self, flat: torch.Tensor, host: torch.Tensor, spans) -> list:
         """Queue the device-to-host copy of each span; one event per span (None on CPU)."""

@@ -10,6 +10,7 @@ import torch
 
 from hvd_commopt import host_memory
 
+from . import triton_select
 from ._compat import storage_exclusive
 from .host_arrays import flat_np, host_ok, index_host
 
@@ -42,6 +43,17 @@ _CMP = {"ge": torch.ge, "gt": torch.gt, "le": torch.le, "lt": torch.lt}
 def _flat(t):
     """``t.reshape(-1)`` without the call when t is flat already (several per bucket and step)."""
     return t if t.dim() == 1 else t.reshape(-1)
+
+
+def _triton_takes(t, k: int) -> bool:
+    """Whether the Triton select runs ``t``'s top-k: a large float32 CUDA tensor, Triton imported
+    (docs/selection.md#triton-select); else the torch-op route, its tested fallback."""
+    return (TRITON_SELECT and t.is_cuda and t.dtype == torch.float32
+            and triton_select.MIN_N <= t.numel() < 1 << 31 and 0 < k < t.numel())
+
+
+#: the Triton select on CUDA where it imports; tests and benchmarks switch it off to compare
+TRITON_SELECT = triton_select.AVAILABLE
 
 
 def _word_nonzero(m):
@@ -288,6 +300,8 @@ class TorchOps:
         float64 keys take 63 bits, so a stable descending sort there (and past 2^32 elements)."""
         t = _flat(t)
         n, k = t.numel(), int(k)
+        if _triton_takes(t, k):  # the same ranking in two reads (docs/selection.md#triton-select)
+            return triton_select.topk_abs_ranked(t.detach(), k)
         with torch.no_grad():
             kd = _KEYS[t.dtype]
             mask, inf = _MAG_INF[t.dtype]
@@ -303,6 +317,8 @@ class TorchOps:
         t = _flat(t)
         if int(k) >= t.numel():
             return torch.arange(t.numel(), dtype=torch.int64, device=t.device)
+        if _triton_takes(t, int(k)):
+            return triton_select.topk_abs_index(t.detach(), int(k))
         return torch.sort(self.topk_abs_ranked(t, k)[0]).values
 
     def count_true(self, mask):

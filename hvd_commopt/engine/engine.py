@@ -42,7 +42,7 @@ from ..streams import BucketStream, DeviceStreams
 from ..errors import ConfigError, HvdCommoptError
 from ..fusion.threshold import validate_plan
 from ..reduce import make_reducer
-from ..reduce.base import Average, ReduceContext, Reducer, RoundInfo, check_op
+from ..reduce.base import Average, Pending, ReduceContext, Reducer, RoundInfo, check_op
 from ..tensor_ops import TensorOps
 from .args import check_backward_passes, check_predivide
 from .buffer_pool import BufferPool
@@ -51,7 +51,7 @@ from .rounds import ReducedGrads, Round
 from .settings import DERIVED, engine_settings
 from .specs import verify_same_settings, verify_same_tensors
 from .stats import StepStats
-from .streamed import drop_on_stream, finish_on_stream, start_on_stream
+from .streamed import drop_on_stream, finish_bucket, settle_deferred, start_on_stream
 from .tuner import FusionTuner
 
 __all__ = ["CommEngine"]
@@ -336,15 +336,17 @@ class CommEngine:
         stats = StepStats(step=rnd.step)
         finite: list[Bucket] = []
         streams = self._bucket_streams
+        # buckets whose NaN/Inf verdict is a device flag: settled after the loop, all their flags
+        # read in one host read per step (docs/selection.md#one-read-per-step)
+        deferred: list[tuple[Bucket, Any, Pending, tuple]] = []
         for b in self._buckets:
             pending = rnd.pending.pop(b.index)
-            bs = streams[b.index] if streams is not None else None
-            if bs is None:
-                flat = rnd.reducer.finish(pending, self.ctx)
-                kept = rnd.reducer.settle(b, rnd.info, flat, self.ctx, pending)
-            else:  # the compute stream waits for the bucket's event, the host does not
-                flat, kept = finish_on_stream(bs, rnd, b, pending, self.ctx)
-            if kept:  # NaN/Inf: memory rolled back
+            # on a side stream the compute stream waits for the bucket's event, the host does not
+            flat, kept, flags = finish_bucket(streams[b.index] if streams is not None else None,
+                                              rnd, b, pending, self.ctx)
+            if flags is not None:
+                deferred.append((b, flat, pending, flags))
+            elif kept:  # NaN/Inf: memory rolled back
                 finite.append(b)
             out.update(b.views(self.ops, flat))
             if pending.support is not None:
@@ -355,6 +357,8 @@ class CommEngine:
             stats.bytes_sent += sent
             stats.bytes_received += received
             stats.comm_seconds += comm_s
+        if deferred:
+            finite.extend(settle_deferred(self.ops, rnd, deferred, streams, self.ctx))
         # the step is skipped whole: no bucket's memory keeps it (docs/wrapper.md#nonfinite-step)
         if len(finite) < len(self._buckets):
             for b in finite:

@@ -13,7 +13,7 @@ from ..reduce.base import Pending, ReduceContext
 from ..streams import BucketStream
 from .rounds import Round
 
-__all__ = ["start_on_stream", "finish_on_stream", "drop_on_stream"]
+__all__ = ["start_on_stream", "finish_on_stream", "finish_bucket", "settle_deferred", "drop_on_stream"]
 
 
 def start_on_stream(bs: BucketStream, rnd: Round, bucket: Bucket, flat: Any, buf: Any,
@@ -27,19 +27,60 @@ def start_on_stream(bs: BucketStream, rnd: Round, bucket: Bucket, flat: Any, buf
 
 
 def finish_on_stream(bs: BucketStream, rnd: Round, bucket: Bucket, pending: Pending,
-                     ctx: ReduceContext) -> tuple[Any, bool]:
+                     ctx: ReduceContext) -> tuple[Any, bool | None, tuple | None]:
     """``reducer.finish`` and ``settle`` on the side stream; the compute stream then waits for the
     bucket's event (not the host), and what it uses next is marked as used by it: the result (the
     reduced buffer, a sparse support) and the round's fusion buffer, which the pool hands to the
     compute stream's packing in a later step (the start may have packed it on the side stream).
-    Returns (the reduced buffer, settle's verdict)."""
+    A reducer whose verdict is device flags (``reducer.device_flags``) is not settled here: the
+    flags are handed over too, and the engine reads them with the step's others
+    (:func:`settle_deferred`). Returns (the reduced buffer, settle's verdict or None, the flags or None)."""
     with bs.finish():
         flat = rnd.reducer.finish(pending, ctx)
-        kept = rnd.reducer.settle(bucket, rnd.info, flat, ctx, pending)
+        flags = rnd.reducer.device_flags(bucket, rnd.info, pending)
+        kept = None if flags is not None else rnd.reducer.settle(bucket, rnd.info, flat, ctx, pending)
     buf = rnd.flats[bucket.index]
     used = [flat] if buf is flat else [flat, buf]
-    bs.hand_over(used if pending.support is None else [*used, *pending.support])
-    return flat, kept
+    if pending.support is not None:
+        used += list(pending.support)
+    bs.hand_over(used if flags is None else [*used, *flags])
+    return flat, kept, flags
+
+
+def finish_bucket(bs: BucketStream | None, rnd: Round, bucket: Bucket, pending: Pending,
+                  ctx: ReduceContext) -> tuple[Any, bool | None, tuple | None]:
+    """:func:`finish_on_stream` where the bucket has a stream, else the same on the caller's."""
+    if bs is not None:
+        return finish_on_stream(bs, rnd, bucket, pending, ctx)
+    flat = rnd.reducer.finish(pending, ctx)
+    flags = rnd.reducer.device_flags(bucket, rnd.info, pending)
+    return flat, None if flags is not None else rnd.reducer.settle(bucket, rnd.info, flat, ctx, pending), flags
+
+
+def settle_deferred(ops: Any, rnd: Round, deferred: list[tuple[Bucket, Any, Pending, tuple]],
+                    streams: list[BucketStream | None] | None, ctx: ReduceContext) -> list[Bucket]:
+    """Settle the buckets whose verdict is device flags, ``(bucket, result, pending, flags)`` each:
+    every bucket's flags read in ONE host read (``TensorOps.read_flags``, the one decision per step
+    that ``torch.amp.GradScaler`` also makes; docs/selection.md#one-read-per-step), then each
+    bucket's ``settle`` with its values (on its side stream, where a rollback writes the memory).
+    The result's flag is the same on every rank, so every rank decides the skip alike. Returns the
+    buckets that were kept (finite)."""
+    flat_flags = [f for _, _, _, flags in deferred for f in flags]
+    values = ops.read_flags(flat_flags)
+    kept: list[Bucket] = []
+    at = 0
+    for b, out, pending, flags in deferred:
+        mine = tuple(values[at:at + len(flags)])
+        at += len(flags)
+        bs = streams[b.index] if streams is not None else None
+        if bs is None:
+            ok = rnd.reducer.settle(b, rnd.info, out, ctx, pending, mine)
+        else:
+            with bs.finish():
+                ok = rnd.reducer.settle(b, rnd.info, out, ctx, pending, mine)
+        if ok:
+            kept.append(b)
+    return kept
 
 
 def drop_on_stream(bs: BucketStream, rnd: Round, pending: Pending, ctx: ReduceContext) -> None:

@@ -148,12 +148,21 @@ class Reducer(abc.ABC):
         return out
 
     def settle(self, bucket: Bucket, rnd: RoundInfo, out: Any, ctx: ReduceContext,
-               pending: Pending | None = None) -> bool:
+               pending: Pending | None = None, flags: tuple[bool, ...] | None = None) -> bool:
         """Called with the reduced result ``out`` of a finished round and its finished ``pending``
         (the engine does it): a reducer with a memory rolls it back when ``out`` is not finite
         (docs/wrapper.md#nonfinite); ``pending.finite``, when ``finish`` set it, is that verdict.
+        ``flags``: the host values of :meth:`device_flags`, when the engine read them with the
+        step's other buckets' (docs/selection.md#one-read-per-step); None: settle reads them itself.
         Returns False when the bucket was rolled back (True: finite, or no memory to roll back)."""
         return True
+
+    def device_flags(self, bucket: Bucket, rnd: RoundInfo, pending: Pending) -> tuple[Any, ...] | None:
+        """The 0-d device flags (the device route's NaN/Inf verdict) that :meth:`settle` would read
+        for this finished round, so that the engine reads every bucket's in ONE host read per step
+        and hands their values to ``settle(..., flags=...)`` (docs/selection.md#one-read-per-step).
+        None (the default): no flag to read, settle decides by itself."""
+        return None
 
     def rollback(self, bucket: Bucket, rnd: RoundInfo, ctx: ReduceContext) -> None:
         """A *finite* bucket's round is skipped because another bucket of the same step was not

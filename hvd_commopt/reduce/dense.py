@@ -93,7 +93,7 @@ class DenseAllreduce(Reducer):
         return out
 
     def settle(self, bucket: Bucket, rnd: RoundInfo, out: Any, ctx: ReduceContext,
-               pending: Pending | None = None) -> bool:
+               pending: Pending | None = None, flags: tuple[bool, ...] | None = None) -> bool:
         if pending is not None and not nonfinite.carries_nonfinite(ctx.ops, pending.state.payload):
             return True  # theta times a sum of integer signs is finite: no host decision needed
         if self.memory is not None and not ctx.ops.all_finite(out):

@@ -111,6 +111,7 @@ class WholeBucket:
 
     x: Any
     key: str
+    device: bool = False  # the device route: finiteness decided by a flag read in settle
 
 
 @dataclass
@@ -132,9 +133,10 @@ def dense_start(memory: Memory, bucket: Bucket, rnd: RoundInfo, flat: Any, ctx: 
     (of ``flat`` alone, the memory untouched, when ``flat`` is not finite)."""
     name = rnd.wire(bucket)
     x = memory.compensate_dense(ctx.ops, bucket.name, flat) if finite else flat
+    st = WholeBucket(x, bucket.name, device_route(ctx.ops, x))
     if ctx.comm.size == 1:
-        return Pending(name, WholeBucket(x, bucket.name))
-    return Pending(name, WholeBucket(x, bucket.name), (ctx.comm.allreduce_tensor_async(ctx.ops, x, "sum", f"{name}.dense"),))
+        return Pending(name, st)
+    return Pending(name, st, (ctx.comm.allreduce_tensor_async(ctx.ops, x, "sum", f"{name}.dense"),))
 
 
 def dense_finish(memory: Memory, pending: Pending, ctx: ReduceContext) -> Any:
@@ -142,6 +144,9 @@ def dense_finish(memory: Memory, pending: Pending, ctx: ReduceContext) -> Any:
     x = ctx.comm.wait(pending.handles[0]) if pending.handles else st.x
     if ctx.postscale != 1.0:
         x = ctx.ops.scale(x, ctx.postscale)
+    if st.device:  # the verdict stays a device flag, read in settle (docs/selection.md#device-route)
+        pending.finite = ctx.ops.finite_flag(x)
+        return ctx.ops.where(pending.finite, memory.finish_dense(ctx.ops, st.key, x), x)
     if not ctx.ops.all_finite(x):
         return x  # skipped step: DGC's momentum must not see it (docs/wrapper.md#nonfinite)
     return memory.finish_dense(ctx.ops, st.key, x)
@@ -203,7 +208,9 @@ class SparseReducer(Reducer):
         flat = prescaled(flat, ctx)
         self.memory.snapshot(ops, bucket.name, flat, rnd.step)
         self.compressor.snapshot(bucket.name, rnd.step)  # threshold reuse's state, beside the memory's
-        if not whole and device_route(ops, flat):
+        if device_route(ops, flat):
+            if whole:
+                return self._dense_on_device(bucket, rnd, flat, ctx)
             vals, idx = self._select_on_device(bucket, rnd, flat, ctx)
             return vals, idx, n
         if fold:
@@ -258,6 +265,18 @@ class SparseReducer(Reducer):
             return ops.where(ok, vals, math.inf), idx
         return device.marked(ops, ok, vals, idx, self.compressor.k_for(ops.numel(flat), bucket, rnd.step))
 
+    def _dense_on_device(self, bucket: Bucket, rnd: RoundInfo, flat: Any, ctx: ReduceContext) -> Pending:
+        """The bucket sent whole (density 1, ``dense_1d``) with no host decision
+        (docs/selection.md#device-route): ``flat + residual`` where this rank's ``flat`` is finite,
+        else ``flat`` as it is (a ``where`` on the device flag); the memory's residual is taken
+        whatever the data, and :meth:`settle`'s read of the flags rolls it back with the host
+        route's result. ``flat`` is compensated in a copy (the adapter adds in place)."""
+        ops = ctx.ops
+        ok = ops.finite_flag(flat)
+        self._local_finite[(bucket.name, rnd.step)] = ok
+        x = ops.where(ok, self.memory.compensate_dense(ops, bucket.name, ops.clone(flat)), flat)
+        return dense_start(self.memory, bucket, rnd, x, ctx, finite=False)
+
     def finish(self, pending: Pending, ctx: ReduceContext) -> Any:
         """The reduced bucket: the dense path's, else ``scatter_add(zeros(n), idx, vals)·postscale``
         of the exchanged selection (this rank's own with one rank)."""
@@ -284,19 +303,31 @@ class SparseReducer(Reducer):
         return {"reducer": self.name, "compressor": self.compressor.config(), "memory": self.memory.config(),
                 "index_dtype": self.index_dtype, "dense_when_full": self.dense_when_full}
 
+    def device_flags(self, bucket: Bucket, rnd: RoundInfo, pending: Pending) -> tuple[Any, ...] | None:
+        """The device route's flags of a finished round: the result's finiteness and this rank's
+        (the result's again when there is none), read by the engine with the step's others."""
+        flag = pending.finite
+        if flag is None or isinstance(flag, bool):
+            return None
+        local = self._local_finite.get((bucket.name, rnd.step))
+        return flag, flag if local is None else local
+
     def settle(self, bucket: Bucket, rnd: RoundInfo, out: Any, ctx: ReduceContext,
-               pending: Pending | None = None) -> bool:
+               pending: Pending | None = None, flags: tuple[bool, ...] | None = None) -> bool:
         """A non-finite reduced bucket (identical on every rank) rolls the memory back, so the
         skipped step leaves no trace in it (docs/wrapper.md#nonfinite). The sparse result's
-        finiteness was decided in :meth:`finish` from the exchanged positions (:func:`scatter_result`)."""
-        local = self._local_finite.pop((bucket.name, rnd.step), None)
-        flag = pending.finite if pending is not None else None
-        if flag is not None and not isinstance(flag, bool):  # the device route: one host read
-            finite, local_ok = ctx.ops.read_flags([flag, flag if local is None else local])
+        finiteness was decided in :meth:`finish` from the exchanged positions (:func:`scatter_result`);
+        on the device route it is a device flag, read here (one host read) unless the engine read
+        it with the step's others and passes ``flags`` (docs/selection.md#one-read-per-step)."""
+        dev = self.device_flags(bucket, rnd, pending) if pending is not None else None
+        self._local_finite.pop((bucket.name, rnd.step), None)
+        if dev is not None:
+            finite, local_ok = flags if flags is not None else ctx.ops.read_flags(list(dev))
             if not local_ok:
                 nonfinite.report(self.memory.nonfinite, ctx.comm.rank, bucket.name)
                 self.memory.skip(bucket.name)
         else:
+            flag = pending.finite if pending is not None else None
             finite = flag if flag is not None else ctx.ops.all_finite(out)
         if not finite:
             self.rollback(bucket, rnd, ctx)

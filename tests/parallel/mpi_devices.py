@@ -61,3 +61,20 @@ def test_staged_allreduce_equals_glooss_bit_for_bit(monkeypatch, dtype, op, n):
         assert got is x
         assert torch.equal(got.view(torch.int16 if dtype != torch.float32 else torch.int32),
                            want.view(torch.int16 if dtype != torch.float32 else torch.int32)), (dtype, op, n)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("n", [1, 1000])
+def test_staged_equal_allgather_equals_glooss(dtype, n):
+    """The sparse paths' equal-size allgather through host memory: every rank's part, in rank
+    order, bit for bit, the host buffers reused on the second round."""
+    staging = cuda_staging.HostStaging()
+    for seed in range(2):
+        x = _row(n, torch.float32, seed).to(dtype)
+        want = torch.empty(P * n, dtype=dtype)
+        dist.all_gather_into_tensor(want, x, group=GROUP)
+        gather, done = staging.gather_equal(x, P, GROUP, lambda out: out)
+        gather().wait()
+        got = done()
+        assert got.dtype == dtype and torch.equal(got, want), (dtype, n)
+    assert len(staging.host_buffers()) == 2  # this rank's part and the gathered one, kept

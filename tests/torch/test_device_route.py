@@ -95,6 +95,11 @@ _STATE = threading.local()
 def host_copies(monkeypatch):
     """Calls of the host copies that do not dispatch (tolist, numpy, from_numpy) on a recording
     thread, outside the transport; and the transport's conversions marked as such."""
+    return record_host_copies(monkeypatch)
+
+
+def record_host_copies(monkeypatch) -> list[str]:
+    """:func:`host_copies`' body (other test modules make the fixture from it)."""
     calls: list[str] = []
 
     def wrap(owner, name, transport=False):

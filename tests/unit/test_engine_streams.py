@@ -4,6 +4,7 @@ finish inside ``finish`` in plan order, its buckets once per plan, never per ste
 are those of the engine without streams, bit for bit; without streams no stream call is made."""
 from __future__ import annotations
 
+import warnings
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
@@ -146,3 +147,54 @@ def test_a_replan_gives_each_new_bucket_its_stream_once():
         return first, st.made[len(first):]
     for first, second in run_ranks(2, body):
         assert len(first) >= 2 and second == [0]
+
+
+def test_on_the_device_route_the_step_reads_every_buckets_flags_once(monkeypatch):
+    """The device route (forced on host arrays): each bucket's NaN/Inf flags are handed over with
+    its result, every bucket's are read in one ``read_flags`` per step after all finishes, and
+    each bucket is then settled inside its own stream's ``finish`` (docs/selection.md#one-read-per-step);
+    the results are the host route's, bit for bit, a NaN step skipped on every bucket."""
+    from hvd_commopt.select import kernels as K
+
+    reads: list[int] = []
+    orig = NumpyOps.read_flags
+    monkeypatch.setattr(NumpyOps, "read_flags", lambda self, flags: (reads.append(len(flags)), orig(self, flags))[1])
+
+    def grads(rank, step):
+        g = _grads(rank, step)
+        if step == 1 and rank == 0:
+            g["l2.w"][1, 2] = np.nan
+        return g
+
+    def run(device: bool):
+        monkeypatch.setattr(K, "HOST_KERNELS", not device)
+
+        def body(comm):
+            eng = build_engine(comm, NumpyOps(), compression=Compression.topk(0.25, dense_1d=True),
+                               fusion_threshold=64, streams=RecordingStreams())
+            eng.register(SPECS)
+            out = []
+            for s in range(3):
+                g = grads(comm.rank, s)
+                for name in eng.backward_names:
+                    eng.grad_ready(name, g[name])
+                out.append({k: np.array(v, copy=True) for k, v in eng.reduce_step().items()})
+            return out, list(eng.engine.streams.log), len(eng.buckets)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return run_ranks(2, body)
+
+    host = run(False)
+    reads.clear()
+    dev = run(True)
+    n = dev[0][2]
+    assert n >= 3 and reads == [2 * n] * 6  # 2 ranks x 3 steps, every bucket's two flags at once
+    for (a, _, _), (b, log, _) in zip(host, dev):
+        for step_a, step_b in zip(a, b):
+            assert all(step_a[k].tobytes() == step_b[k].tobytes() for k in step_a)
+        per_step = len(log) // 3
+        chunk = log[:per_step]
+        settles = chunk[-2 * n:]  # after every bucket's finish and hand-over: a finish per bucket
+        assert settles == [e for i in range(n) for e in (("finish", i), ("finished", i))], chunk
+        hands = [e for e in chunk if e[0] == "hand_over"]
+        assert len(hands) == n and all(h[2] >= 3 for h in hands)  # the result and the two flags

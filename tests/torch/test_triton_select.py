@@ -1,0 +1,98 @@
+"""The Triton select (torch_plugin/triton_select.py, docs/selection.md#triton-select) picks the torch
+route's set bit for bit, ties, -0.0, NaN and Inf included, with no host synchronisation.
+
+Without a GPU the kernels run in Triton's interpreter on CPU tensors: Triton reads
+``TRITON_INTERPRET=1`` when it is imported, so the cases run in a process started with it
+(tests/torch/triton_interpreted.py). Both the candidate buffer's usual path and its overflow path
+(the radix select finished on the data) are forced by the capacity. Skipped where triton is not
+installed (CPU builds of torch do not ship it, and the test extra does not install it:
+docs/selection.md#triton-select)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch_plugin import ops as torch_ops  # noqa: E402
+from torch_plugin import triton_select  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+needs_triton = pytest.mark.skipif(not triton_select.AVAILABLE,
+                                  reason="triton is not installed (pip install triton); the torch-op route is tested")
+# on a GPU the kernels themselves are compared with the torch route (test_on_cuda_...)
+interpreted = pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is here: the compiled kernels are tested")
+
+
+def _interpreted(case: str) -> None:
+    env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_DEFAULT_FP_FUSION": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "tests.torch.triton_interpreted", case], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+@pytest.mark.slow  # ~40 s: 72 selections in Triton's interpreter
+@needs_triton
+@interpreted
+def test_the_triton_select_equals_the_torch_route():
+    _interpreted("equal")
+
+
+@needs_triton
+@interpreted
+def test_the_glue_between_the_kernels_makes_no_host_sync():
+    _interpreted("glue")
+
+
+def test_only_large_float32_cuda_tensors_take_it():
+    t = torch.zeros(triton_select.MIN_N + 1)
+    assert not torch_ops._triton_takes(t, 10)  # a CPU tensor: the torch route
+    assert triton_select.capacity(100, 90) == 100 and triton_select.capacity(10**8, 10**6) == 4 * 10**6 + 4096
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+@needs_triton
+@pytest.mark.parametrize("kind", ["normal", "ties", "zeros", "nonfinite"])
+def test_on_cuda_the_triton_select_equals_the_torch_route(monkeypatch, kind):
+    from tests.torch.triton_interpreted import data
+    ops = torch_ops.TorchOps()
+    for n, k in ((1 << 21, 20_000), ((1 << 22) + 3, 400_000)):
+        t = data(kind, n, seed=k).cuda()
+        assert torch_ops._triton_takes(t, k)
+        got, ranked = ops.topk_abs_index(t, k), ops.topk_abs_ranked(t, k)
+        with monkeypatch.context() as m:
+            m.setattr(torch_ops, "TRITON_SELECT", False)
+            want, wranked = ops.topk_abs_index(t, k), ops.topk_abs_ranked(t, k)
+        assert torch.equal(got, want), (kind, n, k)
+        assert torch.equal(ranked[0], wranked[0]) and torch.equal(ranked[1], wranked[1])
+        assert np.array_equal(np.diff(got.cpu().numpy()) > 0, np.ones(k - 1, bool))  # ascending
+
+
+@pytest.mark.slow  # ~10 s: ptxas on four kernels
+@needs_triton
+def test_the_kernels_compile_for_an_h100_without_one():
+    """Each kernel lowers to a cubin for sm_90 (Triton's own ptxas; no GPU needed): what the
+    interpreter cannot show (the language's GPU lowering of histogram, cumsum, atomics)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    K, p = triton_select.kernels(), "*i32"
+    cases = [
+        (K.histogram, {"bits_ptr": p, "n": "i32", "hist_ptr": p, "gate_ptr": p, "prefix_ptr": p},
+         {"PREFIX_SHIFT": 31, "DIGIT_SHIFT": 20, "BINS": 2048}),
+        (K.histogram, {"bits_ptr": p, "n": "i32", "hist_ptr": p, "gate_ptr": p, "prefix_ptr": p},
+         {"PREFIX_SHIFT": 9, "DIGIT_SHIFT": 0, "BINS": 512}),
+        (K.split, {"bits_ptr": p, "n": "i32", "state_ptr": p, "out_ptr": p, "out_key_ptr": p, "cand_idx_ptr": p, "cand_key_ptr": p,
+                   "ctr_ptr": p}, {"CAP": 1_004_096}),
+        (K.count_equal, {"bits_ptr": p, "n": "i32", "gate_ptr": p, "kth_ptr": p, "counts_ptr": p}, {}),
+        (K.write_overflow, {"bits_ptr": p, "n": "i32", "gate_ptr": p, "state_ptr": p, "starts_ptr": p, "out_ptr": p,
+                            "ctr_ptr": p}, {}),
+    ]
+    for fn, sig, const in cases:
+        const = {**const, "BLOCK": triton_select.BLOCK}
+        src = triton.compiler.ASTSource(fn=fn, signature={**sig, **{c: "constexpr" for c in const}}, constexprs=const)
+        assert triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["cubin"]

@@ -1,0 +1,105 @@
+"""Run by tests/torch/test_triton_select.py in a process started with ``TRITON_INTERPRET=1``
+(Triton reads it when it is imported, so the test process cannot switch it): the Triton select's
+cases on CPU tensors. ``python -m tests.torch.triton_interpreted equal|glue``; prints one line per
+failure and exits 1 if any."""
+from __future__ import annotations
+
+import sys
+import threading
+
+import numpy as np
+import torch
+
+from tests.torch.test_device_route import Recorder
+from torch_plugin import ops as torch_ops
+from torch_plugin import triton_select
+
+OPS = torch_ops.TorchOps()
+
+
+def data(kind: str, n: int, seed: int) -> torch.Tensor:
+    rng = np.random.default_rng(seed)
+    if kind == "normal":
+        x = rng.standard_normal(n).astype(np.float32)
+    elif kind == "ties":  # a few magnitudes: thousands tied at the k-th
+        x = (rng.integers(-4, 5, n) * 0.25).astype(np.float32)
+    elif kind == "zeros":  # the k-th is zero: +0 and -0 tie
+        x = np.zeros(n, np.float32)
+        x[rng.integers(0, n, 50)] = rng.standard_normal(50)
+        x[::7] = -0.0
+    else:  # NaN (several payloads) above +Inf, -Inf, denormals
+        x = rng.standard_normal(n).astype(np.float32)
+        x[::997], x[5::1009], x[7::1013] = np.nan, -np.inf, np.inf
+        x.view(np.int32)[11::2003] = 0x7FC00123
+        x[13::501] = np.float32(1e-42)
+    return torch.from_numpy(x)
+
+
+def equal() -> list[str]:
+    """Both candidate paths (the buffer fits; it overflows and the radix select finishes on the
+    data) and the default capacity, on every kind of data: the torch route's set and ranking."""
+    bad, default = [], triton_select.capacity
+    for buffer, cap in (("default", default), ("fits", lambda n, k: n), ("overflows", lambda n, k: 1)):
+        triton_select.capacity = cap
+        for kind in ("normal", "ties", "zeros", "nonfinite"):
+            for n, k in ((20_000, 1), (50_000, 500), (30_001, 7_000)):
+                t = data(kind, n, seed=n + k)
+                if not torch.equal(triton_select.topk_abs_index(t, k), OPS.topk_abs_index(t, k)):
+                    bad.append(f"topk_abs_index {buffer} {kind} n={n} k={k}")
+                (gi, gk), (ri, rk) = triton_select.topk_abs_ranked(t, k), OPS.topk_abs_ranked(t, k)
+                if not (torch.equal(gi, ri) and torch.equal(gk, rk)):
+                    bad.append(f"topk_abs_ranked {buffer} {kind} n={n} k={k}")
+    triton_select.capacity = default
+    return bad
+
+
+class Launch:
+    """A kernel whose launches are marked, so the recorder leaves out what the interpreter does
+    inside them (it copies the arguments to host arrays); the glue between them is recorded."""
+
+    def __init__(self, kernel, state):
+        self.kernel, self.state = kernel, state
+
+    def __getitem__(self, grid):
+        run = self.kernel[grid]
+
+        def launch(*args, **kw):
+            self.state.inside = True
+            try:
+                return run(*args, **kw)
+            finally:
+                self.state.inside = False
+        return launch
+
+
+def glue() -> list[str]:
+    """The torch ops between the kernels: no forbidden op, no scalar read, on both paths."""
+    K, state, bad = triton_select.kernels(), threading.local(), []
+    for name in K.__all__:
+        setattr(K, name, Launch(getattr(K, name), state))
+
+    class GlueRecorder(Recorder):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if getattr(state, "inside", False):
+                return func(*args, **(kwargs or {}))
+            return super().__torch_dispatch__(func, types, args, kwargs)
+
+    for kind in ("normal", "zeros"):  # the buffer fits / overflows
+        t = data(kind, 40_000, 3)
+        rec = GlueRecorder()
+        with rec:
+            got = triton_select.topk_abs_index(t, 900)
+            triton_select.topk_abs_ranked(t, 900)
+        if rec.bad or rec.scalar_reads:
+            bad.append(f"{kind}: {rec.bad} {rec.scalar_reads} scalar reads at {rec.where}")
+        if not torch.equal(got, OPS.topk_abs_index(t, 900)):
+            bad.append(f"{kind}: not the torch route's set")
+    return bad
+
+
+if __name__ == "__main__":
+    failures = {"equal": equal, "glue": glue}[sys.argv[1]]()
+    for line in failures:
+        print("FAIL", line)
+    print("ok" if not failures else f"{len(failures)} failures")
+    sys.exit(1 if failures else 0)
