@@ -31,6 +31,7 @@ from .memory.error_feedback import ErrorFeedback
 from .memory.momentum import MomentumCorrection
 from .reduce.gtopk import GTopK
 from .reduce.oktopk import OkTopK
+from .reduce.quantized import QuantizedAllreduce
 from .reduce.sparse_allgather import SparseAllgather
 
 __all__ = ["Compression"]
@@ -162,3 +163,16 @@ class Compression:
         return OkTopK(density, error_feedback=error_feedback, index_dtype=index_dtype, selection=selection,
                       tau=tau, band=band, rebalance=rebalance, min_k=min_k, dense_1d=dense_1d,
                       memory=_memory(error_feedback, momentum_correction, momentum_masking, nonfinite))
+
+    @staticmethod
+    def quantize(bits: int, density: float | None = None, block: int = 256, error_feedback: bool = True,
+                 nonfinite: str = "skip") -> QuantizedAllreduce:
+        """Low-bit quantisation with a float32 scale per ``block`` elements and error feedback
+        (docs/quantize.md#exchange): ``bits`` 8 (int8), 2-4 (int4 ... ternary), exchanged as a
+        quantised reduce-scatter then all-gather, so the error is at most two quantisations.
+        ``density=rho`` sends the quantised top-k instead (all-gathered indices and codes):
+        SparseLoCo's recipe is ``Compression.quantize(2, density=0.01)`` (docs/quantize.md#sparseloco).
+        Composes with every schedule: gradients under S-SGD and OD/SSD, pseudo-gradients under
+        local SGD, CoCoD and DiLoCo."""
+        return QuantizedAllreduce(bits, density=density, block=block, error_feedback=error_feedback,
+                                  nonfinite=nonfinite)
