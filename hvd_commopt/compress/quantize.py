@@ -51,9 +51,9 @@ def _pack(codes: np.ndarray, bits: int) -> np.ndarray:
         return codes
     if 8 % bits == 0:  # 2 or 4 bits: whole codes per byte
         per = 8 // bits
-        c = np.zeros(-(-codes.size // per) * per, np.uint8)
-        c[:codes.size] = codes
-        c = c.reshape(-1, per)
+        flat = np.zeros(-(-codes.size // per) * per, np.uint8)
+        flat[:codes.size] = codes
+        c = flat.reshape(-1, per)
         out = c[:, 0].copy()
         for j in range(1, per):
             out |= c[:, j] << np.uint8(bits * j)
@@ -77,9 +77,9 @@ def encode(x: np.ndarray, bits: int, block: int) -> tuple[np.ndarray, np.ndarray
     """(the bytes to send, the decoded values): ``x`` (1-D float32) quantised per block."""
     n, q = x.size, levels(bits)
     nb = -(-n // block)
-    xp = np.zeros(nb * block, np.float32)
-    xp[:n] = x
-    xp = xp.reshape(nb, block)
+    flat = np.zeros(nb * block, np.float32)
+    flat[:n] = x
+    xp = flat.reshape(nb, block)
     scale = (np.abs(xp).max(axis=1) / np.float32(q)).astype(np.float32)
     safe = np.where(scale > 0, scale, np.float32(1.0))
     codes = np.clip(np.rint(xp / safe[:, None]), -q, q)
