@@ -44,8 +44,9 @@ Tensor = Any
 
 def plan_fragments(sizes: Sequence[int], fragments: int) -> list[list[int]]:
     """Split tensors (their element counts, in registration order) into ``fragments`` contiguous,
-    non-empty groups of near-equal size: a group closes once the running total reaches its share
-    of the whole, or when each group left needs one of the tensors left. A pure function."""
+    non-empty groups of near-equal size: a group closes before a tensor whose middle would pass
+    the group's share of the whole (the cut nearest the share), or when each group left needs one
+    of the tensors left. A pure function."""
     n, total = len(sizes), sum(sizes)
     if fragments > n:
         raise ConfigError(f"fragments={fragments} is more than the model's {n} parameter tensors: every fragment "
@@ -53,7 +54,8 @@ def plan_fragments(sizes: Sequence[int], fragments: int) -> list[list[int]]:
     groups: list[list[int]] = [[] for _ in range(fragments)]
     g, acc = 0, 0
     for i, s in enumerate(sizes):
-        if groups[g] and g < fragments - 1 and (acc * fragments >= total * (g + 1) or n - i == fragments - 1 - g):
+        if groups[g] and g < fragments - 1 and ((2 * acc + s) * fragments > 2 * total * (g + 1)
+                                                or n - i == fragments - 1 - g):
             g += 1
         groups[g].append(i)
         acc += s
