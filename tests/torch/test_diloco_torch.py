@@ -21,6 +21,18 @@ def train(model, opt, steps, rank):
         opt.step()
 
 
+def checkpoint(model, opt) -> bytes:
+    buf = io.BytesIO()
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, buf)
+    return buf.getvalue()
+
+
+def restore(model, opt, blob: bytes) -> None:
+    ck = torch.load(io.BytesIO(blob), weights_only=False)
+    model.load_state_dict(ck["model"])
+    opt.load_state_dict(ck["opt"])
+
+
 def run(P, schedule, steps, make_opt=ADAMW, **kw):
     def body(comm):
         model = make_model()
@@ -74,18 +86,13 @@ def test_resume_through_torch_state_dicts_is_bit_exact(kind):
     def body(comm):
         model, opt = make(comm, 0)
         train(model, opt, range(N), comm.rank)
-        buf = io.BytesIO()
-        torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, buf)
+        blob = checkpoint(model, opt)
         train(model, opt, range(N, N + M), comm.rank)
-        a = params(model)
-        model2, opt2 = make(comm, 1)
-        buf.seek(0)
-        ck = torch.load(buf, weights_only=False)
-        model2.load_state_dict(ck["model"])
-        opt2.load_state_dict(ck["opt"])
+        model2, opt2 = make(comm, 1)  # a fresh model and optimizer resume from the checkpoint
+        restore(model2, opt2, blob)
         assert opt2.comm_engine.step == N
         train(model2, opt2, range(N, N + M), comm.rank)
-        return a, params(model2)
+        return params(model), params(model2)
     for a, b in run_ranks(2, body):
         assert same(a, b)
 
@@ -97,3 +104,20 @@ def test_quantized_gradients_under_sync_track_the_dense_run():
     for a, b in zip(ref, got):
         for x, y in zip(a, b):
             assert torch.allclose(x, y, atol=2e-3)
+
+
+def test_use_global_weights_shows_the_global_model_between_syncs():
+    def body(comm):
+        model = make_model()
+        opt = hco.DistributedOptimizer(ADAMW(model.parameters()), named_parameters=model.named_parameters(),
+                                       communicator=comm, schedule=Schedule.diloco(4))
+        train(model, opt, range(6), comm.rank)  # synced after step 4, two local steps since
+        local = params(model)
+        glob = [g.clone() for g in opt.comm_engine.scheduler.global_weights().values()]
+        with opt.use_global_weights():
+            inside = params(model)
+        assert same(params(model), local)
+        return inside, glob
+    for inside, glob in run_ranks(2, body):
+        assert sorted(tuple(t.shape) for t in inside) == sorted(tuple(t.shape) for t in glob)
+        assert all(any(torch.equal(a, b) for b in glob) for a in inside)
