@@ -6,8 +6,8 @@ arXiv:2311.08105 (inner AdamW, outer Nesterov lr 0.7 momentum 0.9, H = 500); Dou
 "Streaming DiLoCo with overlapping communication", arXiv:2501.18512 (fragments, overlap,
 low-bit outer exchange); torchft's ``DiLoCo(model_fragments, fragment_sync_delay)``.
 
-Every rank runs the wrapped (inner) optimizer on its own model. Fragment f of F (contiguous
-parameter tensors of near-equal size, :func:`plan_fragments`) synchronises after local steps k
+Every rank runs the wrapped (inner) optimizer on its own model. Fragment f of F (parameter
+tensors of near-equal total size, :func:`plan_fragments`) synchronises after local steps k
 with ``k % H == offset_f``, ``offset_f = (f + 1) * H / F mod H`` (F = 1: after H, 2H, ...):
 
     Delta_f = mean_i (global_f - x_i,f)                (allreduce, or compressed with EF)
@@ -43,23 +43,22 @@ Tensor = Any
 
 
 def plan_fragments(sizes: Sequence[int], fragments: int) -> list[list[int]]:
-    """Split tensors (their element counts, in registration order) into ``fragments`` contiguous,
-    non-empty groups of near-equal size: a group closes before a tensor whose middle would pass
-    the group's share of the whole (the cut nearest the share), or when each group left needs one
-    of the tensors left. A pure function."""
-    n, total = len(sizes), sum(sizes)
+    """Split tensors (their element counts, in registration order) into ``fragments`` non-empty
+    groups of near-equal size, so each sync moves about 1/F of the model: largest tensor first,
+    each into the group with the fewest elements so far (LPT; ties to the lower index), every
+    group listed in registration order. Whole tensors only, so a group may exceed 1/F by less
+    than its largest tensor. A pure function."""
+    n = len(sizes)
     if fragments > n:
         raise ConfigError(f"fragments={fragments} is more than the model's {n} parameter tensors: every fragment "
                           f"needs at least one tensor; pass fragments <= {n}")
+    loads = [0] * fragments
     groups: list[list[int]] = [[] for _ in range(fragments)]
-    g, acc = 0, 0
-    for i, s in enumerate(sizes):
-        if groups[g] and g < fragments - 1 and ((2 * acc + s) * fragments > 2 * total * (g + 1)
-                                                or n - i == fragments - 1 - g):
-            g += 1
+    for i in sorted(range(n), key=lambda i: (-sizes[i], i)):
+        g = min(range(fragments), key=lambda g: (loads[g], g))
         groups[g].append(i)
-        acc += s
-    return groups
+        loads[g] += sizes[i]
+    return [sorted(g) for g in groups]
 
 
 def fragment_offsets(period: int, fragments: int) -> list[int]:
