@@ -40,6 +40,13 @@ def variants(h_small: int, h_mid: int, h_big: int) -> dict:
         f"diloco_h{h_big}": (lambda: Schedule.diloco(h_big), lambda: None),
         f"streaming_h{h_mid}_f5": (lambda: Schedule.diloco(h_mid, fragments=5, overlap=h_mid // 10), lambda: None),
         f"diloco_h{h_mid}_topk1_int4": (lambda: Schedule.diloco(h_mid), lambda: Compression.quantize(4, density=0.01)),
+        # the outer step w - Delta (plain averaging every H steps: local SGD at period H)
+        f"diloco_h{h_mid}_plain_outer": (lambda: Schedule.diloco(h_mid, outer_lr=1.0, outer_momentum=0.0),
+                                         lambda: None),
+        # SparseLoCo's setting: top-k 1 % + 2-bit with error feedback, outer SGD lr 1 without momentum
+        f"sparseloco_h{h_mid}": (lambda: Schedule.diloco(h_mid, outer_lr=1.0, outer_momentum=0.0),
+                                 lambda: Compression.quantize(2, density=0.01)),
+        f"diloco_h{h_mid}_int4": (lambda: Schedule.diloco(h_mid), lambda: Compression.quantize(4)),
         "local_sgd_4": (lambda: Schedule.local_sgd(4), lambda: None),
         "cocod_4": (lambda: Schedule.cocod(4), lambda: None),
     }
@@ -158,6 +165,8 @@ def main(argv=None) -> None:
     ap.add_argument("--h", type=int, nargs=3, default=[20, 50, 100])
     ap.add_argument("--variants", default="all")
     ap.add_argument("--out", default="benchmarks/results/lowcomm")
+    ap.add_argument("--baseline", default=None,
+                    help="a JSON of an earlier run with the same arguments: take its results instead of rerunning them")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -168,10 +177,13 @@ def main(argv=None) -> None:
     val_xy = eval_windows(load_text_corpus(shape.context, "val"), shape.context, args.eval_windows)
     table = variants(*args.h)
     names = list(table) if args.variants == "all" else args.variants.split(",")
-    if "ddp" not in names:
-        names = ["ddp"] + names
     results = {}
-    path = out / f"lowcomm_p{args.ranks}.json"
+    if args.baseline:  # the same model, data and steps: the earlier run's results stand
+        results = json.loads(Path(args.baseline).read_text())["results"]
+        names = [n for n in names if n not in results]
+    elif "ddp" not in names:
+        names = ["ddp"] + names
+    path = out / (f"lowcomm_p{args.ranks}.json" if not args.baseline else f"lowcomm_p{args.ranks}_more.json")
     nparams = sum(t.numel() for t in init_state.values() if t.dtype.is_floating_point) - shape.vocab * shape.width
     for name in names:
         sched, comp = table[name]
