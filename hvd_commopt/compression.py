@@ -33,6 +33,7 @@ from .memory.error_feedback import ErrorFeedback
 from .memory.momentum import MomentumCorrection
 from .reduce.gtopk import GTopK
 from .reduce.oktopk import OkTopK
+from .reduce.quantized import QuantizedAllreduce
 from .reduce.sparse_allgather import SparseAllgather
 
 __all__ = ["Compression"]
@@ -195,3 +196,16 @@ class Compression:
         return AutoReducer(AutoOptions(min_density=min_density, allow=tuple(allow) if not isinstance(allow, str)
                                        else (allow,), margin=margin, period=period, verbose=verbose,
                                        cost_model=cost_model))
+
+    @staticmethod
+    def quantize(bits: int, density: float | None = None, block: int = 256, error_feedback: bool = True,
+                 nonfinite: str = "skip") -> QuantizedAllreduce:
+        """Low-bit quantisation with a float32 scale per ``block`` elements and error feedback
+        (docs/quantize.md#exchange): ``bits`` 8 (int8), 2-4 (int4 ... ternary), exchanged as a
+        quantised reduce-scatter then all-gather, so the error is at most two quantisations.
+        ``density=rho`` sends the quantised top-k instead (all-gathered indices and codes):
+        SparseLoCo's recipe is ``Compression.quantize(2, density=0.01)`` (docs/quantize.md#sparseloco).
+        Composes with every schedule: gradients under S-SGD and OD/SSD, pseudo-gradients under
+        local SGD, CoCoD and DiLoCo."""
+        return QuantizedAllreduce(bits, density=density, block=block, error_feedback=error_feedback,
+                                  nonfinite=nonfinite)

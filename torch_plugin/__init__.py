@@ -26,6 +26,7 @@ from .functions import (allgather, allgather_object, allreduce, allreduce_, allt
                         grouped_allreduce, grouped_allreduce_, grouped_reducescatter, reducescatter)
 from .ops import TorchOps
 from .optimizer import Average, DistributedOptimizer, Sum
+from .outer import TorchOuter  # noqa: F401  (registers torch.optim classes as DiLoCo outer optimizers)
 from .sync_batch_norm import SyncBatchNorm
 
 _register_backends()

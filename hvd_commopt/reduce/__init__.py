@@ -10,12 +10,13 @@ from .base import (REDUCE_AVERAGING_OPS, TENSOR_OPS, Adasum, Average, Max, Min, 
 from .dense import DenseAllreduce
 from .gtopk import GTopK
 from .oktopk import OkTopK
+from .quantized import QuantizedAllreduce
 from .sparse import SparseReducer
 from .sparse_allgather import SparseAllgather
 
 __all__ = ["Reducer", "ReduceContext", "Pending", "RoundInfo", "DenseAllreduce", "SparseReducer", "SparseAllgather", "GTopK",
            "OkTopK", "Average", "Sum", "REDUCE_AVERAGING_OPS", "check_op", "make_reducer", "Min", "Max", "Product", "Adasum",
-           "TENSOR_OPS", "check_tensor_op", "AdasumReducer"]
+           "TENSOR_OPS", "check_tensor_op", "AdasumReducer", "QuantizedAllreduce"]
 
 
 def make_reducer(compression: Compressor | Reducer | None, op: str = Average) -> Reducer:

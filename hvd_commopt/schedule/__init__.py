@@ -7,7 +7,8 @@ User API: ``DistributedOptimizer(..., schedule=Schedule.ssd(delay=5, warmup_step
 * ``Schedule.ssd(delay=k, ...)``: SSD-SGD, :mod:`.delayed` (OD-SGD is k = 1; k = 0 disables the delay);
 * ``Schedule.cd(...)``: CD-SGD, :mod:`.cd`;
 * ``Schedule.cocod(period)``: CoCoD-SGD, :mod:`.cocod`;
-* ``Schedule.local_sgd(period)``: local SGD, :mod:`.local_sgd`.
+* ``Schedule.local_sgd(period)``: local SGD, :mod:`.local_sgd`;
+* ``Schedule.diloco(period, outer=..., fragments=F, overlap=tau)``: DiLoCo / Streaming DiLoCo, :mod:`.diloco`.
 
 :func:`build_scheduler` validates the combination with the engine's compression and returns the
 scheduler; :func:`hvd_commopt.build_engine` attaches it to the engine. The adapter implements
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..compress.cast import NoneCompressor
 from ..errors import ConfigError
 from ..host import ScheduleHost
 from ..reduce.base import Reducer
@@ -26,15 +26,19 @@ from ..reduce.dense import DenseAllreduce
 from .base import RoundPlan, RoundPort, Scheduler
 from .cd import CDScheduler
 from .cocod import CoCoDScheduler
-from .config import AveragingConfig, CDConfig, DelayConfig, Schedule, SyncConfig
+from ..reduce.adasum import AdasumReducer
+from .averaging import uncompressed
+from .config import AveragingConfig, CDConfig, DelayConfig, DiLoCoConfig, Schedule, SyncConfig
 from .delayed import DelayedScheduler
+from .diloco import DiLoCoScheduler
 from .local_opt import LocalOptimizer
 from .local_sgd import LocalSGDScheduler
 from .sync import SyncScheduler
 
 __all__ = ["Schedule", "SyncConfig", "DelayConfig", "CDConfig", "AveragingConfig", "build_scheduler",
            "Scheduler", "RoundPort", "ScheduleHost", "RoundPlan", "SyncScheduler", "DelayedScheduler",
-           "CDScheduler", "CoCoDScheduler", "LocalSGDScheduler", "LocalOptimizer", "require_gradient_schedule"]
+           "CDScheduler", "CoCoDScheduler", "LocalSGDScheduler", "LocalOptimizer", "require_gradient_schedule",
+           "DiLoCoConfig", "DiLoCoScheduler"]
 
 
 def _compression_name(reducer: Reducer) -> str:
@@ -62,28 +66,32 @@ def build_scheduler(schedule: Any, port: RoundPort) -> Scheduler:
     compute; the residual is keyed by bucket, not by round, so it stays exact across rounds in
     flight. Refused, with the reason (the papers define no such combination):
 
+    CoCoD-SGD, local SGD and DiLoCo take every compressing reducer too: it then carries the
+    pseudo-gradient, with its error feedback (docs/diloco.md#compressed). Refused, with the
+    reason (the papers define no such combination):
+
     * CD-SGD with any ``compression=``: CD-SGD brings its own (ternary) compression.
-    * CoCoD-SGD / local SGD with any ``compression=``: they average models, not gradients.
+    * Adasum with an averaging schedule: Adasum combines gradients, it does not average them.
     """
     if schedule is None:
         schedule = SyncConfig()
     reducer = port.reducer
-    uncompressed = (isinstance(reducer, DenseAllreduce) and isinstance(reducer.compressor, NoneCompressor)
-                    and reducer.memory is None)
     if isinstance(schedule, SyncConfig):
         return SyncScheduler(schedule, port)
     if isinstance(schedule, CDConfig):
-        if not uncompressed:
+        if not uncompressed(reducer):
             raise ConfigError(f"Schedule.cd() quantizes gradients itself (ternary signs, int8 allreduce); "
                               f"drop compression={_compression_name(reducer)!r} (use Compression.none)")
         return CDScheduler(schedule, port)
     if isinstance(schedule, DelayConfig):
         return DelayedScheduler(schedule, port)
     if isinstance(schedule, AveragingConfig):
-        if not uncompressed:
-            raise ConfigError(f"Schedule.{schedule.kind}() averages models, not gradients; "
-                              f"drop compression={_compression_name(reducer)!r} (use Compression.none)")
+        if isinstance(reducer, AdasumReducer):
+            raise ConfigError(f"Schedule.{schedule.kind}() averages models (or their pseudo-gradients); Adasum "
+                              f"does not average: use op=hco.Average")
+        if isinstance(schedule, DiLoCoConfig):
+            return DiLoCoScheduler(schedule, port)
         cls = CoCoDScheduler if schedule.kind == "cocod" else LocalSGDScheduler
         return cls(schedule, port)
     raise ConfigError(f"schedule must be a Schedule.* value (Schedule.sync(), Schedule.od(), Schedule.ssd(), "
-                      f"Schedule.cd(), Schedule.cocod(period), Schedule.local_sgd(period)), got {schedule!r}")
+                      f"Schedule.cd(), Schedule.cocod(period), Schedule.local_sgd(period), Schedule.diloco(period)), got {schedule!r}")

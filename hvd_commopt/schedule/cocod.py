@@ -29,6 +29,9 @@ Choices:
 * ``finalize()`` waits for the pending average and then averages the current models (blocking),
   so every rank ends with the same model, the mean of the workers' models.
 * Checkpoints wait for the pending average first and store it (z) with the snapshot (s).
+* With ``compression=`` the exchange carries the pseudo-gradient ``anchor - x`` (compressed, with
+  error feedback; docs/diloco.md#compressed); on arrival ``anchor -= mean(...)`` is the new
+  average z. ``finalize()`` still ends with one full-precision average.
 """
 from __future__ import annotations
 
@@ -57,6 +60,12 @@ class CoCoDScheduler(AveragingScheduler):
         x = self._x = self.pack(self.host.weights(), self._x)
         if self._pending is not None or self._z is not None:
             z = self._wait()
+            if self.pseudo is not None:  # z holds the mean pseudo-gradient: anchor - z is the average
+                a = self.anchor
+                assert a is not None
+                for n, d in self.views(z).items():
+                    a[n] = ops.sub(a[n], d)
+                z = self.pack(a)
             for i in range(len(x)):
                 x[i] = ops.add(x[i], ops.sub(z[i], self._s[i]))  # x + (z - s)
             self._z = None
@@ -65,13 +74,16 @@ class CoCoDScheduler(AveragingScheduler):
             self._s = [ops.clone(f) for f in x]
         else:
             self._s = [ops.copy_(s, f) for s, f in zip(self._s, x)]
-        send = [ops.clone(f) for f in x]  # consumed by the collective (scaled by 1/P in place)
-        self._pending = self.start_average(send, "cocod")
+        if self.pseudo is not None:
+            self._pending = self.start_exchange(self.pack_pseudo(self.port.buckets), "cocod", self.port.buckets)
+        else:
+            send = [ops.clone(f) for f in x]  # consumed by the collective (scaled by 1/P in place)
+            self._pending = self.start_average(send, "cocod")
         self.syncs += 1
 
     def _wait(self) -> list:
         if self._pending is not None:
-            self._z = self.finish_average(self._pending)
+            self._z = self.finish_exchange(self._pending)
             self._pending = None
         return self._z
 
@@ -86,18 +98,18 @@ class CoCoDScheduler(AveragingScheduler):
     def finalize(self) -> None:
         self.drain()
         self.average_model_now("cocod.final")
-        self._z = self._s = None  # training may continue: the next sync is a first sync again
+        self._z = self._s = self.anchor = None  # training may continue: the next sync is a first sync again
 
     def abandon(self) -> None:
         if self._pending is not None:
-            self.finish_average(self._pending)
+            self.finish_exchange(self._pending)
             self._pending = None
 
     def state_dict(self) -> dict:
         self.drain()
         return {"kind": self.name, "syncs": self.syncs,
                 "z": None if self._z is None else self.views(self._z),
-                "s": None if self._s is None else self.views(self._s)}
+                "s": None if self._s is None else self.views(self._s), **self.pseudo_state()}
 
     def load_state_dict(self, state: dict, step: int) -> None:
         super().load_state_dict(state, step)
@@ -109,3 +121,4 @@ class CoCoDScheduler(AveragingScheduler):
         w = self.host.weights()  # new buffers go where the model is (a checkpoint may be on the CPU)
         self._z = None if z is None else self.pack(z, like=w)
         self._s = None if s is None else self.pack(s, like=w)
+        self.load_pseudo_state(state)

@@ -13,13 +13,15 @@ optimizer of OD/SSD/CD is a choice of ours: by default it mirrors the wrapped op
 """
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import ConfigError
 
-__all__ = ["Schedule", "SyncConfig", "DelayConfig", "CDConfig", "AveragingConfig", "LOCAL_OPTIMIZERS",
-           "LOCAL_PRESETS"]
+__all__ = ["Schedule", "SyncConfig", "DelayConfig", "CDConfig", "AveragingConfig", "DiLoCoConfig",
+           "LOCAL_OPTIMIZERS", "LOCAL_PRESETS"]
 
 LOCAL_OPTIMIZERS = ("sgd", "dcasgd")
 
@@ -195,6 +197,48 @@ class AveragingConfig:
         _int(self.warmup_steps, "warmup_steps", 0, "pass the number of synchronous steps (0 = none)")
 
 
+@dataclass(frozen=True)
+class DiLoCoConfig(AveragingConfig):
+    """DiLoCo and Streaming DiLoCo (docs/diloco.md#update-rule): ``period`` inner steps of the
+    wrapped optimizer, then an outer optimizer step on the averaged pseudo-gradient.
+
+    Attributes (beyond :class:`AveragingConfig`):
+        outer_lr, outer_momentum, nesterov: the built-in outer optimizer (SGD in PyTorch's form;
+            DiLoCo's Nesterov 0.7 / 0.9 by default), used when ``outer`` is None.
+        outer: None, or an optimizer class of the framework (e.g. ``torch.optim.SGD``), built by
+            the adapter over the global weights with ``outer_kwargs`` (docs/diloco.md#outer).
+        outer_kwargs: keyword arguments of ``outer``, as sorted (key, value) pairs.
+        fragments: F, parameter groups synchronised at staggered steps (docs/diloco.md#streaming).
+        overlap: tau, inner steps a fragment's average may take to arrive; merged on arrival.
+    """
+
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+    nesterov: bool = True
+    outer: Any = None
+    outer_kwargs: tuple = ()
+    fragments: int = 1
+    overlap: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _float(self.outer_lr, "outer_lr", lo=0.0, lo_open=True, fix="DiLoCo uses 0.7")
+        _float(self.outer_momentum, "outer_momentum", lo=0.0, hi_open=1.0, fix="DiLoCo uses 0.9; 0 = plain SGD")
+        if self.outer is not None and not inspect.isclass(self.outer):
+            raise ConfigError(f"outer must be an optimizer class such as torch.optim.SGD (the class, not an "
+                              f"instance: its arguments go in outer_kwargs=), or None for the built-in Nesterov "
+                              f"outer step; got {self.outer!r}")
+        _int(self.fragments, "fragments", 1, "pass F, the number of parameter fragments (1 = plain DiLoCo)")
+        if self.period % self.fragments:
+            raise ConfigError(f"fragments={self.fragments} does not divide period={self.period}: fragments are "
+                              f"synchronised every period/fragments steps in turn; pick fragments among the "
+                              f"divisors of {self.period}")
+        _int(self.overlap, "overlap", 0, "pass tau, the inner steps an average may take to arrive (0 = blocking)")
+        if self.overlap >= self.period:
+            raise ConfigError(f"overlap={self.overlap} must be smaller than period={self.period}: a fragment's "
+                              f"average has to arrive before its next synchronisation; pass overlap < period")
+
+
 class Schedule:
     """Factories for ``DistributedOptimizer(schedule=...)``."""
 
@@ -267,3 +311,24 @@ class Schedule:
     def local_sgd(period: int, warmup_steps: int = 0) -> AveragingConfig:
         """Local SGD / periodic model averaging (docs/local-sgd.md#update-rule), plain averaging (gmf = 0)."""
         return AveragingConfig("local_sgd", period, warmup_steps)
+
+    @staticmethod
+    def diloco(period: int, outer: Any = None, outer_lr: float = 0.7, outer_momentum: float = 0.9,
+               nesterov: bool = True, outer_kwargs: dict | None = None, fragments: int = 1, overlap: int = 0,
+               warmup_steps: int = 0) -> DiLoCoConfig:
+        """DiLoCo (Douillard et al., arXiv:2311.08105; docs/diloco.md#update-rule): ``period`` (H)
+        inner steps of the wrapped optimizer, then the averaged pseudo-gradient (global minus local
+        weights) feeds an outer optimizer, Nesterov momentum with lr 0.7 and momentum 0.9 by
+        default, or ``outer`` (a framework optimizer class, e.g. ``torch.optim.SGD``, built with
+        ``outer_kwargs``). ``fragments=F`` / ``overlap=tau`` give Streaming DiLoCo (Douillard et al.,
+        arXiv:2501.18512; docs/diloco.md#streaming). ``compression=`` compresses the
+        pseudo-gradient with error feedback (docs/diloco.md#compressed)."""
+        if outer_kwargs is not None and not isinstance(outer_kwargs, dict):
+            raise ConfigError(f"outer_kwargs must be a dict of the outer optimizer's arguments, got {outer_kwargs!r}")
+        if outer_kwargs and outer is None:
+            raise ConfigError("outer_kwargs configures an optimizer class given as outer=; for the built-in "
+                              "outer step use outer_lr=, outer_momentum=, nesterov=")
+        return DiLoCoConfig("diloco", period, warmup_steps, outer_lr=outer_lr, outer_momentum=outer_momentum,
+                            nesterov=bool(nesterov), outer=outer,
+                            outer_kwargs=tuple(sorted((outer_kwargs or {}).items())),
+                            fragments=fragments, overlap=overlap)

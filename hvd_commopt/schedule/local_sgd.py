@@ -8,6 +8,10 @@ Choices: the averagings follow local steps tau, 2tau, ... (the reference's first
 tau + 1 steps, the off-by-one of docs/local-sgd.md#update-rule); the block-momentum variant (``gmf > 0``) is not
 implemented. ``finalize()`` averages once more so every rank ends with the same model.
 
+With ``compression=`` the pseudo-gradient ``anchor - x`` is exchanged compressed, with error
+feedback, and the models become ``anchor - mean(...)`` (docs/diloco.md#compressed): DiLoCo with
+the outer step ``w - Delta``.
+
 Invariants (docs/local-sgd.md#invariants): tau = 1 with plain SGD (no momentum) equals S-SGD in real arithmetic;
 identical data gives identical models equal to single-worker SGD, bit-exact when P is a power of
 two and the allreduce sums pairwise.
@@ -23,15 +27,23 @@ class LocalSGDScheduler(AveragingScheduler):
     """Blocking model averaging every ``period`` local steps."""
 
     def _sync(self) -> None:
-        self.average_model_now("local_sgd")
+        self._average("local_sgd")
         self.syncs += 1
 
+    def _average(self, label: str) -> None:
+        if self.pseudo is None:
+            self.average_model_now(label)
+        else:
+            self.average_pseudo_now(label)
+
     def finalize(self) -> None:
-        self.average_model_now("local_sgd.final")
+        if self.pseudo is None or self.anchor is not None:
+            self._average("local_sgd.final")
 
     def state_dict(self) -> dict:
-        return {"kind": self.name, "syncs": self.syncs}
+        return {"kind": self.name, "syncs": self.syncs, **self.pseudo_state()}
 
     def load_state_dict(self, state: dict, step: int) -> None:
         super().load_state_dict(state, step)
         self.syncs = int(state.get("syncs", 0))
+        self.load_pseudo_state(state)

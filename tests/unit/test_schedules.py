@@ -84,14 +84,18 @@ def test_bad_arguments_name_the_fix(make, match):
 
 @pytest.mark.parametrize("schedule, compression, match", [
     (Schedule.cd(), Compression.fp16, "cd\\(\\) quantizes gradients itself"),
-    (Schedule.cocod(2), Compression.fp16, "averages models"),
-    (Schedule.local_sgd(2), Compression.bf16, "averages models"),
+    # averaging schedules take compression (on the pseudo-gradient, tests/unit/test_diloco.py), not Adasum
+    (Schedule.cocod(2), "adasum", "does not average"),
+    (Schedule.local_sgd(2), "adasum", "does not average"),
     ("ssd", None, "must be a Schedule"),
 ])
 def test_unsupported_combinations_are_refused(schedule, compression, match):
     def body(comm):
         with pytest.raises(ConfigError, match=match):
-            build_engine(comm, OPS, schedule=schedule, compression=compression)
+            if compression == "adasum":
+                build_engine(comm, OPS, schedule=schedule, op="adasum")
+            else:
+                build_engine(comm, OPS, schedule=schedule, compression=compression)
     run_ranks(1, body)
 
 

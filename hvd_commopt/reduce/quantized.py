@@ -1,0 +1,203 @@
+"""``Compression.quantize(bits)``: low-bit exchange with error feedback (docs/quantize.md#exchange).
+
+Dense (``density=None``), the shape of ZeRO++'s qgZ and torchft's quantised allreduce: the
+compensated bucket ``acc = g + r`` is cut into P parts; part j is quantised and sent to rank j
+(an all-to-all: the reduce-scatter's traffic, ``(P-1)/P`` of the bucket at ``bits`` bits); rank j
+decodes the P parts it received, sums them in float32 in rank order, quantises the sum once more
+and all-gathers it. Every rank decodes the same bytes, so every rank holds the same result, and
+the error is at most two quantisations (each contribution's, and the owner's of the sum) however
+many ranks there are, where a ring of requantising hops would add P-1.
+
+Sparse (``density=rho``), SparseLoCo's recipe (top-k with 2-bit values and error feedback,
+docs/quantize.md#sparseloco): the top ``k = ceil(rho*n)`` entries of ``acc`` by magnitude, their
+values quantised, are all-gathered as (int32 indices, scales, codes); every rank decodes and adds
+all P contributions in rank order: one quantisation.
+
+Error feedback keeps ``r = acc - decode(sent)`` (the first quantisation, and for top-k what was not
+selected): ``sent + r == acc`` exactly (docs/quantize.md#invariants). The owner's requantisation
+of a sum is not fed back (it is a different vector on each owner; the bound above covers it).
+The kernels are NumPy (:mod:`hvd_commopt.compress.quantize`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..buckets import Bucket
+from ..compress import nonfinite
+from ..compress.quantize import check_bits, decode, encode, encoded_bytes
+from ..compress.selector import check_density
+from ..errors import ConfigError
+from ..fusion.pricing import Pricing, dense_pricing
+from ..memory.error_feedback import ErrorFeedback
+from ..tensor_ops import TensorOps
+from .base import Pending, ReduceContext, Reducer, RoundInfo
+
+__all__ = ["QuantizedAllreduce", "split_counts"]
+
+
+def split_counts(n: int, parts: int) -> list[int]:
+    """n elements in ``parts`` near-equal contiguous parts (the first ``n % parts`` one longer)."""
+    return [n // parts + (1 if j < n % parts else 0) for j in range(parts)]
+
+
+@dataclass
+class _Quant:
+    n: int
+    counts: list[int]  # elements per part (dense) or None-equivalent [] (sparse)
+    like: Any          # the bucket's flat: where the result is placed
+    post: float
+    local: np.ndarray | None = None  # one rank: the decoded contribution is the result
+
+
+class QuantizedAllreduce(Reducer):
+    """Low-bit quantised allreduce (dense) or quantised top-k allgather (sparse), with EF.
+
+    Args:
+        bits: 2..8 bits per value (8 = int8, 4 = int4, 2 = ternary).
+        density: None (dense) or the fraction of each bucket sent as quantised top-k.
+        block: elements per float32 scale.
+        error_feedback: keep what quantisation (and selection) dropped for the next round.
+        nonfinite: "skip" or "raise" (docs/wrapper.md#nonfinite).
+    """
+
+    name = "quantize"
+    holds_rank_state = True
+
+    def __init__(self, bits: int, density: float | None = None, block: int = 256, error_feedback: bool = True,
+                 nonfinite: str = "skip"):
+        self.bits, self.block = check_bits(bits, block)
+        self.rho = None if density is None else float(check_density(density))
+        self.memory = ErrorFeedback(error_feedback, nonfinite)
+
+    @property
+    def density(self) -> float | None:
+        return self.rho
+
+    def _k(self, n: int) -> int:
+        assert self.rho is not None
+        return min(n, max(1, int(np.ceil(self.rho * n))))
+
+    def start(self, bucket: Bucket, rnd: RoundInfo, flat: Any, ctx: ReduceContext) -> Pending:
+        ops, comm = ctx.ops, ctx.comm
+        if ops.dtype_name(flat) != "float32":
+            raise ConfigError(f"Compression.quantize works on float32 buckets; bucket {bucket.name!r} is "
+                              f"{ops.dtype_name(flat)}: train in float32 (AMP keeps float32 gradients)")
+        if ctx.prescale != 1.0:
+            flat = ops.scale(flat, ctx.prescale)
+        self.memory.snapshot(ops, bucket.name, flat, rnd.step)
+        if ops.all_finite(flat):
+            acc = self.memory.compensate(ops, bucket.name, flat)
+        else:  # the memory never sees it; the NaN travels, so every rank sees a non-finite result
+            nonfinite.report(self.memory.nonfinite, comm.rank, bucket.name)
+            self.memory.skip(bucket.name)
+            acc = flat
+        x = np.array(ops.to_numpy(acc), dtype=np.float32, copy=True).reshape(-1)
+        n, size = x.size, comm.size
+        st = _Quant(n, [], flat, ctx.postscale)
+        if self.rho is not None:
+            k = self._k(n)
+            idx = np.sort(np.argpartition(-np.abs(x), k - 1)[:k]).astype(np.int32) if k < n else \
+                np.arange(n, dtype=np.int32)
+            payload, dec = encode(x[idx], self.bits, self.block)
+            sent = np.zeros(n, np.float32)
+            sent[idx] = dec
+            msg = np.concatenate([idx.view(np.uint8), payload])
+        else:
+            st.counts = split_counts(n, size)
+            parts, decs, off = [], [], 0
+            for c in st.counts:
+                p, d = encode(x[off:off + c], self.bits, self.block)
+                parts.append(p)
+                decs.append(d)
+                off += c
+            sent, msg = np.concatenate(decs), np.concatenate(parts)
+        if ops.all_finite(acc):
+            self.memory.update_quantized(ops, bucket.name, acc, ops.from_numpy(sent, like=acc))
+        if size == 1:
+            st.local = sent
+            return Pending(rnd.wire(bucket), st)
+        wire = ops.from_numpy(msg, like=flat)
+        name = rnd.wire(bucket)
+        if self.rho is not None:
+            h = comm.allgather_tensor_async(ops, wire, f"{name}:qag", equal=True)
+        else:
+            h = comm.alltoall_tensor_async(ops, wire, [encoded_bytes(c, self.bits, self.block) for c in st.counts],
+                                           f"{name}:qrs")
+        return Pending(name, st, (h,))
+
+    def finish(self, pending: Pending, ctx: ReduceContext) -> Any:
+        ops, comm, st = ctx.ops, ctx.comm, pending.state
+        if st.local is not None:
+            out = st.local
+        elif self.rho is not None:
+            buf, _ = comm.wait(pending.handles[0])
+            out = self._sum_sparse(np.asarray(ops.to_numpy(buf)).view(np.uint8), st.n, comm.size)
+        else:
+            out = self._reduce_scatter_allgather(pending, ctx, st)
+        if st.post != 1.0:
+            out = out * np.float32(st.post)
+        return ops.from_numpy(np.ascontiguousarray(out, dtype=np.float32), like=st.like)
+
+    def _sum_sparse(self, buf: np.ndarray, n: int, size: int) -> np.ndarray:
+        k = self._k(n)
+        per = 4 * k + encoded_bytes(k, self.bits, self.block)
+        out = np.zeros(n, np.float32)
+        for r in range(size):  # rank order: the same sum everywhere
+            m = buf[r * per:(r + 1) * per]
+            idx = m[:4 * k].view(np.int32)
+            out[idx] += decode(m[4 * k:], k, self.bits, self.block)
+        return out
+
+    def _reduce_scatter_allgather(self, pending: Pending, ctx: ReduceContext, st: _Quant) -> np.ndarray:
+        ops, comm = ctx.ops, ctx.comm
+        recv, lens = comm.wait(pending.handles[0])
+        recv = np.asarray(ops.to_numpy(recv)).view(np.uint8)
+        mine, off = st.counts[comm.rank], 0
+        part = np.zeros(mine, np.float32)
+        for ln in lens:  # the P contributions to my part, in rank order
+            part += decode(recv[off:off + ln], mine, self.bits, self.block)
+            off += ln
+        payload, _ = encode(part, self.bits, self.block)  # the second quantisation
+        h = comm.allgather_tensor_async(ops, ops.from_numpy(payload, like=st.like), f"{pending.name}:qag")
+        got, sizes = comm.wait(h)
+        got = np.asarray(ops.to_numpy(got)).view(np.uint8)
+        outs, off = [], 0
+        for c, ln in zip(st.counts, sizes):
+            outs.append(decode(got[off:off + ln], c, self.bits, self.block))
+            off += ln
+        return np.concatenate(outs)
+
+    def settle(self, bucket: Bucket, rnd: RoundInfo, out: Any, ctx: ReduceContext,
+               pending: Pending | None = None) -> bool:
+        if not ctx.ops.all_finite(out):
+            self.rollback(bucket, rnd, ctx)
+            return False
+        return True
+
+    def rollback(self, bucket: Bucket, rnd: RoundInfo, ctx: ReduceContext) -> None:
+        self.memory.rollback(ctx.ops, bucket.name, rnd.step)
+
+    def relayout(self, ops: TensorOps, old: Sequence[Bucket], new: Sequence[Bucket]) -> None:
+        self.memory.relayout(ops, old, new)
+
+    def config(self) -> dict:
+        return {"reducer": self.name, "bits": self.bits, "block": self.block, "density": self.rho,
+                "memory": self.memory.config()}
+
+    def price(self, cost: Any, select_s: float | None = None, select_c0: float = 0.0) -> Pricing:
+        ratio = (self.bits / 8 + 4 / self.block) / 4
+        if self.rho is not None:  # indices and codes of k entries from every rank (an allgather)
+            ratio = self.rho * (4 + self.bits / 8 + 4 / self.block) / 4
+        return dense_pricing(cost, ratio, f"quantised {self.bits}-bit exchange ({ratio:.3g} of the bytes)")
+
+    def state_dict(self) -> dict:
+        return {"memory": self.memory.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.memory.load_state_dict(dict(state.get("memory", {})))
+
+    def __repr__(self) -> str:
+        return f"QuantizedAllreduce(bits={self.bits}, density={self.rho}, block={self.block})"
