@@ -74,7 +74,7 @@ class CastWithMemory(Reducer):
         return self.memory.finish_dense(ctx.ops, st.key, out)
 
     def settle(self, bucket: Bucket, rnd: RoundInfo, out: Any, ctx: ReduceContext,
-               pending: Pending | None = None) -> bool:
+               pending: Pending | None = None, flags: tuple[bool, ...] | None = None) -> bool:
         if ctx.ops.all_finite(out):
             return True
         self.rollback(bucket, rnd, ctx)

@@ -122,12 +122,16 @@ class AutoReducer(Reducer):
         pending.finite, pending.support = st.inner.finite, st.inner.support
         return out
 
-    def settle(self, bucket: Bucket, rnd: RoundInfo, out: Any, ctx: ReduceContext,
-               pending: Pending | None = None) -> bool:
-        if pending is None:
-            return self.sub(self.method_of(bucket.name)).settle(bucket, rnd, out, ctx, None)
+    def device_flags(self, bucket: Bucket, rnd: RoundInfo, pending: Pending) -> tuple[Any, ...] | None:
         st: _Routed = pending.state
-        return st.sub.settle(bucket, rnd, out, ctx, st.inner)
+        return st.sub.device_flags(bucket, rnd, st.inner)
+
+    def settle(self, bucket: Bucket, rnd: RoundInfo, out: Any, ctx: ReduceContext,
+               pending: Pending | None = None, flags: tuple[bool, ...] | None = None) -> bool:
+        if pending is None:
+            return self.sub(self.method_of(bucket.name)).settle(bucket, rnd, out, ctx, None, flags)
+        st: _Routed = pending.state
+        return st.sub.settle(bucket, rnd, out, ctx, st.inner, flags)
 
     def rollback(self, bucket: Bucket, rnd: RoundInfo, ctx: ReduceContext) -> None:
         self.sub(self.method_of(bucket.name)).rollback(bucket, rnd, ctx)

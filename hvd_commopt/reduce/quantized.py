@@ -171,7 +171,7 @@ class QuantizedAllreduce(Reducer):
         return np.concatenate(outs)
 
     def settle(self, bucket: Bucket, rnd: RoundInfo, out: Any, ctx: ReduceContext,
-               pending: Pending | None = None) -> bool:
+               pending: Pending | None = None, flags: tuple[bool, ...] | None = None) -> bool:
         if not ctx.ops.all_finite(out):
             self.rollback(bucket, rnd, ctx)
             return False
