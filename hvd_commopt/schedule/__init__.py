@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..autocompress.reducer import AutoReducer
 from ..errors import ConfigError
 from ..host import ScheduleHost
 from ..reduce.base import Reducer
@@ -86,6 +87,11 @@ def build_scheduler(schedule: Any, port: RoundPort) -> Scheduler:
     if isinstance(schedule, DelayConfig):
         return DelayedScheduler(schedule, port)
     if isinstance(schedule, AveragingConfig):
+        if isinstance(reducer, AutoReducer):  # docs/auto-compression.md#schedules
+            raise ConfigError(f"Schedule.{schedule.kind}() sends a pseudo-gradient once a period, which "
+                              f"compression='auto' (priced on the synchronous step) cannot choose for: "
+                              f"drop compression='auto' and name one, e.g. Compression.topk(0.01) or "
+                              f"Compression.quantize(4)")
         if isinstance(reducer, AdasumReducer):
             raise ConfigError(f"Schedule.{schedule.kind}() averages models (or their pseudo-gradients); Adasum "
                               f"does not average: use op=hco.Average")

@@ -186,11 +186,11 @@ def test_shared_auto_object_gives_each_engine_its_own_state():
     assert run_ranks(1, body)[0]
 
 
-@pytest.mark.parametrize("schedule", ["cd", "local_sgd"])
+@pytest.mark.parametrize("schedule", ["cd", "local_sgd", "cocod", "diloco"])
 def test_schedules_with_their_own_compression_refuse_auto(schedule):
     from hvd_commopt import Schedule
     from hvd_commopt.errors import ConfigError
-    sched = Schedule.cd() if schedule == "cd" else Schedule.local_sgd(4)
+    sched = Schedule.cd() if schedule == "cd" else getattr(Schedule, schedule)(4)
 
     def body(comm):
         with pytest.raises(ConfigError, match="drop compression='auto'"):
