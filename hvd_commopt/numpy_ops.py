@@ -187,6 +187,12 @@ class NumpyOps:
         acc = np.float64 if t.dtype == np.float64 else np.float32
         return float(np.sqrt(np.sum(np.square(t, dtype=acc), dtype=acc)))
 
+    def clip_to_norm_(self, t, max_norm, eps):
+        acc = np.float64 if t.dtype == np.float64 else np.float32
+        coef = np.float64(max_norm) / (np.float64(np.sqrt(np.sum(np.square(t, dtype=acc), dtype=acc))) + eps)
+        t *= t.dtype.type(coef if coef < 1 else 1.0)
+        return t
+
     def host_view(self, t):
         """The array itself, flat, where it is contiguous (a view), else None."""
         return t.reshape(-1) if isinstance(t, np.ndarray) and t.flags.c_contiguous else None

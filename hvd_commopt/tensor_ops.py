@@ -190,6 +190,12 @@ class TensorOps(Protocol):
     def norm(self, t: Tensor) -> float:
         """L2 norm of t as a Python float, accumulated in at least float32 (DGC's clipping)."""
         ...
+    def clip_to_norm_(self, t: Tensor, max_norm: float, eps: float) -> Tensor:
+        """DGC's local clipping with no host read (docs/dgc.md#clip-on-device): ``t`` scaled by
+        ``c = max_norm / (norm(t) + eps)`` (float64 arithmetic on :meth:`norm`'s value, as the
+        host route's Python floats) where ``c < 1``, ``c`` rounded as :meth:`scale` rounds a
+        factor; else ``t``'s values unchanged. In place allowed; the choice is made on the device."""
+        ...
     def all_finite(self, t: Tensor) -> bool:
         """True when no element of t is NaN or +-Inf (docs/wrapper.md#nonfinite)."""
         ...

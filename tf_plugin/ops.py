@@ -25,6 +25,7 @@ import tensorflow as tf
 
 from hvd_commopt.dtypes import magnitude_key
 from hvd_commopt.numpy_ops import topk_index_np, topk_ranked_np
+from .clip_ops import ClipToNorm
 
 __all__ = ["TFOps", "PackBuffer", "TF_DTYPES"]
 
@@ -102,7 +103,7 @@ def _t(x):
     return x.value() if isinstance(x, PackBuffer) else x
 
 
-class TFOps:
+class TFOps(ClipToNorm):
     """TensorOps over 1-D TF tensors (fusion buffers: :class:`PackBuffer`)."""
 
     name = "tensorflow"

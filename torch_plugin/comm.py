@@ -38,6 +38,7 @@ from . import pair_sum
 from .cuda_staging import HostStaging
 from .devices import check_one_gpu_per_rank, cuda_device_id, native_backend, rank_cuda_index
 from .int16_wire import movable, restore
+from .sendrecv_sized import SizedSendrecv
 from .mpi_lane import MPILane
 from .pair_sum import gather_single
 from .rendezvous import control_plane, init_default_group
@@ -51,7 +52,7 @@ _OPS = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp
 _PEER_NOTICE_S = 3.0
 
 
-class TorchDistBackend(Backend):
+class TorchDistBackend(SizedSendrecv, Backend):
     """Collectives on our own torch.distributed group; MPI as control plane when launched by it."""
 
     buffer_kind = "native"

@@ -358,6 +358,17 @@ class TorchOps:
         acc = torch.float64 if t.dtype == torch.float64 else torch.float32
         return float(torch.linalg.vector_norm(t, dtype=acc))
 
+    def clip_to_norm_(self, t, max_norm, eps):
+        """``mul_`` by a Python float multiplies in the op-math type (float64 for float64, else
+        float32) with the factor rounded to it: the same here with the factor a device tensor."""
+        acc = torch.float64 if t.dtype == torch.float64 else torch.float32
+        denom = torch.linalg.vector_norm(t, dtype=acc).to(torch.float64) + eps
+        coef = denom.new_full((), max_norm).div_(denom)  # a true division (scalar / tensor multiplies by 1/x)
+        factor = torch.where(coef < 1, coef, 1.0).to(acc)
+        if t.dtype == acc:
+            return t.mul_(factor)
+        return t.copy_(t.to(acc).mul_(factor))
+
     def host_view(self, t):
         """``t``'s memory as a flat NumPy array (zero-copy; detached from autograd) where ``t`` is a
         contiguous CPU tensor of a dtype NumPy has (float16/32/64, int32/64), else None."""

@@ -85,6 +85,12 @@ class Backend(abc.ABC):
         from ``source``. ``dest`` or ``source`` may be -1 to only receive or only send (then the
         result is None when nothing is received)."""
 
+    def sendrecv_sized(self, send: Any, dest: int, source: int, count: int, name: str, deadline: float) -> Any:
+        """:meth:`sendrecv` where the caller knows the received length, ``count`` elements (a fixed
+        capacity): a backend may skip sending the size first (torch: no ``.item()`` of it on a
+        device, docs/selection.md#device-route). Default: :meth:`sendrecv`."""
+        return self.sendrecv(send, dest, source, name, deadline)
+
     def reducescatter(self, buf: Any, counts: list[int], op: str, name: str, deadline: float) -> Any:
         """Reduce the 1-D ``buf`` across ranks with ``op`` and return this rank's part (``counts[r]``
         elements after the first ``sum(counts[:r])``), a new buffer. Default: the allreduce and

@@ -111,10 +111,20 @@ class CountingLink:
         self._count(nbytes(send) if dest >= 0 else 0, 0 if r is None else nbytes(r))
         return r
 
+    def sendrecv_sized(self, send: Any, dest: int, source: int, count: int) -> Any:
+        r = self.backend.sendrecv_sized(send, dest, source, count, self.name, self.deadline)
+        self._count(nbytes(send) if dest >= 0 else 0, 0 if r is None else nbytes(r))
+        return r
+
     def allgather(self, buf: Any, name: str | None = None, deadline: float | None = None) -> tuple[Any, list[int]]:
         out = self.backend.allgather(buf, name or self.name, deadline or self.deadline)
         n = nbytes(buf)
         self._count((self.size - 1) * n, nbytes(out[0]) - n)
+        return out
+
+    def allgather_equal(self, buf: Any, name: str | None = None, deadline: float | None = None) -> tuple[Any, list[int]]:
+        out = self.backend.allgather_equal(buf, name or self.name, deadline or self.deadline)
+        self._count((self.size - 1) * nbytes(buf), (self.size - 1) * nbytes(buf))
         return out
 
     def allreduce_(self, buf: Any, op: str = "sum", name: str | None = None, deadline: float | None = None) -> Any:

@@ -23,11 +23,13 @@ from typing import Any, Sequence
 from ..buckets import Bucket
 from ..select.addend import MomentumAddend
 from ..select.grad_parts import GradParts
+from ..select.kernels import device_route
 from ..compress.nonfinite import check_policy
 from ..errors import ConfigError
 from ..tensor_ops import TensorOps
 from .error_feedback import Generations, TensorStore
 from .relayout import relayout_flats
+from .sent import zero_sent
 
 __all__ = ["DGCMemory"]
 
@@ -125,6 +127,8 @@ class DGCMemory:
     def _clip(self, ops: TensorOps, g: Any) -> Any:
         if self.clip_norm is None:
             return g
+        if device_route(ops, g):  # the norm stays a device tensor (docs/dgc.md#clip-on-device)
+            return ops.clip_to_norm_(g, self.clip_norm, 1e-6)
         coef = self.clip_norm / (ops.norm(g) + 1e-6)  # dgc/clip_grad.py: clip_grad_norm_
         return ops.scale(g, coef) if coef < 1 else g
 
@@ -193,10 +197,10 @@ class DGCMemory:
 
     def update(self, ops: TensorOps, name: str, acc: Any, sent_idx: Any) -> None:
         """``acc`` is :meth:`compensate`'s ``v`` (outside the snapshot): zero the sent positions."""
-        self._v.set(name, ops.index_fill(acc, sent_idx, 0.0))
+        self._v.set(name, zero_sent(ops, acc, sent_idx))
         if self.momentum_masking:
             u = self._u.get(ops, name, acc)
-            self._u.set(name, ops.index_fill(u, sent_idx, 0.0))
+            self._u.set(name, zero_sent(ops, u, sent_idx))
 
     def update_quantized(self, ops: TensorOps, name: str, acc: Any, sent: Any) -> None:
         raise ConfigError("DGC's memory serves sparse selections; a dense quantizer takes ErrorFeedback()")

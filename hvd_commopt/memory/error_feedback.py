@@ -29,6 +29,7 @@ from ..compress.nonfinite import check_policy
 from ..errors import ConfigError
 from ..tensor_ops import TensorOps
 from .relayout import relayout_flats
+from .sent import zero_sent
 
 __all__ = ["TensorStore", "ErrorFeedback"]
 
@@ -204,7 +205,7 @@ class ErrorFeedback:
         if not self.enabled:
             return
         r = self._gen.writable(ops, name, acc)  # reuse a buffer
-        self._res.set(name, ops.index_fill(r, sent_idx, 0.0))
+        self._res.set(name, zero_sent(ops, r, sent_idx))
 
     def compensate_select(self, ops: TensorOps, name: str, flat: Any, select: Any) -> tuple[Any, Any]:
         """compensate + select + update with the add fused into the selection's pass
@@ -229,7 +230,7 @@ class ErrorFeedback:
             if buf is None:
                 buf = ops.empty(ops.numel(flat), ops.dtype_name(flat), like=flat)
             vals, idx, acc = select(flat, r, buf)
-        self._res.set(name, ops.index_fill(acc, idx, 0.0))
+        self._res.set(name, zero_sent(ops, acc, idx))
         return vals, idx
 
     def update_quantized(self, ops: TensorOps, name: str, acc: Any, sent: Any) -> None:

@@ -144,7 +144,8 @@ class _Wire:
         if with_mask:
             likes.append(ops.empty(0, "uint8", like=self.like_i))
             parts = None if send is None else parts + [send[2]]
-        got = [link.sendrecv(parts[i] if parts is not None else likes[i], dest, source)
+        # every message holds k entries: the receiver knows its size (no size message, no read of it)
+        got = [link.sendrecv_sized(parts[i] if parts is not None else likes[i], dest, source, self.k)
                for i in range(len(likes))]
         if source < 0:
             return None

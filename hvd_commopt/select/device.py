@@ -27,7 +27,8 @@ from typing import Any
 
 from .portable import INF_KEYS, PortableKernels
 
-__all__ = ["DeviceKernels", "local_verdict", "marked", "padded", "reuse_topk", "sampled_topk"]
+__all__ = ["DeviceKernels", "is_empty", "local_verdict", "marked", "padded", "reuse_topk", "sampled_topk",
+           "zero_sent"]
 
 
 class DeviceKernels(PortableKernels):
@@ -68,18 +69,37 @@ def marked(ops: Any, ok: Any, vals: Any, idx: Any, k: int) -> tuple[Any, Any]:
 def padded(ops: Any, t: Any, top: Any, valid: Any) -> tuple[Any, Any]:
     """(values, ascending indices) of a fixed-capacity selection: the positions ``top`` where the
     bool ``valid``; the unused slots repeat the first selected index with the value +0, so the
-    memory's ``index_fill`` zeroes nothing more and the result's scatter-add into zeros adds +0
-    (bit for bit a no-op). With no entry at all (DGC's adaptation can push its threshold above
-    every value; the host route then sends nothing) position 0 is sent, whole, so that what the
-    memory zeroes is what was sent (docs/selection.md#device-route)."""
+    memory's zeroing zeroes nothing more and the result's scatter-add into zeros adds +0 (bit for
+    bit a no-op). With no entry at all (DGC's adaptation can push its threshold above every value;
+    the host route then sends nothing) the slots are the empty marker (:func:`is_empty`): indices
+    ``1, 0, 0, ...`` with the value -0.0 (adding it changes no bit of anything), which the
+    memories' zeroing (:func:`zero_sent`) skips (docs/selection.md#empty-selection). Needs a
+    capacity of at least 2 (and 2 elements)."""
     n, cap = ops.numel(t), ops.numel(top)
     idx = ops.sort(ops.where(valid, top, n))
     used = ops.compare(idx, "lt", n)
     first = ops.slice(idx, 0, 1)
     some = ops.compare(first, "lt", n)
-    idx = ops.where(used, idx, ops.where(some, first, 0))
-    send = ops.where(some, used, ops.compare(ops.arange(cap, like=idx), "lt", 1))
-    return ops.where(send, ops.gather(t, idx), 0.0), idx
+    marker = ops.where(ops.compare(ops.arange(cap, like=idx), "lt", 1), ops.shift(ops.zeros(cap, "int64", like=idx), 1), 0)
+    idx = ops.where(used, idx, ops.where(some, first, marker))
+    return ops.where(some, ops.where(used, ops.gather(t, idx), 0.0), -0.0), idx
+
+
+def is_empty(ops: Any, idx: Any) -> Any:
+    """A device flag: ``idx`` is :func:`padded`'s empty marker (``idx[0] > idx[-1]``, which no
+    selection has: its indices ascend and its unused slots repeat the first)."""
+    cap = ops.numel(idx)
+    return ops.compare(ops.slice(idx, 0, 1), "gt", ops.slice(idx, cap - 1, cap))
+
+
+def zero_sent(ops: Any, acc: Any, idx: Any) -> Any:
+    """``acc`` zeroed at the sent indices ``idx`` (the memories' ``index_fill(acc, idx, 0.0)``),
+    where a device-route selection may be :func:`padded`'s empty marker: then nothing is zeroed,
+    as the host route sends nothing (docs/selection.md#empty-selection). O(k): a gather and an
+    ``index_copy`` of the values the positions keep (+0.0 where sent, as ``index_fill`` writes)."""
+    if ops.numel(idx) < 2:
+        return ops.index_fill(acc, idx, 0.0)
+    return ops.index_copy(acc, idx, ops.where(is_empty(ops, idx), ops.gather(acc, idx), 0.0))
 
 
 def reuse_topk(ops: Any, t: Any, k: int, lo_c: int, hi_c: int, tau: int, prev: Any) -> tuple[Any, Any, Any]:
@@ -93,7 +113,7 @@ def reuse_topk(ops: Any, t: Any, k: int, lo_c: int, hi_c: int, tau: int, prev: A
     and its exact selection ("low"). The new threshold (the k-th key, or the kept one) and age are
     device tensors; ``prev`` is the last ones, or None (the first step: exact)."""
     n = ops.numel(t)
-    cap = min(hi_c, n)
+    cap = min(max(hi_c, 2), n)  # padded's empty marker needs two slots
     top, keys = ops.topk_abs_ranked(t, min(hi_c + 1, n))
     first_k = ops.compare(ops.arange(cap, like=top), "lt", k)
     kth = ops.slice(keys, k - 1, k)
@@ -124,7 +144,7 @@ def _key_of(ops: Any, thr64: Any, dtype: str) -> Any:
 
 def sampled_topk(c: Any, ops: Any, acc: Any, k: int, sidx: Any, top_k_samples: int) -> tuple[Any, Any]:
     """DGC's sampled threshold (select/sampled.py) on the device: ``(values, ascending indices)``
-    in a capacity of k. ``sidx``: the sample positions (None: every element). The adaptation loop
+    in a capacity of ``max(k, 2)``. ``sidx``: the sample positions (None: every element). The adaptation loop
     runs its ``max_adaptation_iters`` rounds as device arithmetic: the threshold a float64 tensor
     multiplied as the host's Python float is (by 1.0 once settled: exact), each count a pass, the
     branch taken a flag; then the exact top-k (``resample``) or the first k of ``|x| >= thr`` in
@@ -159,7 +179,14 @@ def sampled_topk(c: Any, ops: Any, acc: Any, k: int, sidx: Any, top_k_samples: i
             mask2, cnt2 = count(thr)
             mask, cnt = ops.where(active, mask2, mask), ops.where(active, cnt2, cnt)
     pos = ops.arange(n, like=keys)
-    first = ops.slice(ops.sort(ops.where(mask, pos, n)), 0, k)  # the first k of |x| >= thr, padded with n
+    cap = max(k, 2)  # padded's empty marker needs two slots (n > k >= 1 here)
+    first = ops.slice(ops.sort(ops.where(mask, pos, n)), 0, cap)  # the first k of |x| >= thr, padded with n
     if c.resample:
-        first = ops.where(resampled, ops.topk_abs_index(acc, k), first)
-    return padded(ops, acc, first, ops.compare(first, "lt", n))
+        top = ops.topk_abs_index(acc, k)
+        if cap > k:
+            top = ops.cat([top, ops.shift(ops.zeros(cap - k, "int64", like=top), n)])
+        first = ops.where(resampled, top, first)
+    valid = ops.compare(first, "lt", n)
+    if cap > k:
+        valid = ops.where(ops.compare(ops.arange(cap, like=first), "lt", k), valid, False)
+    return padded(ops, acc, first, valid)

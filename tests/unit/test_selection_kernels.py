@@ -113,3 +113,23 @@ def test_device_route_primitives_agree_with_the_host_selection(adapter):
         assert got == (False, True, True)
         picked = ops.to_numpy(ops.where(ops.finite_flag(x), fin, np.inf))
         assert np.all(np.isinf(np.asarray(picked)))
+
+
+@pytest.mark.parametrize("adapter", ["numpy", "torch", "tensorflow"])
+def test_clip_to_norm_equals_the_host_clipping(adapter):
+    """DGC's clipping with the norm kept on the device (docs/dgc.md#clip-on-device) is, bit for bit,
+    the host route's ``coef = max_norm / (norm(t) + 1e-6); scale(t, coef) if coef < 1`` in every
+    adapter and dtype, clipped or not."""
+    ops = _adapter_ops(adapter)
+    rng = np.random.default_rng(5)
+    for dtype in (np.float16, np.float32, np.float64):
+        for spread in (1e-3, 0.3, 10.0):
+            a = (rng.standard_normal(2000) * spread).astype(dtype)
+            a[::37] = -0.0
+            host = ops.from_numpy(a.copy(), like=None)
+            coef = 2.5 / (ops.norm(host) + 1e-6)
+            if coef < 1:
+                host = ops.scale(host, coef)
+            dev = ops.clip_to_norm_(ops.from_numpy(a.copy(), like=None), 2.5, 1e-6)
+            h, d = np.asarray(ops.to_numpy(host)), np.asarray(ops.to_numpy(dev))
+            assert h.tobytes() == d.tobytes(), (dtype, spread)
