@@ -27,7 +27,6 @@ assignment in use (docs/auto-compression.md#model).
 """
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 import time
@@ -72,15 +71,6 @@ class PolicyPort(Protocol):
 
     @property
     def buckets(self) -> list[Any]: ...
-
-
-def _load(spec: Any) -> CostModel:
-    if isinstance(spec, CostModel):
-        return spec
-    if isinstance(spec, str):
-        with open(spec) as f:
-            spec = json.load(f)
-    return CostModel.from_dict(spec)
 
 
 class AutoPolicy:
@@ -166,7 +156,7 @@ class AutoPolicy:
     def _cost_model(self, port: PolicyPort) -> CostModel:
         comm = port.comm
         if self.options.cost_model is not None:
-            return _load(self.options.cost_model)
+            return CostModel.load(self.options.cost_model)
         if comm.size == 1:
             return CostModel(AlphaBeta(0.0, 0.0), AlphaBeta(0.0, 0.0), None, ranks=1)
         tuned = port.tuner.cost_model

@@ -81,15 +81,6 @@ STRATEGIES = ("threshold", "none", "mgwfbp", "optimal", "auto")
 PLANNED = ("mgwfbp", "optimal", "auto")
 
 
-def _load_cost_model(spec: Any) -> CostModel:
-    if isinstance(spec, CostModel):
-        return spec
-    if isinstance(spec, str):
-        with open(spec) as f:
-            spec = json.load(f)
-    return CostModel.from_dict(spec)
-
-
 def _print(msg: str) -> None:
     print(msg, file=sys.stdout, flush=True)
 
@@ -293,7 +284,7 @@ class FusionTuner:
 
     def _plan_on_rank0(self) -> dict[str, Any]:
         opts = self.options
-        cm = self.cost_model if self.cost_model is not None else _load_cost_model(opts.cost_model)
+        cm = self.cost_model if self.cost_model is not None else CostModel.load(opts.cost_model)
         self.cost_model = cm
         prof = self._profile = self._profiler.profile()
         sizes, tb, fwd = list(prof.sizes_bytes), list(prof.backward_times), prof.forward_s

@@ -16,6 +16,8 @@ that sends nothing sends no message (docs/cost-models.md#fitted-allreduce-model)
 """
 from __future__ import annotations
 
+import json
+
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
@@ -356,3 +358,14 @@ class CostModel:
         except KeyError as e:
             raise ValueError(f"CostModel dict needs 'allreduce' and 'allgather' entries; missing {e} "
                              f"(write it with CostModel.to_dict or python -m hvd_commopt.calibrate)") from None
+
+    @classmethod
+    def load(cls, spec: Any) -> CostModel:
+        """``spec`` as a CostModel: one already, its :meth:`to_dict`, or the path of that dict as
+        JSON (what ``python -m hvd_commopt.calibrate`` writes)."""
+        if isinstance(spec, CostModel):
+            return spec
+        if isinstance(spec, str):
+            with open(spec) as f:
+                spec = json.load(f)
+        return cls.from_dict(spec)

@@ -178,9 +178,14 @@ def _train(comp, momentum: float, steps: int = 5, comm=None, seed: int = 5):
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum),
                                    model.named_parameters(), compression=comp, fusion_threshold=64 << 20,
                                    communicator=comm)
+    return recorded_steps(model, opt, comp, [_data(step, rng, steps - 1) for step in range(steps)])
+
+
+def recorded_steps(model, opt, comp, data: list) -> tuple[list, list]:
+    """One recorded step per inputs in ``data``: per step the reduced gradients, the weights and
+    the residuals (as int bit patterns), and the step's :class:`Recorder`."""
     out, recs = [], []
-    for step in range(steps):
-        xs = _data(step, rng, steps - 1)
+    for xs in data:
         opt.zero_grad()
         rec = Recorder()
         _STATE.recording = True

@@ -14,7 +14,7 @@ import torch_plugin as hvd  # noqa: E402
 from torch_plugin import ops as torch_ops  # noqa: E402
 from hvd_commopt import Compression, run_ranks  # noqa: E402
 from tests.torch.test_device_route import (  # noqa: E402
-    _STATE, Direct, Recorder, _bits, _route, _same, _train, record_host_copies)
+    Direct, _route, _same, _train, record_host_copies, recorded_steps)
 
 
 @pytest.fixture
@@ -100,22 +100,8 @@ def _train_tied(steps: int, comm=None):
     comp = _no_resample(momentum=0.9)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
                                    compression=comp, fusion_threshold=64 << 20, communicator=comm)
-    out, recs = [], []
-    for step in range(steps):
-        xs = _tied(step, rng, comm.rank if comm is not None else 0)
-        opt.zero_grad()
-        rec = Recorder()
-        _STATE.recording = True
-        try:
-            with rec:
-                model(xs).backward()
-                opt.step()
-        finally:
-            _STATE.recording = False
-        recs.append(rec)
-        res = {k: _bits(v) for k, v in comp.memory.residuals().items()}
-        out.append(([_bits(p.grad) for p in model.ws], [_bits(p) for p in model.ws], res))
-    return out, recs
+    rank = comm.rank if comm is not None else 0
+    return recorded_steps(model, opt, comp, [_tied(step, rng, rank) for step in range(steps)])
 
 
 def test_the_data_makes_an_empty_selection():

@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 import torch_plugin as hvd  # noqa: E402
 from hvd_commopt import Compression, run_ranks  # noqa: E402
 from tests.torch.test_device_route import (  # noqa: E402
-    _STATE, Direct, Recorder, _bits, _route, _same, record_host_copies)
+    Direct, _route, _same, record_host_copies, recorded_steps)
 
 # three sparse buckets and one dense_1d bucket (the two 1-D tensors, sent whole)
 SHAPES = [(256, 256), (48, 40), (300,), (64, 64), (7,)]
@@ -52,22 +52,8 @@ def _train(comp, momentum: float, steps: int, comm=None):
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum),
                                    model.named_parameters(), compression=comp, fusion_threshold=FUSION,
                                    communicator=comm)
-    out, recs = [], []
-    for step in range(steps):
-        xs = _data(step, rng, steps - 1, comm.rank if comm is not None else 0)
-        opt.zero_grad()
-        rec = Recorder()
-        _STATE.recording = True
-        try:
-            with rec:
-                model(xs).backward()
-                opt.step()
-        finally:
-            _STATE.recording = False
-        recs.append(rec)
-        res = {k: _bits(v) for k, v in comp.memory.residuals().items()}
-        out.append(([_bits(p.grad) for p in model.ws], [_bits(p) for p in model.ws], res))
-    return out, recs
+    rank = comm.rank if comm is not None else 0
+    return recorded_steps(model, opt, comp, [_data(step, rng, steps - 1, rank) for step in range(steps)])
 
 
 COMPRESSIONS = {
