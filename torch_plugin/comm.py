@@ -38,6 +38,7 @@ from . import pair_sum
 from .cuda_staging import HostStaging
 from .devices import check_one_gpu_per_rank, cuda_device_id, native_backend, rank_cuda_index
 from .int16_wire import movable, restore
+from .join_follow import described, follow
 from .mpi_lane import MPILane
 from .pair_sum import gather_single
 from .rendezvous import control_plane, init_default_group
@@ -71,6 +72,7 @@ class TorchDistBackend(Backend):
         launch = env.detect_launch()
         self._timeout = datetime.timedelta(seconds=env.collective_timeout_s(timeout_s))
         self._control = control if control is not None else control_plane(launch)
+        self.follows_joined = self._control is not None  # the control plane reports the peers' positions
         self._own_default = False
         if kind == "nccl":  # cuda:<local rank>, as Horovod's examples set it
             torch.cuda.set_device(rank_cuda_index(launch.local_rank, torch.cuda.device_count()))
@@ -105,9 +107,9 @@ class TorchDistBackend(Backend):
         (docs/backends.md#small-on-mpi)."""
         return self._lane.limit_bytes if self._lane is not None else 0
 
-    def _on_lane(self, op: str, name: str, call):
+    def _on_lane(self, op: str, name: str, call, desc=None):
         """Run ``call()``, a blocking collective of the MPI lane, marked on the control plane."""
-        self._enter(op, name)
+        self._enter(op, name, desc)
         out = call()
         self._control.leave()
         return out
@@ -157,10 +159,11 @@ class TorchDistBackend(Backend):
                                       failed_rank=failed[0], op=op, name=name) from err
             time.sleep(0.1)
 
-    def _run(self, op: str, name: str, deadline: float, start) -> None:
+    def _run(self, op: str, name: str, deadline: float, start, desc=None) -> None:
         """Start one collective (``start()`` returns its Work) and wait for it, marked on the
-        control plane so that a peer's question "where are you?" gets this collective."""
-        self._enter(op, name)
+        control plane so that a peer's question "where are you?" gets this collective (and ``desc``,
+        what a joined rank needs to take part: :mod:`.join_follow`)."""
+        self._enter(op, name, desc)
         self._finish(start(), op, name, deadline)
 
     def _finish(self, work, op: str, name: str, deadline: float) -> None:
@@ -182,9 +185,9 @@ class TorchDistBackend(Backend):
     @on_collective_stream  # CUDA: issued and waited for on the collective stream (docs/backends.md#cuda-streams)
     def allreduce_(self, buf, op, name, deadline):
         if self._lane is not None and self._lane.takes_reduce(buf, op):
-            return self._on_lane("allreduce", name, lambda: self._lane.allreduce_(buf, op))
+            return self._on_lane("allreduce", name, lambda: self._lane.allreduce_(buf, op), described(buf, op))
         if self.name == "gloo" and buf.is_cuda and buf.is_contiguous():
-            self._enter("allreduce", name)
+            self._enter("allreduce", name, described(buf, op))
             self._staging.allreduce_(buf, op, self._pg, self.size,
                                      lambda w: self._wait(w, "allreduce", name, deadline))
             self._finish_marked()
@@ -195,7 +198,7 @@ class TorchDistBackend(Backend):
             nonlocal done
             work, done = self._start_reduce(buf, op)
             return work
-        self._run("allreduce", name, deadline, start)
+        self._run("allreduce", name, deadline, start, described(buf, op))
         return done()
 
     def _start_on_caller(self, op: str, name: str, deadline: float, work, done):
@@ -207,10 +210,10 @@ class TorchDistBackend(Backend):
             return done()
         return work.is_completed, finish
 
-    def _enter(self, op: str, name: str) -> None:
+    def _enter(self, op: str, name: str, desc=None) -> None:
         """Mark a collective started on the calling thread on the control plane from its start."""
         if self._control is not None:
-            self._control.enter(op, name)
+            self._control.enter(op, name, desc)
 
     def start_allreduce(self, buf, op, name, deadline):
         """Start an allreduce on the calling thread (:meth:`_start_on_caller`); ``finish()`` waits
@@ -219,7 +222,7 @@ class TorchDistBackend(Backend):
         carries (queued: docs/backends.md#small-on-mpi)."""
         if buf.device.type != "cpu" or (self._lane is not None and self._lane.takes_reduce(buf, op)):
             return None
-        self._enter("allreduce", name)
+        self._enter("allreduce", name, described(buf, op))
         work, done = self._start_reduce(buf, op)
         return self._start_on_caller("allreduce", name, deadline, work, done)
 
@@ -231,22 +234,22 @@ class TorchDistBackend(Backend):
         if buf.device.type != "cpu" or (self._lane is not None and self._lane.takes_gather(buf)):
             return None
         gather, done = self._gather_equal(buf)
-        self._enter("allgather", name)
+        self._enter("allgather", name, described(buf, True))
         return self._start_on_caller("allgather", name, deadline, gather(), done)
 
     @on_collective_stream  # CUDA: issued and waited for on the collective stream (docs/backends.md#cuda-streams)
-    def allgather(self, buf, name, deadline):
-        lane = self._lane if buf.device.type == "cpu" else None
+    def allgather(self, buf, name, deadline, op="allgather"):
+        lane, desc = (self._lane if buf.device.type == "cpu" else None), described(buf, False)
         if lane is not None:
             # the sizes over MPI; the largest decides the data's transport alike on every rank
-            counts = self._on_lane("allgather", name, lambda: lane.counts(buf.numel()))
+            counts = self._on_lane(op, name, lambda: lane.counts(buf.numel()), desc)
             if lane.takes_sizes(counts, buf.element_size()):
-                return self._on_lane("allgather", name, lambda: lane.allgatherv(buf, counts)), counts
+                return self._on_lane(op, name, lambda: lane.allgatherv(buf, counts)), counts
         buf, dtype = movable(buf.reshape(-1))
         if lane is None:
             n = torch.tensor([buf.numel()], dtype=torch.int64, device=buf.device)
             counts = [torch.zeros_like(n) for _ in range(self.size)]
-            self._run("allgather", name, deadline, lambda: dist.all_gather(counts, n, group=self._pg, async_op=True))
+            self._run(op, name, deadline, lambda: dist.all_gather(counts, n, group=self._pg, async_op=True), desc)
             counts = [int(c) for c in torch.cat(counts).tolist()]  # one device sync, not one per rank
         # each rank's part padded to the largest
         m = max(counts)
@@ -256,7 +259,7 @@ class TorchDistBackend(Backend):
             padded = torch.zeros(m, dtype=buf.dtype, device=buf.device)
             padded[: buf.numel()] = buf
         parts = [torch.empty_like(padded) for _ in range(self.size)]
-        self._run("allgather", name, deadline, lambda: dist.all_gather(parts, padded, group=self._pg, async_op=True))
+        self._run(op, name, deadline, lambda: dist.all_gather(parts, padded, group=self._pg, async_op=True))
         if all(c == m for c in counts):
             return restore(torch.cat(parts), dtype), counts
         return restore(torch.cat([p[:c] for p, c in zip(parts, counts)]), dtype), counts
@@ -265,9 +268,9 @@ class TorchDistBackend(Backend):
     def allgather_equal(self, buf, name, deadline):
         # one collective: the caller promised every rank's size (docs/topk.md#equal-sizes)
         if self._lane is not None and self._lane.takes_gather(buf):
-            return self._on_lane("allgather", name, lambda: self._lane.allgather_equal(buf))
+            return self._on_lane("allgather", name, lambda: self._lane.allgather_equal(buf), described(buf, True))
         gather, done = self._gather_equal(buf)
-        self._run("allgather", name, deadline, gather)
+        self._run("allgather", name, deadline, gather, described(buf, True))
         return done()
 
     def _gather_equal(self, buf):
@@ -283,14 +286,15 @@ class TorchDistBackend(Backend):
 
     def allgather_host(self, data: np.ndarray, name, deadline):
         # our group has Gloo for CPU tensors in both modes: host bytes stay on the host
-        out, counts = self.allgather(torch.from_numpy(data.copy()), name, deadline)
+        out, counts = self.allgather(torch.from_numpy(data.copy()), name, deadline, "allgather_object")
         return out.numpy(), counts
 
     @on_collective_stream  # CUDA: issued and waited for on the collective stream (docs/backends.md#cuda-streams)
     def broadcast_(self, buf, root, name, deadline):
         wire, _ = movable(buf)  # a view: the broadcast lands in buf
         src = dist.get_global_rank(self._pg, root)
-        self._run("broadcast", name, deadline, lambda: dist.broadcast(wire, src=src, group=self._pg, async_op=True))
+        self._run("broadcast", name, deadline, lambda: dist.broadcast(wire, src=src, group=self._pg, async_op=True),
+                  described(buf, root))
         return buf
 
     @on_collective_stream  # CUDA: issued and waited for on the collective stream (docs/backends.md#cuda-streams)
@@ -302,7 +306,8 @@ class TorchDistBackend(Backend):
     def _alltoall(self, buf, counts, name, deadline):
         send = torch.tensor(counts, dtype=torch.int64, device=buf.device)
         recv = torch.empty_like(send)
-        self._run("alltoall", name, deadline, lambda: dist.all_to_all_single(recv, send, group=self._pg, async_op=True))
+        self._run("alltoall", name, deadline, lambda: dist.all_to_all_single(recv, send, group=self._pg, async_op=True),
+                  described(buf, None))
         rc = [int(c) for c in recv.tolist()]
         out = torch.empty(sum(rc), dtype=buf.dtype, device=buf.device)
         self._run("alltoall", name, deadline,
@@ -319,13 +324,13 @@ class TorchDistBackend(Backend):
         sub = copy.copy(self)
         sub._pg, sub._owns_world = pg, False
         sub._rank, sub._size = dist.get_rank(pg), dist.get_world_size(pg)  # the set's, not the world's
-        sub._lane = None  # the lane spans the world; a set's collectives stay on its Gloo group
+        sub._lane, sub.follows_joined = None, False  # the lane and the positions span the world
         return sub
 
     def barrier(self, name, deadline):
         # a CPU tensor allreduce, not dist.barrier: NCCL's barrier guesses a device per rank
         t = torch.zeros(1)
-        self._run("barrier", name, deadline, lambda: dist.all_reduce(t, group=self._pg, async_op=True))
+        self._run("barrier", name, deadline, lambda: dist.all_reduce(t, group=self._pg, async_op=True), ())
 
     def _global(self, r: int) -> int:
         return dist.get_global_rank(self._pg, r) if r >= 0 else r
@@ -364,6 +369,9 @@ class TorchDistBackend(Backend):
     # -- the control plane's services (no-ops without one, as in the base class) -------------------
     def diagnose(self):
         return self._control.diagnose() if self._control is not None else super().diagnose()
+
+    def follow_joined(self, reply: bytes, deadline: float) -> int:
+        return follow(self, reply)  # follows_joined: with a control plane (docs/horovod_api.md#join)
 
     def stalled(self, waited_s: float):
         return self._control.stalled(waited_s) if self._control is not None else None
