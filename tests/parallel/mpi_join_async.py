@@ -41,8 +41,8 @@ def sparse_run(method, steps):
     steps and at the end. With ``replay`` (one process) steps 11-12 use half the learning rate:
     a joined rank's zeros halve the average of the selected values, and nothing else (each
     rank's residual and momentum are its own), so the ranks must match the replay bit for bit."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Linear(32, 4))
+    torch.manual_seed(0)  # no biases: DGC applies momentum after the average on dense buckets (1-D tensors)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32, bias=False), torch.nn.Linear(32, 4, bias=False))
     comp = (hvd.Compression.topk(density=0.05) if method == "topk"
             else hvd.Compression.dgc(density=0.05, momentum=0.9))
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
