@@ -38,7 +38,7 @@ from . import pair_sum
 from .cuda_staging import HostStaging
 from .devices import check_one_gpu_per_rank, cuda_device_id, native_backend, rank_cuda_index
 from .int16_wire import movable, restore
-from .join_follow import described, follow
+from .join_follow import ControlPlaneServices, described
 from .mpi_lane import MPILane
 from .pair_sum import gather_single
 from .rendezvous import control_plane, init_default_group
@@ -52,7 +52,7 @@ _OPS = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp
 _PEER_NOTICE_S = 3.0
 
 
-class TorchDistBackend(Backend):
+class TorchDistBackend(ControlPlaneServices, Backend):
     """Collectives on our own torch.distributed group; MPI as control plane when launched by it."""
 
     buffer_kind = "native"
@@ -84,6 +84,10 @@ class TorchDistBackend(Backend):
         # (seen as a Gloo "received data size doesn't match" when DDP ran beside us). Its timeout
         # is ours, whatever the user's default group has.
         self._pg = dist.new_group(backend="cpu:gloo,cuda:nccl" if kind == "nccl" else kind, timeout=self._timeout)
+        # Object exchanges (negotiation rounds) have a group of their own: a rank in one while another
+        # is still in a step's bucket waits, where on one group Gloo would abort on the mismatched
+        # sizes, and the stall check names the step (docs/horovod_api.md#one-rank-step).
+        self._objects = dist.new_group(backend="gloo", timeout=self._timeout)
         self._device = torch.device("cuda", torch.cuda.current_device()) if kind == "nccl" else torch.device("cpu")
         self._local_rank, self._local_size = launch.local_rank, launch.local_size
         if kind == "nccl":  # before any CUDA collective: one error naming the fix, not NCCL's own
@@ -238,8 +242,9 @@ class TorchDistBackend(Backend):
         return self._start_on_caller("allgather", name, deadline, gather(), done)
 
     @on_collective_stream  # CUDA: issued and waited for on the collective stream (docs/backends.md#cuda-streams)
-    def allgather(self, buf, name, deadline, op="allgather"):
-        lane, desc = (self._lane if buf.device.type == "cpu" else None), described(buf, False)
+    def allgather(self, buf, name, deadline, op="allgather", pg=None):
+        lane, desc = (self._lane if buf.device.type == "cpu" and pg is None else None), described(buf, False)
+        pg = self._pg if pg is None else pg
         if lane is not None:
             # the sizes over MPI; the largest decides the data's transport alike on every rank
             counts = self._on_lane(op, name, lambda: lane.counts(buf.numel()), desc)
@@ -249,7 +254,7 @@ class TorchDistBackend(Backend):
         if lane is None:
             n = torch.tensor([buf.numel()], dtype=torch.int64, device=buf.device)
             counts = [torch.zeros_like(n) for _ in range(self.size)]
-            self._run(op, name, deadline, lambda: dist.all_gather(counts, n, group=self._pg, async_op=True), desc)
+            self._run(op, name, deadline, lambda: dist.all_gather(counts, n, group=pg, async_op=True), desc)
             counts = [int(c) for c in torch.cat(counts).tolist()]  # one device sync, not one per rank
         # each rank's part padded to the largest
         m = max(counts)
@@ -259,7 +264,7 @@ class TorchDistBackend(Backend):
             padded = torch.zeros(m, dtype=buf.dtype, device=buf.device)
             padded[: buf.numel()] = buf
         parts = [torch.empty_like(padded) for _ in range(self.size)]
-        self._run(op, name, deadline, lambda: dist.all_gather(parts, padded, group=self._pg, async_op=True))
+        self._run(op, name, deadline, lambda: dist.all_gather(parts, padded, group=pg, async_op=True))
         if all(c == m for c in counts):
             return restore(torch.cat(parts), dtype), counts
         return restore(torch.cat([p[:c] for p, c in zip(parts, counts)]), dtype), counts
@@ -285,8 +290,8 @@ class TorchDistBackend(Backend):
                 lambda: (restore(out, dtype), counts))
 
     def allgather_host(self, data: np.ndarray, name, deadline):
-        # our group has Gloo for CPU tensors in both modes: host bytes stay on the host
-        out, counts = self.allgather(torch.from_numpy(data.copy()), name, deadline, "allgather_object")
+        # host bytes on a Gloo group of their own (docs/horovod_api.md#one-rank-step)
+        out, counts = self.allgather(torch.from_numpy(data.copy()), name, deadline, "allgather_object", self._objects)
         return out.numpy(), counts
 
     @on_collective_stream  # CUDA: issued and waited for on the collective stream (docs/backends.md#cuda-streams)
@@ -319,10 +324,11 @@ class TorchDistBackend(Backend):
         torch.distributed group is collective). None on the ranks outside it. Used for process
         sets (hvd_commopt/process_sets.py)."""
         pg = dist.new_group(ranks=list(ranks), backend=self.name, timeout=self._timeout)
+        objects = dist.new_group(ranks=list(ranks), backend="gloo", timeout=self._timeout)
         if dist.get_rank() not in ranks:
             return None
         sub = copy.copy(self)
-        sub._pg, sub._owns_world = pg, False
+        sub._pg, sub._objects, sub._owns_world = pg, objects, False
         sub._rank, sub._size = dist.get_rank(pg), dist.get_world_size(pg)  # the set's, not the world's
         sub._lane, sub.follows_joined = None, False  # the lane and the positions span the world
         return sub
@@ -366,23 +372,6 @@ class TorchDistBackend(Backend):
             self._wait(w, "sendrecv", name, deadline)
         return out
 
-    # -- the control plane's services (no-ops without one, as in the base class) -------------------
-    def diagnose(self):
-        return self._control.diagnose() if self._control is not None else super().diagnose()
-
-    def follow_joined(self, reply: bytes, deadline: float) -> int:
-        return follow(self, reply)  # follows_joined: with a control plane (docs/horovod_api.md#join)
-
-    def stalled(self, waited_s: float):
-        return self._control.stalled(waited_s) if self._control is not None else None
-
-    def peer_failure(self):
-        return self._control.peer_failure() if self._control is not None else None
-
-    def announce_failure(self, text: str) -> None:
-        if self._control is not None:
-            self._control.announce_failure(text)
-
     def abort_job(self, code: int) -> None:
         if self._control is not None:
             self._control.abort_job(code)  # MPI_Abort: mpirun ends every rank
@@ -397,6 +386,7 @@ class TorchDistBackend(Backend):
             return
         try:
             dist.destroy_process_group(self._pg)
+            dist.destroy_process_group(self._objects)
             if self._own_default:
                 dist.destroy_process_group()
         except Exception:  # noqa: BLE001 - best effort at exit

@@ -22,7 +22,7 @@ import torch
 from hvd_commopt.comm import mpi_join
 from hvd_commopt.errors import ConfigError
 
-__all__ = ["described", "follow"]
+__all__ = ["ControlPlaneServices", "described", "follow"]
 
 
 def described(buf: torch.Tensor, detail: Any) -> tuple:
@@ -65,3 +65,27 @@ def take_part(be: Any, op: str, name: str, desc: Any, reply: bytes) -> None:
 def follow(be: Any, reply: bytes) -> int:
     """``join()`` on the TorchDistBackend ``be`` (which has a control plane): see the module docstring."""
     return mpi_join.follow(be.control, reply, lambda *call: take_part(be, *call))
+
+
+class ControlPlaneServices:
+    """TorchDistBackend's services of the MPI control plane (docs/backends.md#control-plane): the
+    timeout diagnosis, the stall check, failure notices and join()'s follower; without a control
+    plane (torchrun) the base class's defaults."""
+
+    _control: Any
+
+    def diagnose(self):
+        return self._control.diagnose() if self._control is not None else super().diagnose()  # type: ignore[misc]
+
+    def follow_joined(self, reply: bytes, deadline: float) -> int:
+        return follow(self, reply)  # follows_joined: with a control plane (docs/horovod_api.md#join)
+
+    def stalled(self, waited_s: float):
+        return self._control.stalled(waited_s) if self._control is not None else None
+
+    def peer_failure(self):
+        return self._control.peer_failure() if self._control is not None else None
+
+    def announce_failure(self, text: str) -> None:
+        if self._control is not None:
+            self._control.announce_failure(text)
