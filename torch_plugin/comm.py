@@ -87,7 +87,7 @@ class TorchDistBackend(ControlPlaneServices, Backend):
         # Object exchanges (negotiation rounds) have a group of their own: a rank in one while another
         # is still in a step's bucket waits, where on one group Gloo would abort on the mismatched
         # sizes, and the stall check names the step (docs/horovod_api.md#one-rank-step).
-        self._objects = dist.new_group(backend="gloo", timeout=self._timeout)
+        self._objects = dist.new_group(backend="gloo", timeout=self._timeout) if self._control is not None else self._pg
         self._device = torch.device("cuda", torch.cuda.current_device()) if kind == "nccl" else torch.device("cpu")
         self._local_rank, self._local_size = launch.local_rank, launch.local_size
         if kind == "nccl":  # before any CUDA collective: one error naming the fix, not NCCL's own
@@ -324,7 +324,7 @@ class TorchDistBackend(ControlPlaneServices, Backend):
         torch.distributed group is collective). None on the ranks outside it. Used for process
         sets (hvd_commopt/process_sets.py)."""
         pg = dist.new_group(ranks=list(ranks), backend=self.name, timeout=self._timeout)
-        objects = dist.new_group(ranks=list(ranks), backend="gloo", timeout=self._timeout)
+        objects = dist.new_group(ranks=list(ranks), backend="gloo", timeout=self._timeout) if self._control else pg
         if dist.get_rank() not in ranks:
             return None
         sub = copy.copy(self)
@@ -386,7 +386,8 @@ class TorchDistBackend(ControlPlaneServices, Backend):
             return
         try:
             dist.destroy_process_group(self._pg)
-            dist.destroy_process_group(self._objects)
+            if self._objects is not self._pg:
+                dist.destroy_process_group(self._objects)
             if self._own_default:
                 dist.destroy_process_group()
         except Exception:  # noqa: BLE001 - best effort at exit

@@ -1,5 +1,7 @@
 """What the MPI backend learns from its peers' positions: ``join()``'s follower, and a step that
-only some ranks take.
+only some ranks take. A data backend with MPI as its control plane (torch.distributed under
+mpirun, docs/backends.md#control-plane) uses both: its collectives are marked on the control
+plane, and :func:`follow` takes the data backend's way of taking part.
 
 Both read the position every rank's status responder reports (:mod:`hvd_commopt.comm.mpi`): the
 collective it is in (its number in the rank's stream, kind, name, and the buffer description a
