@@ -6,7 +6,8 @@ others' tensors divided by the full size), until every rank has joined; a collec
 cannot run with a joined rank (allgather, broadcast, ...) fails on the ranks that called it.
 ``join()`` returns, on every rank, the rank that joined last.
 
-On a backend that can see its peers' collectives (MPI: :mod:`hvd_commopt.comm.mpi_join`) the
+On a backend that can see its peers' collectives (MPI: :mod:`hvd_commopt.comm.mpi_join`; Gloo
+and NCCL under mpirun through the MPI control plane: ``torch_plugin/join_follow.py``) the
 joined rank follows every collective the others run, the optimizer's buckets included. Elsewhere
 it runs on the negotiation rounds of :mod:`hvd_commopt.negotiate`: the joined rank answers each
 round with a "join" request carrying how many rounds it has been joined, reads what the others

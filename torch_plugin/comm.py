@@ -38,9 +38,10 @@ from . import pair_sum
 from .cuda_staging import HostStaging
 from .devices import check_one_gpu_per_rank, cuda_device_id, native_backend, rank_cuda_index
 from .int16_wire import movable, restore
-from .sendrecv_sized import SizedSendrecv
+from .join_follow import ControlPlaneServices, described
 from .mpi_lane import MPILane
 from .pair_sum import gather_single
+from .sendrecv_sized import SizedSendrecv
 from .rendezvous import control_plane, init_default_group
 from .streams import on_collective_stream
 
@@ -52,7 +53,7 @@ _OPS = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp
 _PEER_NOTICE_S = 3.0
 
 
-class TorchDistBackend(SizedSendrecv, Backend):
+class TorchDistBackend(SizedSendrecv, ControlPlaneServices, Backend):
     """Collectives on our own torch.distributed group; MPI as control plane when launched by it."""
 
     buffer_kind = "native"
@@ -72,6 +73,7 @@ class TorchDistBackend(SizedSendrecv, Backend):
         launch = env.detect_launch()
         self._timeout = datetime.timedelta(seconds=env.collective_timeout_s(timeout_s))
         self._control = control if control is not None else control_plane(launch)
+        self.follows_joined = self._control is not None  # the control plane reports the peers' positions
         self._own_default = False
         if kind == "nccl":  # cuda:<local rank>, as Horovod's examples set it
             torch.cuda.set_device(rank_cuda_index(launch.local_rank, torch.cuda.device_count()))
@@ -83,6 +85,10 @@ class TorchDistBackend(SizedSendrecv, Backend):
         # (seen as a Gloo "received data size doesn't match" when DDP ran beside us). Its timeout
         # is ours, whatever the user's default group has.
         self._pg = dist.new_group(backend="cpu:gloo,cuda:nccl" if kind == "nccl" else kind, timeout=self._timeout)
+        # Object exchanges (negotiation rounds) have a group of their own: a rank in one while another
+        # is still in a step's bucket waits, where on one group Gloo would abort on the mismatched
+        # sizes, and the stall check names the step (docs/horovod_api.md#one-rank-step).
+        self._objects = dist.new_group(backend="gloo", timeout=self._timeout) if self._control is not None else self._pg
         self._device = torch.device("cuda", torch.cuda.current_device()) if kind == "nccl" else torch.device("cpu")
         self._local_rank, self._local_size = launch.local_rank, launch.local_size
         if kind == "nccl":  # before any CUDA collective: one error naming the fix, not NCCL's own
@@ -106,9 +112,9 @@ class TorchDistBackend(SizedSendrecv, Backend):
         (docs/backends.md#small-on-mpi)."""
         return self._lane.limit_bytes if self._lane is not None else 0
 
-    def _on_lane(self, op: str, name: str, call):
+    def _on_lane(self, op: str, name: str, call, desc=None):
         """Run ``call()``, a blocking collective of the MPI lane, marked on the control plane."""
-        self._enter(op, name)
+        self._enter(op, name, desc)
         out = call()
         self._control.leave()
         return out
@@ -158,10 +164,11 @@ class TorchDistBackend(SizedSendrecv, Backend):
                                       failed_rank=failed[0], op=op, name=name) from err
             time.sleep(0.1)
 
-    def _run(self, op: str, name: str, deadline: float, start) -> None:
+    def _run(self, op: str, name: str, deadline: float, start, desc=None) -> None:
         """Start one collective (``start()`` returns its Work) and wait for it, marked on the
-        control plane so that a peer's question "where are you?" gets this collective."""
-        self._enter(op, name)
+        control plane so that a peer's question "where are you?" gets this collective (and ``desc``,
+        what a joined rank needs to take part: :mod:`.join_follow`)."""
+        self._enter(op, name, desc)
         self._finish(start(), op, name, deadline)
 
     def _finish(self, work, op: str, name: str, deadline: float) -> None:
@@ -183,9 +190,9 @@ class TorchDistBackend(SizedSendrecv, Backend):
     @on_collective_stream  # CUDA: issued and waited for on the collective stream (docs/backends.md#cuda-streams)
     def allreduce_(self, buf, op, name, deadline):
         if self._lane is not None and self._lane.takes_reduce(buf, op):
-            return self._on_lane("allreduce", name, lambda: self._lane.allreduce_(buf, op))
+            return self._on_lane("allreduce", name, lambda: self._lane.allreduce_(buf, op), described(buf, op))
         if self.name == "gloo" and buf.is_cuda and buf.is_contiguous():
-            self._enter("allreduce", name)
+            self._enter("allreduce", name, described(buf, op))
             self._staging.allreduce_(buf, op, self._pg, self.size,
                                      lambda w: self._wait(w, "allreduce", name, deadline))
             self._finish_marked()
@@ -196,7 +203,7 @@ class TorchDistBackend(SizedSendrecv, Backend):
             nonlocal done
             work, done = self._start_reduce(buf, op)
             return work
-        self._run("allreduce", name, deadline, start)
+        self._run("allreduce", name, deadline, start, described(buf, op))
         return done()
 
     def _start_on_caller(self, op: str, name: str, deadline: float, work, done):
@@ -208,10 +215,10 @@ class TorchDistBackend(SizedSendrecv, Backend):
             return done()
         return work.is_completed, finish
 
-    def _enter(self, op: str, name: str) -> None:
+    def _enter(self, op: str, name: str, desc=None) -> None:
         """Mark a collective started on the calling thread on the control plane from its start."""
         if self._control is not None:
-            self._control.enter(op, name)
+            self._control.enter(op, name, desc)
 
     def start_allreduce(self, buf, op, name, deadline):
         """Start an allreduce on the calling thread (:meth:`_start_on_caller`); ``finish()`` waits
@@ -220,7 +227,7 @@ class TorchDistBackend(SizedSendrecv, Backend):
         carries (queued: docs/backends.md#small-on-mpi)."""
         if buf.device.type != "cpu" or (self._lane is not None and self._lane.takes_reduce(buf, op)):
             return None
-        self._enter("allreduce", name)
+        self._enter("allreduce", name, described(buf, op))
         work, done = self._start_reduce(buf, op)
         return self._start_on_caller("allreduce", name, deadline, work, done)
 
@@ -232,22 +239,23 @@ class TorchDistBackend(SizedSendrecv, Backend):
         if buf.device.type != "cpu" or (self._lane is not None and self._lane.takes_gather(buf)):
             return None
         gather, done = self._gather_equal(buf)
-        self._enter("allgather", name)
+        self._enter("allgather", name, described(buf, True))
         return self._start_on_caller("allgather", name, deadline, gather(), done)
 
     @on_collective_stream  # CUDA: issued and waited for on the collective stream (docs/backends.md#cuda-streams)
-    def allgather(self, buf, name, deadline):
-        lane = self._lane if buf.device.type == "cpu" else None
+    def allgather(self, buf, name, deadline, op="allgather", pg=None):
+        lane, desc = (self._lane if buf.device.type == "cpu" and pg is None else None), described(buf, False)
+        pg = self._pg if pg is None else pg
         if lane is not None:
             # the sizes over MPI; the largest decides the data's transport alike on every rank
-            counts = self._on_lane("allgather", name, lambda: lane.counts(buf.numel()))
+            counts = self._on_lane(op, name, lambda: lane.counts(buf.numel()), desc)
             if lane.takes_sizes(counts, buf.element_size()):
-                return self._on_lane("allgather", name, lambda: lane.allgatherv(buf, counts)), counts
+                return self._on_lane(op, name, lambda: lane.allgatherv(buf, counts)), counts
         buf, dtype = movable(buf.reshape(-1))
         if lane is None:
             n = torch.tensor([buf.numel()], dtype=torch.int64, device=buf.device)
             counts = [torch.zeros_like(n) for _ in range(self.size)]
-            self._run("allgather", name, deadline, lambda: dist.all_gather(counts, n, group=self._pg, async_op=True))
+            self._run(op, name, deadline, lambda: dist.all_gather(counts, n, group=pg, async_op=True), desc)
             counts = [int(c) for c in torch.cat(counts).tolist()]  # one device sync, not one per rank
         # each rank's part padded to the largest
         m = max(counts)
@@ -257,7 +265,7 @@ class TorchDistBackend(SizedSendrecv, Backend):
             padded = torch.zeros(m, dtype=buf.dtype, device=buf.device)
             padded[: buf.numel()] = buf
         parts = [torch.empty_like(padded) for _ in range(self.size)]
-        self._run("allgather", name, deadline, lambda: dist.all_gather(parts, padded, group=self._pg, async_op=True))
+        self._run(op, name, deadline, lambda: dist.all_gather(parts, padded, group=pg, async_op=True))
         if all(c == m for c in counts):
             return restore(torch.cat(parts), dtype), counts
         return restore(torch.cat([p[:c] for p, c in zip(parts, counts)]), dtype), counts
@@ -266,9 +274,9 @@ class TorchDistBackend(SizedSendrecv, Backend):
     def allgather_equal(self, buf, name, deadline):
         # one collective: the caller promised every rank's size (docs/topk.md#equal-sizes)
         if self._lane is not None and self._lane.takes_gather(buf):
-            return self._on_lane("allgather", name, lambda: self._lane.allgather_equal(buf))
+            return self._on_lane("allgather", name, lambda: self._lane.allgather_equal(buf), described(buf, True))
         gather, done = self._gather_equal(buf)
-        self._run("allgather", name, deadline, gather)
+        self._run("allgather", name, deadline, gather, described(buf, True))
         return done()
 
     def _gather_equal(self, buf):
@@ -283,15 +291,16 @@ class TorchDistBackend(SizedSendrecv, Backend):
                 lambda: (restore(out, dtype), counts))
 
     def allgather_host(self, data: np.ndarray, name, deadline):
-        # our group has Gloo for CPU tensors in both modes: host bytes stay on the host
-        out, counts = self.allgather(torch.from_numpy(data.copy()), name, deadline)
+        # host bytes on a Gloo group of their own (docs/horovod_api.md#one-rank-step)
+        out, counts = self.allgather(torch.from_numpy(data.copy()), name, deadline, "allgather_object", self._objects)
         return out.numpy(), counts
 
     @on_collective_stream  # CUDA: issued and waited for on the collective stream (docs/backends.md#cuda-streams)
     def broadcast_(self, buf, root, name, deadline):
         wire, _ = movable(buf)  # a view: the broadcast lands in buf
         src = dist.get_global_rank(self._pg, root)
-        self._run("broadcast", name, deadline, lambda: dist.broadcast(wire, src=src, group=self._pg, async_op=True))
+        self._run("broadcast", name, deadline, lambda: dist.broadcast(wire, src=src, group=self._pg, async_op=True),
+                  described(buf, root))
         return buf
 
     @on_collective_stream  # CUDA: issued and waited for on the collective stream (docs/backends.md#cuda-streams)
@@ -303,7 +312,8 @@ class TorchDistBackend(SizedSendrecv, Backend):
     def _alltoall(self, buf, counts, name, deadline):
         send = torch.tensor(counts, dtype=torch.int64, device=buf.device)
         recv = torch.empty_like(send)
-        self._run("alltoall", name, deadline, lambda: dist.all_to_all_single(recv, send, group=self._pg, async_op=True))
+        self._run("alltoall", name, deadline, lambda: dist.all_to_all_single(recv, send, group=self._pg, async_op=True),
+                  described(buf, None))
         rc = [int(c) for c in recv.tolist()]
         out = torch.empty(sum(rc), dtype=buf.dtype, device=buf.device)
         self._run("alltoall", name, deadline,
@@ -315,18 +325,19 @@ class TorchDistBackend(SizedSendrecv, Backend):
         torch.distributed group is collective). None on the ranks outside it. Used for process
         sets (hvd_commopt/process_sets.py)."""
         pg = dist.new_group(ranks=list(ranks), backend=self.name, timeout=self._timeout)
+        objects = dist.new_group(ranks=list(ranks), backend="gloo", timeout=self._timeout) if self._control else pg
         if dist.get_rank() not in ranks:
             return None
         sub = copy.copy(self)
-        sub._pg, sub._owns_world = pg, False
+        sub._pg, sub._objects, sub._owns_world = pg, objects, False
         sub._rank, sub._size = dist.get_rank(pg), dist.get_world_size(pg)  # the set's, not the world's
-        sub._lane = None  # the lane spans the world; a set's collectives stay on its Gloo group
+        sub._lane, sub.follows_joined = None, False  # the lane and the positions span the world
         return sub
 
     def barrier(self, name, deadline):
         # a CPU tensor allreduce, not dist.barrier: NCCL's barrier guesses a device per rank
         t = torch.zeros(1)
-        self._run("barrier", name, deadline, lambda: dist.all_reduce(t, group=self._pg, async_op=True))
+        self._run("barrier", name, deadline, lambda: dist.all_reduce(t, group=self._pg, async_op=True), ())
 
     def _global(self, r: int) -> int:
         return dist.get_global_rank(self._pg, r) if r >= 0 else r
@@ -362,20 +373,6 @@ class TorchDistBackend(SizedSendrecv, Backend):
             self._wait(w, "sendrecv", name, deadline)
         return out
 
-    # -- the control plane's services (no-ops without one, as in the base class) -------------------
-    def diagnose(self):
-        return self._control.diagnose() if self._control is not None else super().diagnose()
-
-    def stalled(self, waited_s: float):
-        return self._control.stalled(waited_s) if self._control is not None else None
-
-    def peer_failure(self):
-        return self._control.peer_failure() if self._control is not None else None
-
-    def announce_failure(self, text: str) -> None:
-        if self._control is not None:
-            self._control.announce_failure(text)
-
     def abort_job(self, code: int) -> None:
         if self._control is not None:
             self._control.abort_job(code)  # MPI_Abort: mpirun ends every rank
@@ -390,6 +387,8 @@ class TorchDistBackend(SizedSendrecv, Backend):
             return
         try:
             dist.destroy_process_group(self._pg)
+            if self._objects is not self._pg:
+                dist.destroy_process_group(self._objects)
             if self._own_default:
                 dist.destroy_process_group()
         except Exception:  # noqa: BLE001 - best effort at exit

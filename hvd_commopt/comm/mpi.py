@@ -27,6 +27,7 @@
 from __future__ import annotations
 
 import atexit
+import collections
 import os
 import sys
 import threading
@@ -100,6 +101,8 @@ class MPIBackend(Backend):
         self._joined_at: int | None = None  # this rank's collective count when it called join()
         self._query_lock = threading.Lock()  # one query of the peers at a time (join, stall check)
         self._stall: tuple | None = None  # (positions seen, when) of the last stall check
+        self._open: collections.deque = collections.deque()  # a data backend's marked collectives
+        self._marks_lock = threading.Lock()
         if self._can_query and self._size > 1:
             self._responder = threading.Thread(target=self._respond, name="hvd_commopt-mpi-status", daemon=True)
             self._responder.start()
@@ -126,8 +129,16 @@ class MPIBackend(Backend):
     # A data backend that keeps MPI as its control plane (torch.distributed under mpirun,
     # docs/backends.md#control-plane) marks its own collectives with these, so that diagnose()
     # and peer_failure() know where this rank is, exactly as for MPI's own collectives.
-    enter = _begin
-    leave = _end
+    # Its collectives may overlap (direct starts, docs/backends.md#direct-start); they complete in order.
+    def enter(self, op: str, name: str, desc: tuple | None = None) -> None:
+        with self._marks_lock:
+            self._open.append((self._seq + len(self._open), op, name, desc))
+            self._where = self._open[0]
+
+    def leave(self) -> None:
+        with self._marks_lock:
+            self._last, self._seq = self._open.popleft(), self._seq + 1
+            self._where = self._open[0] if self._open else None
 
     def diagnose(self) -> tuple[list[int] | None, str]:
         """Called by a thread whose wait timed out: (ranks that did not arrive, explanation)."""
@@ -217,7 +228,7 @@ class MPIBackend(Backend):
     follows_joined = True
 
     def follow_joined(self, reply: bytes, deadline: float) -> int:
-        return mpi_join.follow(self, reply)
+        return mpi_join.follow(self, reply, lambda *call: mpi_join.mirror(self, *call))
 
     def stalled(self, waited_s: float) -> tuple[list[int], str] | None:
         return mpi_join.stalled(self, waited_s)

@@ -1,5 +1,7 @@
 """What the MPI backend learns from its peers' positions: ``join()``'s follower, and a step that
-only some ranks take.
+only some ranks take. A data backend with MPI as its control plane (torch.distributed under
+mpirun, docs/backends.md#control-plane) uses both: its collectives are marked on the control
+plane, and :func:`follow` takes the data backend's way of taking part.
 
 Both read the position every rank's status responder reports (:mod:`hvd_commopt.comm.mpi`): the
 collective it is in (its number in the rank's stream, kind, name, and the buffer description a
@@ -28,13 +30,13 @@ on a thread that has already waited seconds for a collective.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from ..errors import ConfigError, RankFailedError
 
-__all__ = ["follow", "stalled", "MODEL_AVERAGING_TAGS"]
+__all__ = ["follow", "mirror", "stalled", "MODEL_AVERAGING_TAGS"]
 
 # Round tags of the schedules that average weights rather than gradients (``bucket@<tag><n>``).
 MODEL_AVERAGING_TAGS = ("local_sgd", "cocod", "diloco")
@@ -62,7 +64,8 @@ def _refusal(op: str, name: str, desc: Any) -> str | None:
     return None
 
 
-def _mirror(be: Any, op: str, name: str, desc: Any, reply: bytes) -> None:
+def mirror(be: Any, op: str, name: str, desc: Any, reply: bytes) -> None:
+    """Take part in ``op`` on the MPI backend ``be`` as a joined rank (host zeros)."""
     inf = float("inf")
     if op == "allreduce":
         dtype, n, rop = desc
@@ -89,8 +92,14 @@ def _mirror(be: Any, op: str, name: str, desc: Any, reply: bytes) -> None:
         raise ConfigError(f"join(): no way to take part in a {op} ('{name}')")
 
 
-def follow(be: Any, reply: bytes) -> int:
-    """``join()`` on ``be`` (an MPIBackend), on its progress thread: see the module docstring."""
+TakePart = Callable[[str, str, Any, bytes], None]
+
+
+def follow(be: Any, reply: bytes, take_part: TakePart) -> int:
+    """``join()`` on its progress thread: see the module docstring. ``be``: the MPIBackend whose
+    status responder reports the positions (the data backend's own, or its control plane's,
+    docs/backends.md#control-plane); ``take_part(op, name, desc, reply)`` runs one collective
+    as a joined rank on the data backend (:func:`mirror` for MPI's own collectives)."""
     be._joined_at = be._seq
     try:
         while True:
@@ -112,7 +121,7 @@ def follow(be: Any, reply: bytes) -> int:
                 if all(_position(st) == me for st in states.values()):
                     joins = {r: int(st["joined"]) for r, st in states.items()}
                     joins[be.rank] = int(be._joined_at)
-                    be.barrier("join", float("inf"))  # every rank saw every rank joined; keep us joined till then
+                    take_part("barrier", "join", (), reply)  # every rank saw every rank joined; keep us joined till then
                     last = max(joins.values())
                     return max(r for r, j in joins.items() if j == last)
                 time.sleep(_FOLLOW_POLL_S)
@@ -127,7 +136,7 @@ def follow(be: Any, reply: bytes) -> int:
             if why is not None:
                 raise ConfigError(f"rank {be.rank} called join(), and the other ranks now run collective #{me} "
                                   f"{op} '{name}', which a joined rank cannot take part in: {why}")
-            _mirror(be, op, name, desc, reply)
+            take_part(op, name, desc, reply)
     finally:
         be._joined_at = None
 

@@ -11,6 +11,7 @@ test asserts (timings measured here, results compared exactly with a single-proc
 * join_adasum: rank 0 joins while rank 1 still steps with op=Adasum (point-to-point rounds): a
   clear refusal on rank 0, and rank 1 is told within seconds.
 """
+import hashlib
 import sys
 import time
 
@@ -30,6 +31,40 @@ def model_pair():
         return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
     return make(), make()
 
+
+def digest(model):
+    return hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()[:16]
+
+
+def sparse_run(method, steps):
+    """The Top-k or DGC loop, the same data on every rank; prints the weights' digest after 10
+    steps and at the end. With ``replay`` (one process) steps 11-12 use half the learning rate:
+    a joined rank's zeros halve the average of the selected values, and nothing else (each
+    rank's residual and momentum are its own), so the ranks must match the replay bit for bit."""
+    torch.manual_seed(0)  # no biases: DGC applies momentum after the average on dense buckets (1-D tensors)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32, bias=False), torch.nn.Linear(32, 4, bias=False))
+    comp = (hvd.Compression.topk(density=0.05) if method == "topk"
+            else hvd.Compression.dgc(density=0.05, momentum=0.9))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(), compression=comp)
+    x = torch.linspace(-1, 1, 128).reshape(2, 64)
+    for step in range(steps):
+        if step == 10:
+            print(f"rank {R}: at 10 weights={digest(model)}", flush=True)
+            if "replay" in sys.argv:
+                for g in opt.param_groups:
+                    g["lr"] = 0.05
+        opt.zero_grad()
+        model(x).pow(2).sum().backward()
+        opt.step()
+    return model
+
+
+if scenario == "join" and sys.argv[2] in ("topk", "dgc"):
+    model = sparse_run(sys.argv[2], 12 if "replay" in sys.argv or R == 1 else 10)
+    last = -1 if "replay" in sys.argv else hvd.join()
+    print(f"rank {R}: join returned {last}; final weights={digest(model)}", flush=True)
+    sys.exit(0)
 
 if scenario == "join":
     fp16 = "fp16" in sys.argv[2:]

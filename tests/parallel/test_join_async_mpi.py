@@ -1,7 +1,9 @@
 """Horovod's join after a DistributedOptimizer loop, non-blocking *_async calls, and a step that
 only one rank takes, on 2 real MPI ranks (scenarios in mpi_join_async.py; docs/horovod_api.md#join,
 docs/horovod_api.md#async, docs/horovod_api.md#one-rank-step)."""
+import os
 import re
+import subprocess
 import sys
 import time
 
@@ -21,9 +23,13 @@ def job(*args, env=None, check=True):
     return proc.stdout + proc.stderr, time.monotonic() - t0
 
 
+GLOO = {"HVD_COMMOPT_BACKEND": "gloo"}  # torch.distributed carries the data, MPI the control plane
+
+
+@pytest.mark.parametrize("backend", ["mpi", "gloo"])
 @pytest.mark.parametrize("compression", ["none", "fp16"])
-def test_join_after_uneven_optimizer_loops_takes_part_with_zeros(compression):
-    out, _ = job("join", compression)
+def test_join_after_uneven_optimizer_loops_takes_part_with_zeros(compression, backend):
+    out, _ = job("join", compression, env=GLOO if backend == "gloo" else None)
     for r in (0, 1):
         m = re.search(rf"rank {r}: join returned (\d) after ([0-9.]+)s; exact=(\w+); after=(\S+)", out)
         assert m, out
@@ -31,6 +37,21 @@ def test_join_after_uneven_optimizer_loops_takes_part_with_zeros(compression):
         assert m.group(3) == "True", out  # every step exactly as Horovod's zeros give it
         assert m.group(4) == "1", out
         assert float(m.group(2)) < 30, out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["mpi", "gloo"])
+@pytest.mark.parametrize("method", ["topk", "dgc"])
+def test_join_after_uneven_sparse_loops_equals_the_replay_bit_for_bit(method, backend):
+    replay = subprocess.run([sys.executable, SCRIPT, "join", method, "replay"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    at10 = re.search(r"rank 0: at 10 weights=(\w+)", replay.stdout)
+    at12 = re.search(r"final weights=(\w+)", replay.stdout)
+    assert at10 and at12, replay.stdout + replay.stderr
+    out, _ = job("join", method, env=GLOO if backend == "gloo" else None)
+    assert f"rank 0: join returned 1; final weights={at10.group(1)}" in out, out  # 10 steps, then joined
+    assert f"rank 1: at 10 weights={at10.group(1)}" in out, out
+    assert f"rank 1: join returned 1; final weights={at12.group(1)}" in out, out  # steps 11-12 with zeros
 
 
 def test_async_returns_before_the_peer_arrives():
@@ -44,8 +65,10 @@ def test_async_returns_before_the_peer_arrives():
 
 
 @pytest.mark.slow
-def test_step_only_one_rank_takes_is_named_in_seconds_on_every_rank():
-    out, took = job("one_rank_step", env={"HVD_COMMOPT_TIMEOUT": "300"}, check=False)
+@pytest.mark.parametrize("backend", ["mpi", "gloo"])  # gloo: without the check, Gloo itself aborts a rank
+def test_step_only_one_rank_takes_is_named_in_seconds_on_every_rank(backend):
+    out, took = job("one_rank_step", env={"HVD_COMMOPT_TIMEOUT": "300", **(GLOO if backend == "gloo" else {})},
+                    check=False)
     assert took < 60, f"{took:.0f}s: waited for the timeout\n{out}"
     assert re.search(r"rank 0: \w+Error after [0-9.]+s: .*rank 1 waits in its collective #\d+ allgather_object "
                      r"'negotiate'", out), out
