@@ -95,8 +95,7 @@ class CommEngine:
         # compression="auto": one method per bucket, chosen at run time (docs/auto-compression.md#policy)
         self.reducer = own_reducer(make_reducer(resolve_auto(compression, op), op), self)
         self.fusion_threshold, self.fusion_threshold_source = env.fusion_threshold_setting(fusion_threshold)
-        self.op = op
-        self.gradient_predivide_factor = f
+        self.op, self.gradient_predivide_factor = op, f
         self.ctx = (ReduceContext(comm, ops, prescale=1.0 / f, postscale=f / comm.size) if op == Average
                     else ReduceContext(comm, ops))
         self.last_stats = StepStats()
