@@ -90,8 +90,8 @@ def _survive(ops: TensorOps, tracked: list[list[Any]], merged_idx: Any, fixed: b
         orig, alive = t
         if fixed:
             t[1] = ops.where(alive, member_of_sorted(ops, orig, merged_idx), alive)
-        elif ops.numel(alive):
-            t[1] = ops.gather(alive, ops.nonzero(ops.isin(ops.gather(orig, alive), merged_idx)))
+        elif ops.numel(alive):  # merged_idx is ascending: a binary search, not a sort-based isin
+            t[1] = ops.gather(alive, ops.nonzero(member_of_sorted(ops, ops.gather(orig, alive), merged_idx)))
 
 
 def _all_alive(ops: TensorOps, k: int, like: Any, fixed: bool) -> Any:
@@ -294,7 +294,9 @@ class GTopK(SparseReducer):
             kept = ops.where(alive, ops.zeros(ops.numel(st.vals), ops.dtype_name(st.vals), like=st.vals), st.vals)
             self.memory.restore(ops, st.key, st.idx, kept)
             return I, V
-        dropped = ops.nonzero(ops.isin(ops.arange(ops.numel(st.idx), like=st.idx), alive, invert=True))
+        # the positions not alive, ascending: a k-entry mask (O(k)), not a sort-based isin
+        kept = ops.index_fill(ops.zeros(ops.numel(st.idx), "uint8", like=st.idx), alive, 1)
+        dropped = ops.nonzero(ops.compare(kept, "lt", 1))
         self.restore_dropped(ops, st, dropped)
         return I, V
 
