@@ -161,6 +161,11 @@ class TensorOps(Protocol):
         NaN ranked, of a size fixed by k and with no host synchronisation where the framework
         allows (torch: a composite-key ``topk``)."""
         ...
+    def threshold_reuse(self, t: Tensor, k: int, lo_c: int, hi_c: int, tau: int,
+                        prev: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor]]:
+        """Threshold reuse's candidates on the device route (select/device.py reuse_candidates,
+        which the adapters without a native kernel call): (positions, valid, (threshold key, age))."""
+
     def topk_abs_ranked(self, t: Tensor, k: int) -> tuple[Tensor, Tensor]:
         """(int64 positions, int64 canonical magnitude keys at them) of the k largest ``|t|``,
         largest first, equal keys lower index first (every NaN one key above +Inf's): the
