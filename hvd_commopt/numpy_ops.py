@@ -173,9 +173,7 @@ class NumpyOps:
     def on_device(self, t): return False
 
     def topk_abs_index(self, t, k): return topk_index_np(np.asarray(t).reshape(-1), k)
-    def threshold_reuse(self, t, k, lo_c, hi_c, tau, prev):
-        from .select.device import reuse_candidates  # the portable algorithm (docs/selection.md#device-route)
-        return reuse_candidates(self, t, k, lo_c, hi_c, tau, prev)
+    def threshold_reuse(self, t, k, lo_c, hi_c, tau, prev): return None  # the portable select/device.py one
 
     def topk_abs_ranked(self, t, k): return topk_ranked_np(np.asarray(t).reshape(-1), k)
     def count_true(self, mask): return np.array([np.count_nonzero(mask)], dtype=np.int64)

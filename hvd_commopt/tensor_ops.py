@@ -162,9 +162,11 @@ class TensorOps(Protocol):
         allows (torch: a composite-key ``topk``)."""
         ...
     def threshold_reuse(self, t: Tensor, k: int, lo_c: int, hi_c: int, tau: int,
-                        prev: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor]]:
-        """Threshold reuse's candidates on the device route (select/device.py reuse_candidates,
-        which the adapters without a native kernel call): (positions, valid, (threshold key, age))."""
+                        prev: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor]] | None:
+        """Threshold reuse's candidates from a native kernel (the torch adapter's Triton one on CUDA,
+        docs/selection.md#triton-reuse): what select/device.py ``reuse_candidates`` returns,
+        ``(positions, valid, (threshold key, age))``, bit for bit; None where the adapter has no
+        kernel for ``t`` (then the device route runs ``reuse_candidates`` on the primitives)."""
 
     def topk_abs_ranked(self, t: Tensor, k: int) -> tuple[Tensor, Tensor]:
         """(int64 positions, int64 canonical magnitude keys at them) of the k largest ``|t|``,

@@ -25,7 +25,6 @@ import tensorflow as tf
 
 from hvd_commopt.dtypes import magnitude_key
 from hvd_commopt.numpy_ops import topk_index_np, topk_ranked_np
-from hvd_commopt.select.device import reuse_candidates  # portable (docs/selection.md#device-route)
 from .clip_ops import ClipToNorm
 
 __all__ = ["TFOps", "PackBuffer", "TF_DTYPES"]
@@ -345,7 +344,7 @@ class TFOps(ClipToNorm):
         with tf.device(_device_of(t)):
             return tf.convert_to_tensor(idx)
 
-    def threshold_reuse(self, t, k, lo_c, hi_c, tau, prev): return reuse_candidates(self, t, k, lo_c, hi_c, tau, prev)
+    def threshold_reuse(self, t, k, lo_c, hi_c, tau, prev): return None  # no native kernel: the portable one
     def topk_abs_ranked(self, t, k):
         t = tf.convert_to_tensor(_t(t))
         idx, keys = topk_ranked_np(self.to_numpy(tf.reshape(t, _FLAT)), k)

@@ -9,7 +9,6 @@ import numpy as np
 import torch
 
 from hvd_commopt import host_memory
-from hvd_commopt.select.device import reuse_candidates
 
 from . import triton_select
 from ._compat import storage_exclusive
@@ -317,7 +316,7 @@ class TorchOps:
     def threshold_reuse(self, t, k, lo_c, hi_c, tau, prev):
         if prev is not None and _triton_takes(_flat(t), k):  # one read (docs/selection.md#triton-reuse)
             return triton_select.threshold_reuse(_flat(t).detach(), k, lo_c, hi_c, tau, prev)
-        return reuse_candidates(self, t, k, lo_c, hi_c, tau, prev)
+        return None  # the torch-op route: select/device.py reuse_candidates
 
     def topk_abs_index(self, t, k):
         t = _flat(t)

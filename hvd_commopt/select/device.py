@@ -107,9 +107,10 @@ def reuse_topk(ops: Any, t: Any, k: int, lo_c: int, hi_c: int, tau: int, prev: A
     """Ok-Topk's threshold reuse (select/strategies.py ReuseTopK) on the device: ``(values,
     indices, (threshold key, age))`` with a capacity of ``hi_c = floor(k(1+band))`` entries
     (at least 2, at most n): the candidates of ``TensorOps.threshold_reuse`` (the torch adapter's
-    one-read Triton kernel on CUDA, docs/selection.md#triton-reuse; else :func:`reuse_candidates`),
-    padded (:func:`padded`)."""
-    top, valid, state = ops.threshold_reuse(t, k, lo_c, hi_c, tau, prev)
+    one-read Triton kernel on CUDA, docs/selection.md#triton-reuse), or where it has none
+    (None) :func:`reuse_candidates` on the primitives, padded (:func:`padded`)."""
+    native = ops.threshold_reuse(t, k, lo_c, hi_c, tau, prev)
+    top, valid, state = native if native is not None else reuse_candidates(ops, t, k, lo_c, hi_c, tau, prev)
     vals, idx = padded(ops, t, top, valid)
     return vals, idx, state
 

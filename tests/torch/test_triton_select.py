@@ -62,6 +62,8 @@ def test_triton_threshold_reuse_equals_the_torch_route():
 def test_only_large_float32_cuda_tensors_take_it():
     t = torch.zeros(triton_select.MIN_N + 1)
     assert not torch_ops._triton_takes(t, 10)  # a CPU tensor: the torch route
+    prev = (torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64))
+    assert torch_ops.TorchOps().threshold_reuse(t, 10, 8, 12, 16, prev) is None  # so reuse_candidates runs
     assert triton_select.capacity(100, 90) == 100 and triton_select.capacity(10**8, 10**6) == 4 * 10**6 + 4096
 
 
@@ -84,11 +86,14 @@ def test_on_cuda_the_triton_select_equals_the_torch_route(monkeypatch, kind):
         keys = wranked[1]
         for thr, age in ((keys[k - 1:k], 0), (keys[k // 2:k // 2 + 1], 0), (keys[k - 1:k], 16)):  # in, under, age
             prev = (thr.clone(), torch.tensor([age], device="cuda"))
-            top, valid, state = ops.threshold_reuse(t, k, int(k * 0.8), int(k * 1.2), 16, prev)
+            native = ops.threshold_reuse(t, k, int(k * 0.8), int(k * 1.2), 16, prev)
+            assert native is not None
+            top, valid, state = native
             got_sel = device.padded(ops, t, top, valid)
             with monkeypatch.context() as m:
                 m.setattr(torch_ops, "TRITON_SELECT", False)
-                wtop, wvalid, wstate = ops.threshold_reuse(t, k, int(k * 0.8), int(k * 1.2), 16, prev)
+                assert ops.threshold_reuse(t, k, int(k * 0.8), int(k * 1.2), 16, prev) is None
+                wtop, wvalid, wstate = device.reuse_candidates(ops, t, k, int(k * 0.8), int(k * 1.2), 16, prev)
             want_sel = device.padded(ops, t, wtop, wvalid)
             assert torch.equal(got_sel[1], want_sel[1]) and torch.equal(got_sel[0].view(torch.int32),
                                                                         want_sel[0].view(torch.int32))
