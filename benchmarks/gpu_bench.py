@@ -22,8 +22,10 @@ Selection (``--sizes``, default 25M and 100M float32; tiny: 64K): time / time of
 ``torch.abs(t, out=buf)`` pass of ``torch.topk(t.abs(), k)``, our exact selection, threshold
 reuse in steady state, and the exact selection fused with the error-feedback add, k = 1 %. On
 CUDA with Triton installed these run the Triton select (torch_plugin/triton_select.py,
-docs/selection.md#triton-select; column ``triton``), and ``triton_topk`` (its kernels alone) and the
-``*_torch`` columns (the same three on the torch-op route) are measured beside them.
+docs/selection.md#triton-select; column ``triton``; threshold reuse's reused step then reads the data
+once, docs/selection.md#triton-reuse), and ``triton_topk`` and ``triton_reuse`` (the kernels alone:
+the exact select, and a reused step accepted in the band) and the ``*_torch`` columns (the same
+three on the torch-op route) are measured beside them.
 
 With one process (no launcher) DDP runs on a process group of size 1 (NCCL on CUDA, Gloo on
 CPU) and ours on the local backend: the compressors run, nothing is sent. Under a launcher every
@@ -203,6 +205,9 @@ def measure_selection(n: int, density: float, reps: int, device) -> dict:
     if out["triton"]:  # the kernels alone: two reads of the data plus the fix-up
         from torch_plugin import triton_select
         out["triton_topk"] = med(lambda: triton_select.topk_abs_index(t, k)) / one
+        prev = (ops.topk_abs_ranked(t, k)[1][k - 1:k].clone(), torch.zeros(1, dtype=torch.int64, device=device))
+        lo_c, hi_c = k - k // 2, k + k // 2  # band 0.5, as the reuse column's
+        out["triton_reuse"] = med(lambda: triton_select.threshold_reuse(t, k, lo_c, hi_c, 1 << 30, prev)) / one
     return out
 
 
@@ -267,7 +272,7 @@ def main(argv=None) -> dict:
         sizes = [float(s) for s in (a.sizes or ("0.065536" if a.tiny else "25,100")).split(",")]
         for m in sizes:
             result["selection"].append(measure_selection(int(m * 1e6), a.density, a.reps, device))
-        cols = ["torch.topk", "exact", "reuse", "ef_exact", "triton_topk", "exact_torch", "reuse_torch",
+        cols = ["torch.topk", "exact", "reuse", "ef_exact", "triton_topk", "triton_reuse", "exact_torch", "reuse_torch",
                 "ef_exact_torch"]
         log("\nselection, time / one abs pass, k = {:g} % (targets: exact <= 3, reuse <= 1.5, "
             "ef_exact <= 4; *_torch: the torch-op route, where the Triton select runs the others)".format(a.density * 100))

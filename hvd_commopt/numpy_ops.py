@@ -173,6 +173,8 @@ class NumpyOps:
     def on_device(self, t): return False
 
     def topk_abs_index(self, t, k): return topk_index_np(np.asarray(t).reshape(-1), k)
+    def threshold_reuse(self, t, k, lo_c, hi_c, tau, prev): return None  # the portable select/device.py one
+
     def topk_abs_ranked(self, t, k): return topk_ranked_np(np.asarray(t).reshape(-1), k)
     def count_true(self, mask): return np.array([np.count_nonzero(mask)], dtype=np.int64)
     def sort(self, t): return np.sort(t)

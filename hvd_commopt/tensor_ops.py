@@ -161,6 +161,13 @@ class TensorOps(Protocol):
         NaN ranked, of a size fixed by k and with no host synchronisation where the framework
         allows (torch: a composite-key ``topk``)."""
         ...
+    def threshold_reuse(self, t: Tensor, k: int, lo_c: int, hi_c: int, tau: int,
+                        prev: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor]] | None:
+        """Threshold reuse's candidates from a native kernel (the torch adapter's Triton one on CUDA,
+        docs/selection.md#triton-reuse): what select/device.py ``reuse_candidates`` returns,
+        ``(positions, valid, (threshold key, age))``, bit for bit; None where the adapter has no
+        kernel for ``t`` (then the device route runs ``reuse_candidates`` on the primitives)."""
+
     def topk_abs_ranked(self, t: Tensor, k: int) -> tuple[Tensor, Tensor]:
         """(int64 positions, int64 canonical magnitude keys at them) of the k largest ``|t|``,
         largest first, equal keys lower index first (every NaN one key above +Inf's): the

@@ -344,6 +344,7 @@ class TFOps(ClipToNorm):
         with tf.device(_device_of(t)):
             return tf.convert_to_tensor(idx)
 
+    def threshold_reuse(self, t, k, lo_c, hi_c, tau, prev): return None  # no native kernel: the portable one
     def topk_abs_ranked(self, t, k):
         t = tf.convert_to_tensor(_t(t))
         idx, keys = topk_ranked_np(self.to_numpy(tf.reshape(t, _FLAT)), k)

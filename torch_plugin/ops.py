@@ -313,6 +313,11 @@ class TorchOps:
             comp = torch.topk(torch.bitwise_or(torch.bitwise_left_shift(keys, 32), low), k).values
             return torch.rsub(torch.bitwise_and(comp, 0xFFFFFFFF), 0xFFFFFFFF), torch.bitwise_right_shift(comp, 32)
 
+    def threshold_reuse(self, t, k, lo_c, hi_c, tau, prev):
+        if prev is not None and _triton_takes(_flat(t), k):  # one read (docs/selection.md#triton-reuse)
+            return triton_select.threshold_reuse(_flat(t).detach(), k, lo_c, hi_c, tau, prev)
+        return None  # the torch-op route: select/device.py reuse_candidates
+
     def topk_abs_index(self, t, k):
         t = _flat(t)
         if int(k) >= t.numel():

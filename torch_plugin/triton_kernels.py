@@ -5,7 +5,7 @@ NaN one key above +Inf); the launches and what they compute are described in tri
 import triton
 import triton.language as tl
 
-__all__ = ["histogram", "split", "count_equal", "write_overflow"]
+__all__ = ["above_threshold", "histogram", "split", "count_equal", "write_overflow"]
 
 
 @triton.jit
@@ -30,10 +30,17 @@ def histogram(bits_ptr, n, hist_ptr, gate_ptr, prefix_ptr, PREFIX_SHIFT: tl.cons
 
 
 @triton.jit
-def split(bits_ptr, n, state_ptr, out_ptr, out_key_ptr, cand_idx_ptr, cand_key_ptr, ctr_ptr,
-           CAP: tl.constexpr, BLOCK: tl.constexpr):
+def split(bits_ptr, n, state_ptr, out_ptr, out_key_ptr, cand_idx_ptr, cand_key_ptr, ctr_ptr, gate_ptr,
+          CAP: tl.constexpr, BLOCK: tl.constexpr):
     """Keys in bins above ``state[0]``: their indices and keys to ``out``/``out_key`` (slots from ``ctr[0]``); keys
-    in that bin: (index, key) to the candidate buffer while it has room (``ctr[1]`` counts all)."""
+    in that bin: (index, key) to the candidate buffer while it has room (``ctr[1]`` counts all); gated."""
+    if tl.load(gate_ptr) != 0:
+        _split(bits_ptr, n, state_ptr, out_ptr, out_key_ptr, cand_idx_ptr, cand_key_ptr, ctr_ptr, CAP, BLOCK)
+
+
+@triton.jit
+def _split(bits_ptr, n, state_ptr, out_ptr, out_key_ptr, cand_idx_ptr, cand_key_ptr, ctr_ptr,
+           CAP: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
     key = _key(tl.load(bits_ptr + offs, mask=m, other=0))
@@ -82,3 +89,16 @@ def write_overflow(bits_ptr, n, gate_ptr, state_ptr, starts_ptr, out_ptr, ctr_pt
         rank = tl.load(starts_ptr + pid) + tl.cumsum(eq, 0) - 1
         take = (eq != 0) & (rank < tl.load(state_ptr + 4))
         tl.store(out_ptr + tl.load(state_ptr + 3) + rank, offs.to(tl.int32), mask=take)
+
+
+@triton.jit
+def above_threshold(bits_ptr, n, thr_ptr, out_ptr, ctr_ptr, cap, BLOCK: tl.constexpr):
+    """Threshold reuse's one read: the indices of the keys ``>= *thr_ptr`` to ``out`` while it has
+    room (``cap`` slots, in no order); ``ctr[0]`` counts them all."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    key = _key(tl.load(bits_ptr + offs, mask=m, other=0))
+    hit = (m & (key >= tl.load(thr_ptr))).to(tl.int32)
+    base = tl.atomic_add(ctr_ptr, tl.sum(hit, 0))
+    pos = base + tl.cumsum(hit, 0) - 1
+    tl.store(out_ptr + pos, offs.to(tl.int32), mask=(hit != 0) & (pos < cap))

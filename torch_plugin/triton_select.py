@@ -29,6 +29,11 @@ The k indices come out in no order and are sorted ascending (``torch.sort`` of k
 least :data:`MIN_N` elements when ``triton`` imports; otherwise the torch-op route runs (the
 tested fallback). The kernels also run under ``TRITON_INTERPRET=1`` on CPU tensors, which is how
 tests/torch/test_triton_select.py checks the set against the torch route without a GPU.
+
+:func:`threshold_reuse` is threshold reuse's reused step (docs/selection.md#triton-reuse): one
+read compacts the indices of ``key >= thr`` (the carried threshold, a device tensor) into the
+band's capacity and counts them; the exact select above runs gated by "not accepted" (its
+kernels return at once otherwise), so an accepted step reads the data once.
 """
 from __future__ import annotations
 
@@ -37,7 +42,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["AVAILABLE", "MIN_N", "capacity", "topk_abs_index", "topk_abs_ranked"]
+__all__ = ["AVAILABLE", "MIN_N", "capacity", "threshold_reuse", "topk_abs_index", "topk_abs_ranked"]
 
 #: whether Triton is installed (CPU builds of torch come without it: the torch-op route runs);
 #: the kernels (torch_plugin/triton_kernels.py) are imported on the first selection
@@ -95,8 +100,35 @@ def _keys64(bits: torch.Tensor) -> torch.Tensor:
     return torch.clamp(torch.bitwise_and(bits, 0x7FFFFFFF), max=NAN_KEY).to(torch.int64)
 
 
-def _select(t: torch.Tensor, k: int) -> torch.Tensor:
-    """The k selected positions (int64, in no particular order); see the module docstring."""
+def threshold_reuse(t: torch.Tensor, k: int, lo_c: int, hi_c: int, tau: int,
+                    prev: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, tuple]:
+    """``TorchOps.threshold_reuse`` with a previous threshold: ``(positions, valid, (threshold
+    key, age))`` in ``cap = min(max(hi_c, 2), n)`` slots, the set of select/device.py
+    reuse_candidates bit for bit: accepted (``age < tau``, ``lo_c <= count <= hi_c``) the
+    positions of ``key >= thr``, else the exact top-k and its k-th key as the new threshold."""
+    bits = t.reshape(-1).view(torch.int32)
+    n, k = bits.numel(), int(k)
+    cap = min(max(hi_c, 2), n)
+    thr, age = prev
+    i32 = dict(dtype=torch.int32, device=bits.device)
+    buf, ctr = torch.zeros(cap, **i32), torch.zeros(1, **i32)
+    kernels().above_threshold[_grid(n)](bits, n, thr.to(torch.int32), buf, ctr, cap, BLOCK=BLOCK)
+    cnt = ctr.to(torch.int64)
+    accept = torch.logical_and(torch.lt(age, tau), torch.logical_and(torch.ge(cnt, lo_c), torch.le(cnt, hi_c)))
+    redo = torch.logical_not(accept)
+    exact = torch.where(redo, _select(t, k, gate=redo), 0)  # gated: 0 where accepted
+    kth = torch.amin(_keys64(bits.index_select(0, exact))).reshape(1)
+    slots = torch.arange(cap, dtype=torch.int64, device=bits.device)
+    if cap > k:
+        exact = torch.cat([exact, torch.zeros(cap - k, dtype=torch.int64, device=bits.device)])
+    top = torch.where(accept, buf.to(torch.int64), exact)
+    valid = torch.where(accept, torch.lt(slots, cnt), torch.lt(slots, k))
+    return top, valid, (torch.where(accept, thr, kth), torch.where(accept, torch.add(age, 1), 0))
+
+
+def _select(t: torch.Tensor, k: int, gate: torch.Tensor | None = None) -> torch.Tensor:
+    """The k selected positions (int64, in no particular order); see the module docstring. ``gate``
+    (a device bool): the kernels run only where it is set (else the result is meaningless)."""
     if not AVAILABLE:
         raise RuntimeError("triton is not installed: use TorchOps.topk_abs_index (the torch-op route)")
     K = kernels()
@@ -108,17 +140,19 @@ def _select(t: torch.Tensor, k: int) -> torch.Tensor:
     dev, grid = bits.device, _grid(n)
     i32 = dict(dtype=torch.int32, device=dev)
     one = torch.ones(1, **i32)
+    on = one if gate is None else gate.to(torch.int32).reshape(1)
     hist = torch.zeros(2048, **i32)
-    K.histogram[grid](bits, n, hist, one, one, PREFIX_SHIFT=31, DIGIT_SHIFT=20, BINS=2048, BLOCK=BLOCK)
+    K.histogram[grid](bits, n, hist, on, one, PREFIX_SHIFT=31, DIGIT_SHIFT=20, BINS=2048, BLOCK=BLOCK)
     b1, above1 = _bin_of_kth(hist, k)
     rem1 = torch.rsub(above1, k)
     cap = capacity(n, k)
     out, out_key = torch.empty(k + 1, **i32), torch.empty(k, **i32)  # out's slot k: a spare
     cand_idx, cand_key = torch.empty(cap, **i32), torch.empty(cap, **i32)
     ctr = torch.zeros(3, **i32)
-    K.split[grid](bits, n, b1.to(torch.int32), out, out_key, cand_idx, cand_key, ctr, CAP=cap, BLOCK=BLOCK)
+    K.split[grid](bits, n, b1.to(torch.int32), out, out_key, cand_idx, cand_key, ctr, on, CAP=cap,
+                   BLOCK=BLOCK)
     found = ctr[1:2].to(torch.int64)
-    overflow = torch.gt(found, cap)
+    overflow = torch.logical_and(torch.gt(found, cap), torch.ne(on, 0))
     # 3. the fix-up: the k largest composite keys of the sure entries and the candidates (all of
     # the bin's while they fit): one unsorted topk over k + cap slots, unused slots -1
     sure = _composite(out[:k], out_key, above1)

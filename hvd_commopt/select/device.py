@@ -27,7 +27,8 @@ from typing import Any
 
 from .portable import INF_KEYS, PortableKernels
 
-__all__ = ["DeviceKernels", "is_empty", "local_verdict", "marked", "padded", "reuse_topk", "sampled_topk",
+__all__ = ["DeviceKernels", "is_empty", "local_verdict", "marked", "padded", "reuse_candidates", "reuse_topk",
+           "sampled_topk",
            "zero_sent"]
 
 
@@ -104,7 +105,20 @@ def zero_sent(ops: Any, acc: Any, idx: Any) -> Any:
 
 def reuse_topk(ops: Any, t: Any, k: int, lo_c: int, hi_c: int, tau: int, prev: Any) -> tuple[Any, Any, Any]:
     """Ok-Topk's threshold reuse (select/strategies.py ReuseTopK) on the device: ``(values,
-    indices, (threshold key, age))`` with a capacity of ``hi_c = floor(k(1+band))`` entries.
+    indices, (threshold key, age))`` with a capacity of ``hi_c = floor(k(1+band))`` entries
+    (at least 2, at most n): the candidates of ``TensorOps.threshold_reuse`` (the torch adapter's
+    one-read Triton kernel on CUDA, docs/selection.md#triton-reuse), or where it has none
+    (None) :func:`reuse_candidates` on the primitives, padded (:func:`padded`)."""
+    native = ops.threshold_reuse(t, k, lo_c, hi_c, tau, prev)
+    top, valid, state = native if native is not None else reuse_candidates(ops, t, k, lo_c, hi_c, tau, prev)
+    vals, idx = padded(ops, t, top, valid)
+    return vals, idx, state
+
+
+def reuse_candidates(ops: Any, t: Any, k: int, lo_c: int, hi_c: int, tau: int, prev: Any) -> tuple[Any, Any, Any]:
+    """``TensorOps.threshold_reuse`` on TensorOps primitives: ``(positions, valid, (threshold
+    key, age))``, ``cap = min(max(hi_c, 2), n)`` positions (any order) of which the ``valid`` ones
+    are the selected set.
 
     The ``hi_c + 1`` largest (ranked, ``topk_abs_ranked``) decide it all: the count of ``|x| >=
     thr`` among them is the true count up to hi_c, and one more tells "above the band". Accepted
@@ -118,15 +132,14 @@ def reuse_topk(ops: Any, t: Any, k: int, lo_c: int, hi_c: int, tau: int, prev: A
     first_k = ops.compare(ops.arange(cap, like=top), "lt", k)
     kth = ops.slice(keys, k - 1, k)
     if prev is None:
-        vals, idx = padded(ops, t, ops.slice(top, 0, cap), first_k)
-        return vals, idx, (kth, ops.zeros(1, "int64", like=top))
+        return ops.slice(top, 0, cap), first_k, (kth, ops.zeros(1, "int64", like=top))
     thr, age = prev
     above = ops.compare(keys, "ge", thr)
     cnt = ops.count_true(above)
     accept = ops.where(ops.compare(age, "lt", tau),
                        ops.where(ops.compare(cnt, "ge", lo_c), ops.compare(cnt, "le", hi_c), False), False)
-    vals, idx = padded(ops, t, ops.slice(top, 0, cap), ops.where(accept, ops.slice(above, 0, cap), first_k))
-    return vals, idx, (ops.where(accept, thr, kth), ops.where(accept, ops.shift(age, 1), 0))
+    valid = ops.where(accept, ops.slice(above, 0, cap), first_k)
+    return ops.slice(top, 0, cap), valid, (ops.where(accept, thr, kth), ops.where(accept, ops.shift(age, 1), 0))
 
 
 def _key_value64(ops: Any, key: Any, dtype: str) -> Any:

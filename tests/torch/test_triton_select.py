@@ -19,6 +19,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from hvd_commopt.select import device  # noqa: E402
 from torch_plugin import ops as torch_ops  # noqa: E402
 from torch_plugin import triton_select  # noqa: E402
 
@@ -46,12 +47,23 @@ def test_the_triton_select_equals_the_torch_route():
 @needs_triton
 @interpreted
 def test_the_glue_between_the_kernels_makes_no_host_sync():
+    """Also threshold reuse's glue, accepted and recomputed."""
     _interpreted("glue")
+
+
+@pytest.mark.slow  # ~60 s: 120 reused steps in Triton's interpreter
+@needs_triton
+@interpreted
+def test_triton_threshold_reuse_equals_the_torch_route():
+    """In the band, over and under it, at the age limit, ties, zeros, NaN/Inf (docs/selection.md#triton-reuse)."""
+    _interpreted("reuse")
 
 
 def test_only_large_float32_cuda_tensors_take_it():
     t = torch.zeros(triton_select.MIN_N + 1)
     assert not torch_ops._triton_takes(t, 10)  # a CPU tensor: the torch route
+    prev = (torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64))
+    assert torch_ops.TorchOps().threshold_reuse(t, 10, 8, 12, 16, prev) is None  # so reuse_candidates runs
     assert triton_select.capacity(100, 90) == 100 and triton_select.capacity(10**8, 10**6) == 4 * 10**6 + 4096
 
 
@@ -71,6 +83,21 @@ def test_on_cuda_the_triton_select_equals_the_torch_route(monkeypatch, kind):
         assert torch.equal(got, want), (kind, n, k)
         assert torch.equal(ranked[0], wranked[0]) and torch.equal(ranked[1], wranked[1])
         assert np.array_equal(np.diff(got.cpu().numpy()) > 0, np.ones(k - 1, bool))  # ascending
+        keys = wranked[1]
+        for thr, age in ((keys[k - 1:k], 0), (keys[k // 2:k // 2 + 1], 0), (keys[k - 1:k], 16)):  # in, under, age
+            prev = (thr.clone(), torch.tensor([age], device="cuda"))
+            native = ops.threshold_reuse(t, k, int(k * 0.8), int(k * 1.2), 16, prev)
+            assert native is not None
+            top, valid, state = native
+            got_sel = device.padded(ops, t, top, valid)
+            with monkeypatch.context() as m:
+                m.setattr(torch_ops, "TRITON_SELECT", False)
+                assert ops.threshold_reuse(t, k, int(k * 0.8), int(k * 1.2), 16, prev) is None
+                wtop, wvalid, wstate = device.reuse_candidates(ops, t, k, int(k * 0.8), int(k * 1.2), 16, prev)
+            want_sel = device.padded(ops, t, wtop, wvalid)
+            assert torch.equal(got_sel[1], want_sel[1]) and torch.equal(got_sel[0].view(torch.int32),
+                                                                        want_sel[0].view(torch.int32))
+            assert torch.equal(state[0], wstate[0]) and torch.equal(state[1], wstate[1])
 
 
 @pytest.mark.slow  # ~10 s: ptxas on four kernels
@@ -87,7 +114,8 @@ def test_the_kernels_compile_for_an_h100_without_one():
         (K.histogram, {"bits_ptr": p, "n": "i32", "hist_ptr": p, "gate_ptr": p, "prefix_ptr": p},
          {"PREFIX_SHIFT": 9, "DIGIT_SHIFT": 0, "BINS": 512}),
         (K.split, {"bits_ptr": p, "n": "i32", "state_ptr": p, "out_ptr": p, "out_key_ptr": p, "cand_idx_ptr": p, "cand_key_ptr": p,
-                   "ctr_ptr": p}, {"CAP": 1_004_096}),
+                   "ctr_ptr": p, "gate_ptr": p}, {"CAP": 1_004_096}),
+        (K.above_threshold, {"bits_ptr": p, "n": "i32", "thr_ptr": p, "out_ptr": p, "ctr_ptr": p, "cap": "i32"}, {}),
         (K.count_equal, {"bits_ptr": p, "n": "i32", "gate_ptr": p, "kth_ptr": p, "counts_ptr": p}, {}),
         (K.write_overflow, {"bits_ptr": p, "n": "i32", "gate_ptr": p, "state_ptr": p, "starts_ptr": p, "out_ptr": p,
                             "ctr_ptr": p}, {}),

@@ -1,6 +1,6 @@
 """Run by tests/torch/test_triton_select.py in a process started with ``TRITON_INTERPRET=1``
 (Triton reads it when it is imported, so the test process cannot switch it): the Triton select's
-cases on CPU tensors. ``python -m tests.torch.triton_interpreted equal|glue``; prints one line per
+cases on CPU tensors. ``python -m tests.torch.triton_interpreted equal|glue|reuse``; prints one line per
 failure and exits 1 if any."""
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from tests.torch.test_device_route import Recorder
+from hvd_commopt.select import device
 from torch_plugin import ops as torch_ops
 from torch_plugin import triton_select
 
@@ -53,6 +54,46 @@ def equal() -> list[str]:
     return bad
 
 
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int32) if t.dtype == torch.float32 else t
+
+
+def reuse_states(t: torch.Tensor, k: int, lo_c: int, hi_c: int, tau: int) -> list[tuple[str, torch.Tensor, int]]:
+    """Carried thresholds that land inside the band, above it (too many pass), below it (too
+    few), every element (key 0), only NaN (its key), none (above NaN's key), and an age at tau."""
+    n = t.numel()
+    keys = OPS.topk_abs_ranked(t, n)[1]
+    picks = {"in band": k - 1, "overflow": min(hi_c + 3, n - 1), "just over": min(hi_c, n - 1),
+             "underflow": max(lo_c - 3, 0), "just under": max(lo_c - 2, 0)}
+    out = [(name, keys[i:i + 1].clone(), 0) for name, i in picks.items()]
+    for name, key in (("all", 0), ("nan only", 0x7F800001), ("none", 0x7F800002)):
+        out.append((name, torch.tensor([key], dtype=torch.int64), 0))
+    out.append(("age at tau", keys[k - 1:k].clone(), tau))
+    out.append(("age below tau", keys[k - 1:k].clone(), tau - 1))
+    return out
+
+
+def reuse() -> list[str]:
+    """Threshold reuse's reused step (triton_select.threshold_reuse) against the torch route
+    (select/device.py reuse_candidates): the padded selection's bits and the carried state,
+    inside, over and under the band, with ties, zeros and ±0, NaN/Inf."""
+    bad = []
+    for kind in ("normal", "ties", "zeros", "nonfinite"):
+        for n, k, band in ((20_000, 1, 0.5), (50_000, 500, 0.2), (30_001, 7_000, 0.1)):
+            t = data(kind, n, seed=n + k)
+            lo_c, hi_c, tau = int(np.ceil(k * (1 - band))), int(np.floor(k * (1 + band))), 4
+            for name, thr, age in reuse_states(t, k, lo_c, hi_c, tau):
+                prev = (thr, torch.tensor([age], dtype=torch.int64))
+                got = triton_select.threshold_reuse(t, k, lo_c, hi_c, tau, prev)
+                want = device.reuse_candidates(OPS, t, k, lo_c, hi_c, tau, prev)
+                (gv, gi), (wv, wi) = device.padded(OPS, t, got[0], got[1]), device.padded(OPS, t, want[0], want[1])
+                same = (torch.equal(bits(gv), bits(wv)) and torch.equal(gi, wi)
+                        and all(torch.equal(a, b) for a, b in zip(got[2], want[2])))
+                if not same:
+                    bad.append(f"threshold_reuse {kind} n={n} k={k} band={band} {name}")
+    return bad
+
+
 class Launch:
     """A kernel whose launches are marked, so the recorder leaves out what the interpreter does
     inside them (it copies the arguments to host arrays); the glue between them is recorded."""
@@ -90,6 +131,8 @@ def glue() -> list[str]:
         with rec:
             got = triton_select.topk_abs_index(t, 900)
             triton_select.topk_abs_ranked(t, 900)
+            for thr in (OPS.topk_abs_ranked(t, 900)[1][899:900], torch.zeros(1, dtype=torch.int64)):  # in band, over
+                triton_select.threshold_reuse(t, 900, 720, 1080, 4, (thr, torch.zeros(1, dtype=torch.int64)))
         if rec.bad or rec.scalar_reads:
             bad.append(f"{kind}: {rec.bad} {rec.scalar_reads} scalar reads at {rec.where}")
         if not torch.equal(got, OPS.topk_abs_index(t, 900)):
@@ -98,7 +141,7 @@ def glue() -> list[str]:
 
 
 if __name__ == "__main__":
-    failures = {"equal": equal, "glue": glue}[sys.argv[1]]()
+    failures = {"equal": equal, "glue": glue, "reuse": reuse}[sys.argv[1]]()
     for line in failures:
         print("FAIL", line)
     print("ok" if not failures else f"{len(failures)} failures")
