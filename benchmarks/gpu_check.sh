@@ -10,7 +10,7 @@
 #   1. versions, nvidia-smi                                                    (seconds)
 #   2. the CUDA tests: tests/torch/test_cuda_path.py, test_backend_choice.py and every test file
 #      that skips without CUDA (pytest when the machine has it), among them the Triton select
-#      against the torch route (tests/torch/test_triton_select.py)              (<= 150 s)
+#      against the torch route (tests/torch/test_triton_select.py), a process each (<= 60 s each)
 #   3. python -m benchmarks.gpu_bench: ResNet-50 and GPT-2 small, one process,
 #      every variant interleaved, and the selection passes at 25M/100M, with the
 #      Triton select and on the torch-op route (*_torch columns)               (<= 240 s)
@@ -47,7 +47,11 @@ if $PY -c "import pytest" 2>/dev/null; then
   for f in $(grep -rlE "skipif\(not torch\.cuda\.is_available\(\)|mark\.cuda" tests benchmarks/tests --include='test_*.py' | sort); do
     case " $tests " in *" $f "*) ;; *) tests="$tests $f" ;; esac
   done
-  step cuda_tests 150 $PY -m pytest -q -rs -p no:randomly -p no:cacheprovider -o addopts="" $tests
+  # one pytest process per file: with Triton importable, torch's dynamo has aborted a whole CPU
+  # test process from an in-process rank thread; one file's abort must not hide the others
+  for f in $tests; do
+    step "cuda_tests_$(basename "$f" .py)" 60 $PY -m pytest -q -rs -p no:randomly -p no:cacheprovider -o addopts="" "$f"
+  done
 else
   echo "=== cuda_tests: not run: pytest is not installed on this machine" | tee "$DEST/cuda_tests.log"
   status=1
