@@ -16,7 +16,6 @@ schedules; rank 0's local model for model averaging between syncs) is not timed.
 from __future__ import annotations
 
 import argparse
-import copy
 import importlib.util
 import json
 import time
@@ -55,18 +54,7 @@ def run(args: argparse.Namespace) -> dict:
                 ddp_group=env.ddp_group, new_ddp_group=env.new_gloo_group,
                 gloo_comm=env.gloo_comm, backend_comm=env.backend_comm,
                 fresh_comm=env.fresh_comm if env.backend == "gloo" else None)
-    runners: dict[str, V.Runner] = {}
-    status: dict[str, str] = {}
-    for name in args.variants.split(","):
-        if name == "compute":
-            status[name] = "skipped: no communication means no data parallelism (not a training run)"
-            continue
-        try:
-            runners[name] = V.build(name, copy.deepcopy(base), ctx)
-            status[name] = "ok"
-        except V.Skip as e:
-            status[name] = f"skipped: {e}"
-        env.barrier()
+    runners, status = V.build_for_tta(args.variants, base, ctx, env.barrier)
     env.progress(phase="built", model="digits", total=len(runners) * args.epochs)
 
     curves: dict[str, list[dict[str, float]]] = {k: [] for k in runners}

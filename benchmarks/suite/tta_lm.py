@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import dataclasses
 import json
 import math
@@ -67,18 +66,7 @@ def run(args: argparse.Namespace) -> dict:
                 ddp_group=env.ddp_group, new_ddp_group=env.new_gloo_group,
                 gloo_comm=env.gloo_comm, backend_comm=env.backend_comm,
                 fresh_comm=env.fresh_comm if env.backend == "gloo" else None)
-    runners: dict[str, V.Runner] = {}
-    status: dict[str, str] = {}
-    for name in args.variants.split(","):
-        if name == "compute":
-            status[name] = "skipped: no communication means no data parallelism (not a training run)"
-            continue
-        try:
-            runners[name] = V.build(name, copy.deepcopy(base), ctx)
-            status[name] = "ok"
-        except V.Skip as e:
-            status[name] = f"skipped: {e}"
-        env.barrier()
+    runners, status = V.build_for_tta(args.variants, base, ctx, env.barrier)
     env.progress(phase="built", model="transformer", total=len(runners) * intervals)
     warm = max(1, args.lr_warmup)
     scheds = {k: torch.optim.lr_scheduler.LambdaLR(r.opt, lambda s: min(1.0, (s + 1) / warm))

@@ -8,6 +8,8 @@ the collective set-up calls (``DistributedOptimizer`` verifies the model across 
 """
 from __future__ import annotations
 
+import copy
+
 import contextlib
 import dataclasses
 from dataclasses import dataclass, field
@@ -273,7 +275,7 @@ VARIANTS: dict[str, tuple[Callable[[nn.Module, Ctx], Runner], str]] = {
     "ssgd_gloo": (b_ssgd_gloo, "our S-SGD over the same Gloo as DDP"),
     "mgwfbp": (b_fusion("mgwfbp"), "S-SGD, MG-WFBP merged buckets"),
     "optimal": (b_fusion("optimal"), "S-SGD, exact (DP) bucket planner"),
-    "auto": (b_fusion("auto"), "S-SGD, the planner the simulator predicts fastest"),
+    "fusion_auto": (b_fusion("auto"), "S-SGD, the planner the simulator predicts fastest"),
     "fp16": (b_fp16, "S-SGD, fp16 compression"),
     "bf16": (b_bf16, "S-SGD, bf16 compression"),
     "topk": (b_sparse("topk"), "Top-k S-SGD (whole-bucket top-k, allgather, error feedback)"),
@@ -361,3 +363,24 @@ def describe(name: str) -> str:
     base, _, backend = name.partition("@")
     text = VARIANTS[base][1] if base in VARIANTS else name
     return f"{text}, on {backend}" if backend else text
+
+
+def build_for_tta(names: str, base: nn.Module, ctx: Ctx, barrier: Callable[[], None]
+                  ) -> tuple[dict[str, Runner], dict[str, str]]:
+    """The time-to-accuracy jobs' runners: each of the comma-separated ``names`` on a copy of
+    ``base`` (every rank builds them in the same order, a barrier after each), and per name "ok"
+    or why it was skipped ("compute" trains nothing, so it has no accuracy to reach)."""
+    runners: dict[str, Runner] = {}
+    status: dict[str, str] = {}
+    for name in names.split(","):
+        if name == "compute":
+            status[name] = "skipped: no communication means no data parallelism (not a training run)"
+            continue
+        try:
+            runners[name] = build(name, copy.deepcopy(base), ctx)
+            status[name] = "ok"
+        except Skip as e:
+            status[name] = f"skipped: {e}"
+        barrier()
+    return runners, status
+
