@@ -13,6 +13,7 @@ from ..compress.randomk import RandomKSelector
 from ..compress.topk import TopKSelector
 from ..memory.momentum import MomentumCorrection
 from ..reduce.base import Pending, ReduceContext, Reducer, RoundInfo
+from ..reduce.dense import DenseRound, received
 from ..reduce.gtopk import GTopK
 from ..reduce.oktopk import OkTopK
 from ..reduce.sparse import prescaled
@@ -26,11 +27,8 @@ MIN_K = 16
 
 
 @dataclass
-class _Cast:
-    payload: Any
-    cctx: Any
-    key: str
-    post: float
+class _Cast(DenseRound):
+    key: str  # the bucket whose memory finish_dense updates
 
 
 class CastWithMemory(Reducer):
@@ -59,16 +57,13 @@ class CastWithMemory(Reducer):
         payload, cctx = self.compressor.compress(ops, x)
         name = rnd.wire(bucket)
         if comm.size == 1:
-            return Pending(name, _Cast(payload, cctx, bucket.name, post))
+            return Pending(name, _Cast(payload, cctx, post, bucket.name))
         handle = comm.allreduce_tensor_async(ops, payload, "sum", name)
-        return Pending(name, _Cast(payload, cctx, bucket.name, post), (handle,))
+        return Pending(name, _Cast(payload, cctx, post, bucket.name), (handle,))
 
     def finish(self, pending: Pending, ctx: ReduceContext) -> Any:
         st: _Cast = pending.state
-        payload = ctx.comm.wait(pending.handles[0]) if pending.handles else st.payload
-        out = self.compressor.decompress(ctx.ops, payload, st.cctx)
-        if st.post != 1.0:
-            out = ctx.ops.scale(out, st.post)
+        out = received(self.compressor, pending, ctx)
         if not ctx.ops.all_finite(out):
             return out  # skipped step: the momentum must not see it
         return self.memory.finish_dense(ctx.ops, st.key, out)

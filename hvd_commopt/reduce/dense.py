@@ -23,14 +23,25 @@ from ..tensor_ops import TensorOps
 from .base import Pending, ReduceContext, Reducer, RoundInfo
 from .momentum import bind_momentum_memory
 
-__all__ = ["DenseAllreduce"]
+__all__ = ["DenseAllreduce", "DenseRound", "received"]
 
 
 @dataclass
-class _Dense:
+class DenseRound:
+    """A dense round in flight (the state of its Pending); :func:`received` finishes it."""
+
     payload: Any  # what was sent (reduced in place, or the tensor the handle gives back)
     cctx: Any     # the compressor's context for decompress
     post: float   # scaling still to apply to the reduced result
+
+
+def received(compressor: Compressor, pending: Pending, ctx: ReduceContext) -> Any:
+    """A finished dense round's result (its state a :class:`DenseRound`): the reduced payload, or the
+    sent one alone, decompressed and scaled by what is still to apply."""
+    st: DenseRound = pending.state
+    payload = ctx.comm.wait(pending.handles[0]) if pending.handles else st.payload
+    out = compressor.decompress(ctx.ops, payload, st.cctx)
+    return ctx.ops.scale(out, st.post) if st.post != 1.0 else out
 
 
 class DenseAllreduce(Reducer):
@@ -80,17 +91,12 @@ class DenseAllreduce(Reducer):
             payload, cctx = comp.compress(ops, acc)
             self.memory.update_quantized(ops, bucket.name, acc, comp.decompress(ops, payload, cctx))
         if comm.size == 1:
-            return Pending(name, _Dense(payload, cctx, post))
+            return Pending(name, DenseRound(payload, cctx, post))
         handle = comm.allreduce_tensor_async(ops, payload, "sum", name)
-        return Pending(name, _Dense(payload, cctx, post), (handle,))
+        return Pending(name, DenseRound(payload, cctx, post), (handle,))
 
     def finish(self, pending: Pending, ctx: ReduceContext) -> Any:
-        st: _Dense = pending.state
-        payload = ctx.comm.wait(pending.handles[0]) if pending.handles else st.payload
-        out = self.compressor.decompress(ctx.ops, payload, st.cctx)
-        if st.post != 1.0:
-            out = ctx.ops.scale(out, st.post)
-        return out
+        return received(self.compressor, pending, ctx)
 
     def settle(self, bucket: Bucket, rnd: RoundInfo, out: Any, ctx: ReduceContext,
                pending: Pending | None = None, flags: tuple[bool, ...] | None = None) -> bool:
