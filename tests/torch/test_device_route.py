@@ -181,6 +181,21 @@ def _train(comp, momentum: float, steps: int = 5, comm=None, seed: int = 5):
     return recorded_steps(model, opt, comp, [_data(step, rng, steps - 1) for step in range(steps)])
 
 
+def host_then_device(monkeypatch, calls: list, run, warns: bool = False) -> tuple:
+    """``run()`` on the host route, then on the device route: (the host's result, the device's);
+    ``calls`` then holds the device run's host copies only. ``warns``: each run must warn of the
+    NaN/Inf step its data holds."""
+    def once():
+        if not warns:
+            return run()
+        with pytest.warns(RuntimeWarning, match="NaN or Inf"):
+            return run()
+    host = once()
+    calls.clear()  # the host route may copy
+    _route(monkeypatch, device=True)
+    return host, once()
+
+
 def recorded_steps(model, opt, comp, data: list) -> tuple[list, list]:
     """One recorded step per inputs in ``data``: per step the reduced gradients, the weights and
     the residuals (as int bit patterns), and the step's :class:`Recorder`."""
@@ -239,12 +254,8 @@ def _init():
 @pytest.mark.parametrize("name", sorted(COMPRESSIONS))
 def test_device_route_step_makes_no_host_sync_and_equals_the_host_route(name, monkeypatch, host_copies):
     make, momentum = COMPRESSIONS[name]
-    with pytest.warns(RuntimeWarning, match="NaN or Inf"):
-        host, _ = _train(make(), momentum, STEPS.get(name, 5))
-    host_copies.clear()  # the host route may copy
-    _route(monkeypatch, device=True)
-    with pytest.warns(RuntimeWarning, match="NaN or Inf"):
-        dev, recs = _train(make(), momentum, STEPS.get(name, 5))
+    (host, _), (dev, recs) = host_then_device(monkeypatch, host_copies,
+                                              lambda: _train(make(), momentum, STEPS.get(name, 5)), warns=True)
     _check(recs, host_copies, uploads=HOST_TO_DEVICE.get(name, 0))
     if not name.startswith("randomk"):  # the device selection ran
         assert all(aten.topk.default in rec.ops for rec in recs)
@@ -285,10 +296,7 @@ def test_device_route_two_ranks_allgather(name, monkeypatch, host_copies):
             warnings.simplefilter("ignore", RuntimeWarning)
             return _train(make(), momentum, comm=comm)
 
-    host = run_ranks(2, body)
-    host_copies.clear()
-    _route(monkeypatch, device=True)
-    dev = run_ranks(2, body)
+    host, dev = host_then_device(monkeypatch, host_copies, lambda: run_ranks(2, body))
     for r in range(2):
         _check(dev[r][1], host_copies)
         _same(host[r][0], dev[r][0])

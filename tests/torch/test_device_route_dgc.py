@@ -13,8 +13,9 @@ torch = pytest.importorskip("torch")
 import torch_plugin as hvd  # noqa: E402
 from torch_plugin import ops as torch_ops  # noqa: E402
 from hvd_commopt import Compression, run_ranks  # noqa: E402
+from tests.torch.test_device_route_step import _check as check_step_reads  # noqa: E402
 from tests.torch.test_device_route import (  # noqa: E402
-    Direct, _route, _same, _train, record_host_copies, recorded_steps)
+    Direct, _route, _same, _train, host_then_device, record_host_copies, recorded_steps)
 
 
 @pytest.fixture
@@ -28,10 +29,7 @@ def _init():
 
 
 def _check(recs, calls) -> None:
-    for step, rec in enumerate(recs):
-        assert not rec.bad, (step, rec.bad, rec.where)
-        assert rec.scalar_reads <= 1, (step, rec.scalar_reads, rec.where)
-    assert calls == [], calls
+    check_step_reads(recs, calls, uploads=0)
 
 
 def _no_resample(**kw):
@@ -55,12 +53,8 @@ CLIPPED = {
 @pytest.mark.parametrize("name", sorted(CLIPPED))
 def test_dgc_clipping_on_the_device_equals_the_host_route(name, monkeypatch, host_copies):
     make, momentum = CLIPPED[name]
-    with pytest.warns(RuntimeWarning, match="NaN or Inf"):
-        host, _ = _train(make(), momentum, 7)
-    host_copies.clear()
-    _route(monkeypatch, device=True)
-    with pytest.warns(RuntimeWarning, match="NaN or Inf"):
-        dev, recs = _train(make(), momentum, 7)
+    (host, _), (dev, recs) = host_then_device(monkeypatch, host_copies, lambda: _train(make(), momentum, 7),
+                                              warns=True)
     _check(recs, host_copies)
     assert all(rec.scalar_reads == 1 for rec in recs)
     _same(host, dev)
@@ -116,11 +110,8 @@ def test_the_data_makes_an_empty_selection():
 
 
 def test_empty_selection_on_the_device_equals_the_host_route(monkeypatch, host_copies):
-    host, _ = _train_tied(6)
+    (host, _), (dev, recs) = host_then_device(monkeypatch, host_copies, lambda: _train_tied(6))
     assert any(torch.equal(h[0][0], torch.zeros_like(h[0][0])) for h in host)  # nothing sent on some step
-    host_copies.clear()
-    _route(monkeypatch, device=True)
-    dev, recs = _train_tied(6)
     _check(recs, host_copies)
     _same(host, dev)
 
@@ -128,10 +119,7 @@ def test_empty_selection_on_the_device_equals_the_host_route(monkeypatch, host_c
 def test_empty_selection_two_ranks(monkeypatch, host_copies):
     """Two in-process ranks, one of them empty on a bucket while the other sends: both equal the
     host route and agree."""
-    host = run_ranks(2, lambda comm: _train_tied(4, comm))
-    host_copies.clear()
-    _route(monkeypatch, device=True)
-    dev = run_ranks(2, lambda comm: _train_tied(4, comm))
+    host, dev = host_then_device(monkeypatch, host_copies, lambda: run_ranks(2, lambda comm: _train_tied(4, comm)))
     for r in range(2):
         _check(dev[r][1], host_copies)
         _same(host[r][0], dev[r][0])

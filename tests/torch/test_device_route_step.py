@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 import torch_plugin as hvd  # noqa: E402
 from hvd_commopt import Compression, run_ranks  # noqa: E402
 from tests.torch.test_device_route import (  # noqa: E402
-    Direct, _route, _same, record_host_copies, recorded_steps)
+    Direct, _same, host_then_device, record_host_copies, recorded_steps)
 
 # three sparse buckets and one dense_1d bucket (the two 1-D tensors, sent whole)
 SHAPES = [(256, 256), (48, 40), (300,), (64, 64), (7,)]
@@ -86,12 +86,8 @@ def _check(recs, calls, uploads: int) -> None:
 @pytest.mark.parametrize("name", sorted(COMPRESSIONS))
 def test_a_step_of_several_buckets_reads_the_host_once(name, monkeypatch, host_copies):
     make, momentum = COMPRESSIONS[name]
-    with pytest.warns(RuntimeWarning, match="NaN or Inf"):
-        host, _ = _train(make(), momentum, 7)
-    host_copies.clear()
-    _route(monkeypatch, device=True)
-    with pytest.warns(RuntimeWarning, match="NaN or Inf"):
-        dev, recs = _train(make(), momentum, 7)
+    (host, _), (dev, recs) = host_then_device(monkeypatch, host_copies, lambda: _train(make(), momentum, 7),
+                                              warns=True)
     # random-k draws its indices on the host: one upload per sparse bucket and step
     _check(recs, host_copies, uploads=3 if name == "randomk" else 0)
     assert all(rec.scalar_reads == 1 for rec in recs)  # the one read is made (the verdict is read)
@@ -108,10 +104,7 @@ def test_two_ranks_decide_the_skip_alike(monkeypatch, host_copies):
             warnings.simplefilter("ignore", RuntimeWarning)
             return _train(make(), momentum, 5, comm=comm)
 
-    host = run_ranks(2, body)
-    host_copies.clear()
-    _route(monkeypatch, device=True)
-    dev = run_ranks(2, body)
+    host, dev = host_then_device(monkeypatch, host_copies, lambda: run_ranks(2, body))
     for r in range(2):
         _check(dev[r][1], host_copies, 0)
         _same(host[r][0], dev[r][0])
