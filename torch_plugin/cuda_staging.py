@@ -27,8 +27,8 @@ allgather of the pinned buffers, one copy back on the caller's stream. So are th
 allgather (:meth:`HostStaging.allgather_`, each rank's part padded to the largest, the sizes
 exchanged as host integers beforehand) and the point-to-point exchange (:meth:`HostStaging.sendrecv`,
 gTop-k's rounds; the size, where the receiver does not know it, sent first as a host integer):
-no size is read from the device, and Gloo, which sends and receives host memory only, never sees
-a CUDA pointer (torch_plugin/staged_collectives.py routes the backend's calls here).
+no size is read from the device, and Gloo's ``send``/``recv``/``all_gather``, which take host
+tensors only, never see a CUDA tensor (torch_plugin/staged_collectives.py routes the backend's calls here).
 
 The logic runs on CPU tensors too (no streams, no pinning), which is how the tests check it
 without a GPU; the backend sends only CUDA buckets here.

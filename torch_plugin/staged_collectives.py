@@ -4,8 +4,7 @@ point-to-point exchanges (``sendrecv``, ``sendrecv_sized``) (docs/backends.md#cu
 A mixin of :class:`~torch_plugin.comm.TorchDistBackend`, kept apart so that module stays under
 400 lines; the copies and the host buffers are :class:`~torch_plugin.cuda_staging.HostStaging`'s.
 
-Gloo sends host memory: its own CUDA path copies each tensor to the host per call, and its
-point-to-point calls do not stage at all. Here the sizes travel as host integers (the
+torch.distributed's backend table lists Gloo's ``send``, ``recv`` and ``all_gather`` as CPU only. Here the sizes travel as host integers (the
 variable-size allgather's counts, ``sendrecv``'s size message), so nothing is read back from the
 device, and the data crosses PCIe once each way per call, on the copy stream out and on the
 caller's stream back.
