@@ -129,18 +129,18 @@ class DenseAllreduce(Reducer):
         ops, comp, mem, key = ctx.ops, self.compressor, self.memory, bucket.name
         assert mem is not None
         ok = ops.finite_flag(flat)
-        n, dt = ops.numel(flat), ops.dtype_name(flat)
         r = mem.residual(ops, key, flat)
-        neg_zero, zero = ops.scale(ops.zeros(n, dt, like=flat), -1.0), ops.zeros(n, dt, like=flat)
         acc = mem.compensate(ops, key, ops.clone(flat))
         if comp.lossless:  # everything is sent: the residual becomes -0.0 (the host route drops it)
             payload, cctx = comp.compress(ops, ops.where(ok, acc, flat))
             if r is not None:
-                mem.update_quantized(ops, key, ops.where(ok, neg_zero, r), zero)
+                n, dt = ops.numel(flat), ops.dtype_name(flat)
+                neg_zero = ops.scale(ops.zeros(n, dt, like=flat), -1.0)
+                mem.update_quantized(ops, key, ops.where(ok, neg_zero, r), ops.zeros(n, dt, like=flat))
             return payload, cctx, ok
         payload, cctx = comp.compress(ops, acc)
         sent = comp.decompress(ops, payload, cctx)
-        mem.update_quantized(ops, key, ops.where(ok, acc, neg_zero if r is None else r), ops.where(ok, sent, zero))
+        mem.update_quantized(ops, key, ops.where(ok, acc, -0.0 if r is None else r), ops.where(ok, sent, 0.0))
         if nonfinite.carries_nonfinite(ops, payload):
             return ops.where(ok, payload, comp.compress(ops, flat)[0]), cctx, ok
         return ops.where(ok, payload, 0), cctx, ok
@@ -164,8 +164,8 @@ class DenseAllreduce(Reducer):
                pending: Pending | None = None, flags: tuple[bool, ...] | None = None) -> bool:
         """Roll the memory back when the reduced bucket is not finite (docs/wrapper.md#nonfinite); on
         the device route with the flags' values (``flags``, read by the engine with the step's
-        others, else read here once): a rank whose own contribution was not finite is reported and
-        its memory goes back to the snapshot, as the host route leaves it untouched."""
+        others, else read here once): a rank whose own contribution was not finite is reported (its
+        memory kept its values in ``start``, as the host route leaves it untouched)."""
         dev = self.device_flags(bucket, rnd, pending) if pending is not None else None
         if dev is not None:
             values = flags if flags is not None else ctx.ops.read_flags(list(dev))
