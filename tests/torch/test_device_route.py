@@ -294,7 +294,7 @@ def _same(host, dev) -> None:
             assert torch.equal(h[2][key], d[2][key]), ("residual", step, key)
 
 
-@pytest.mark.parametrize("name", ["topk", "topk_momentum_correction"])
+@pytest.mark.parametrize("name", ["topk", "topk_momentum_correction", "dgc_uniform_samples"])
 def test_device_route_two_ranks_allgather(name, monkeypatch, host_copies):
     """Two in-process ranks: the equal-size allgather of each rank's k pairs, the scatter of both
     ranks' selections, on both ranks equal to the host route (the transport's staging excluded)."""
