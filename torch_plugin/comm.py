@@ -17,7 +17,8 @@ group is created with the same timeout: nothing blocks forever.
 
 Transports for particular cases, picked per collective, each live in a module of their own:
 :mod:`.pair_sum` (docs/backends.md#pair-sum), :mod:`.mpi_lane` (docs/backends.md#small-on-mpi),
-:mod:`.int16_wire` (docs/backends.md#int16-wire), :mod:`.cuda_staging` (docs/backends.md#cuda-on-gloo).
+:mod:`.int16_wire` (docs/backends.md#int16-wire), :mod:`.cuda_staging` and :mod:`.staged_collectives`
+(docs/backends.md#cuda-on-gloo).
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ from .join_follow import ControlPlaneServices, described
 from .mpi_lane import MPILane
 from .pair_sum import gather_single
 from .sendrecv_sized import SizedSendrecv
+from .staged_collectives import StagedCollectives, takes as staged
 from .rendezvous import control_plane, init_default_group
 from .streams import on_collective_stream
 
@@ -53,7 +55,7 @@ _OPS = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp
 _PEER_NOTICE_S = 3.0
 
 
-class TorchDistBackend(SizedSendrecv, ControlPlaneServices, Backend):
+class TorchDistBackend(SizedSendrecv, StagedCollectives, ControlPlaneServices, Backend):
     """Collectives on our own torch.distributed group; MPI as control plane when launched by it."""
 
     buffer_kind = "native"
@@ -251,6 +253,8 @@ class TorchDistBackend(SizedSendrecv, ControlPlaneServices, Backend):
             counts = self._on_lane(op, name, lambda: lane.counts(buf.numel()), desc)
             if lane.takes_sizes(counts, buf.element_size()):
                 return self._on_lane(op, name, lambda: lane.allgatherv(buf, counts)), counts
+        if staged(self.name, buf) and pg is self._pg:  # pinned host staging (docs/backends.md#cuda-on-gloo)
+            return self._staged_allgather(buf, name, deadline, op, desc)
         buf, dtype = movable(buf.reshape(-1))
         if lane is None:
             n = torch.tensor([buf.numel()], dtype=torch.int64, device=buf.device)
@@ -341,37 +345,6 @@ class TorchDistBackend(SizedSendrecv, ControlPlaneServices, Backend):
 
     def _global(self, r: int) -> int:
         return dist.get_global_rank(self._pg, r) if r >= 0 else r
-
-    @on_collective_stream  # CUDA: issued and waited for on the collective stream (docs/backends.md#cuda-streams)
-    def sendrecv(self, send, dest, source, name, deadline):
-        send, dtype = movable(send)
-        c = self._control
-        if c is not None:
-            c.enter("sendrecv", name)
-        out = self._sendrecv(send, dest, source, name, deadline)
-        if c is not None:
-            c.leave()
-        return restore(out, dtype)
-
-    def _sendrecv(self, send, dest, source, name, deadline):
-        ops, n_in = [], torch.zeros(1, dtype=torch.int64, device=send.device)
-        dest, source = self._global(dest), self._global(source)
-        if dest >= 0:
-            send = send.reshape(-1).contiguous()
-            ops.append(dist.P2POp(dist.isend, torch.tensor([send.numel()], dtype=torch.int64, device=send.device), dest, group=self._pg))
-        if source >= 0:
-            ops.append(dist.P2POp(dist.irecv, n_in, source, group=self._pg))
-        for w in dist.batch_isend_irecv(ops):
-            self._wait(w, "sendrecv", name, deadline)
-        ops, out = [], None
-        if dest >= 0:
-            ops.append(dist.P2POp(dist.isend, send, dest, group=self._pg))
-        if source >= 0:
-            out = torch.empty(int(n_in.item()), dtype=send.dtype, device=send.device)
-            ops.append(dist.P2POp(dist.irecv, out, source, group=self._pg))
-        for w in dist.batch_isend_irecv(ops):
-            self._wait(w, "sendrecv", name, deadline)
-        return out
 
     def abort_job(self, code: int) -> None:
         if self._control is not None:

@@ -23,7 +23,12 @@ of ``a + b``, bit for bit, as Gloo's allreduce (docs/backends.md#pair-sum).
 
 The sparse paths' equal-size allgather (each rank's k (index, value) pairs, docs/topk.md#equal-sizes)
 is staged the same way (:meth:`HostStaging.gather_equal`): one copy out on the copy stream, Gloo's
-allgather of the pinned buffers, one copy back on the caller's stream.
+allgather of the pinned buffers, one copy back on the caller's stream. So are the variable-size
+allgather (:meth:`HostStaging.allgather_`, each rank's part padded to the largest, the sizes
+exchanged as host integers beforehand) and the point-to-point exchange (:meth:`HostStaging.sendrecv`,
+gTop-k's rounds; the size, where the receiver does not know it, sent first as a host integer):
+no size is read from the device, and Gloo's ``send``/``recv``/``all_gather``, which take host
+tensors only, never see a CUDA tensor (torch_plugin/staged_collectives.py routes the backend's calls here).
 
 The logic runs on CPU tensors too (no streams, no pinning), which is how the tests check it
 without a GPU; the backend sends only CUDA buckets here.
@@ -49,16 +54,17 @@ class HostStaging:
     """Pinned host buffers reused between steps, and the pipelined staged allreduce."""
 
     def __init__(self) -> None:
-        # (dtype, elements) -> (host buffer, the event after the last copy back from it, or None)
-        self._pool: dict[tuple[torch.dtype, int], tuple[torch.Tensor, object]] = {}
+        # (dtype, elements, role) -> (host buffer, the event after the last copy back from it, or
+        # None); the role keeps apart two buffers of one size that a call uses at once
+        self._pool: dict[tuple[torch.dtype, int, str], tuple[torch.Tensor, object]] = {}
         self._copy_stream = None
 
     def host_buffers(self) -> list[torch.Tensor]:
         """The host buffers kept between steps (pinned for CUDA buckets)."""
         return [host for host, _ in self._pool.values()]
 
-    def _host(self, like: torch.Tensor, n: int) -> torch.Tensor:
-        key = (like.dtype, n)
+    def _host(self, like: torch.Tensor, n: int, role: str = "") -> torch.Tensor:
+        key = (like.dtype, n, role)
         held = self._pool.get(key)
         if held is not None:
             host, done = held
@@ -69,8 +75,8 @@ class HostStaging:
         self._pool[key] = (host, None)
         return host
 
-    def _released(self, host: torch.Tensor, event) -> None:
-        self._pool[(host.dtype, host.numel())] = (host, event)
+    def _released(self, host: torch.Tensor, event, role: str = "") -> None:
+        self._pool[(host.dtype, host.numel(), role)] = (host, event)
 
     def allreduce_(self, buf: torch.Tensor, op: str, group, group_size: int,
                    wait: Callable[[object], None]) -> torch.Tensor:
@@ -136,6 +142,59 @@ class HostStaging:
             self._released(both, ev_back)
             return finish(out)
         return gather, done
+
+    def allgather_(self, wire: torch.Tensor, counts: list[int], group, wait: Callable[[object], None]) -> torch.Tensor:
+        """Gloo's allgather of the contiguous 1-D ``wire`` whose rank r sends ``counts[r]`` elements
+        (host integers, exchanged beforehand), through host memory: this rank's part is copied out
+        on the copy stream into a host buffer of the largest size, Gloo gathers the padded parts
+        into one host buffer (``wait(work)`` waits for it), which is copied back on the caller's
+        stream in one copy; the parts are then cut out on the device. Returns every rank's part,
+        in rank order, on ``wire``'s device."""
+        n, m, size = wire.numel(), max(counts), len(counts)
+        if m == 0:
+            return wire.new_empty(0)
+        host = self._host(wire, m, "part")
+        (ev,) = self._to_host(wire, host, [(0, n)])
+        both = self._host(wire, size * m, "gathered")
+        if ev is not None:
+            ev.synchronize()  # this rank's part is on the host
+        wait(gather_single(both, host, group=group, async_op=True))
+        out = both.to(wire.device, non_blocking=True) if wire.is_cuda else both.clone()
+        ev_back = self._record(out)
+        self._released(host, ev_back, "part")
+        self._released(both, ev_back, "gathered")
+        if all(c == m for c in counts):
+            return out
+        return torch.cat([out[r * m:r * m + c] for r, c in enumerate(counts)])
+
+    def sendrecv(self, send: torch.Tensor, sending: bool, receiving: bool, count: int | None,
+                 p2p: Callable[[torch.Tensor | None, torch.Tensor | None], None]) -> torch.Tensor | None:
+        """A point-to-point exchange through host memory: ``send`` (contiguous 1-D, its dtype also
+        the received one's) goes out when ``sending``, ``count`` elements come in when
+        ``receiving`` (None: the sender's size comes first, as a host integer, so nothing is read
+        from the device); ``p2p(out, in)`` sends the host tensor ``out`` and receives into ``in``
+        (either None) and waits. Returns the received tensor on ``send``'s device (None when not
+        receiving); the host buffers are kept between calls."""
+        if count is None:
+            n_in = torch.zeros(1, dtype=torch.int64)
+            p2p(torch.tensor([send.numel()], dtype=torch.int64) if sending else None, n_in if receiving else None)
+            count = int(n_in[0])  # a host tensor: no device synchronisation
+        host_out = self._host(send, send.numel(), "send") if sending else None
+        if host_out is not None:
+            (ev,) = self._to_host(send, host_out, [(0, send.numel())])
+            if ev is not None:
+                ev.synchronize()
+        host_in = self._host(send, count, "recv") if receiving else None
+        p2p(host_out, host_in)
+        out = None
+        if host_in is not None:
+            out = host_in.to(send.device, non_blocking=True) if send.is_cuda else host_in.clone()
+        ev_back = self._record(send if out is None else out)
+        if host_out is not None:
+            self._released(host_out, ev_back, "send")
+        if host_in is not None:
+            self._released(host_in, ev_back, "recv")
+        return out
 
     def _to_host(self, flat: torch.Tensor, host: torch.Tensor, spans) -> list:
         """Queue the device-to-host copy of each span; one event per span (None on CPU)."""

@@ -1,6 +1,8 @@
-"""The torch backend's ``sendrecv_sized``: a point-to-point exchange whose received length the
-caller knows (a fixed capacity, e.g. gTop-k's k pairs per round on the device route), so no size
-message goes first and no ``.item()`` reads it (docs/selection.md#device-route). A mixin of
+"""The torch backend's point-to-point exchanges: ``sendrecv`` (the size sent first) and
+``sendrecv_sized``, whose received length the caller knows (a fixed capacity, e.g. gTop-k's k
+pairs per round on the device route), so no size message goes first and no ``.item()`` reads it
+(docs/selection.md#device-route). CUDA tensors on Gloo go through pinned host memory
+(:mod:`.staged_collectives`, docs/backends.md#cuda-on-gloo). A mixin of
 :class:`~torch_plugin.comm.TorchDistBackend`, kept apart so that module stays under 400 lines."""
 from __future__ import annotations
 
@@ -10,18 +12,55 @@ import torch
 import torch.distributed as dist
 
 from .int16_wire import movable, restore
+from .staged_collectives import takes as staged
 from .streams import on_collective_stream
 
 __all__ = ["SizedSendrecv"]
 
 
 class SizedSendrecv:
-    """``Backend.sendrecv_sized`` over ``torch.distributed``'s batched isend/irecv."""
+    """``Backend.sendrecv`` and ``Backend.sendrecv_sized`` over ``torch.distributed``'s batched
+    isend/irecv."""
 
     _pg: Any
     _control: Any
     _global: Any
     _wait: Any
+    name: str
+    _staged_sendrecv: Any
+
+    @on_collective_stream  # CUDA: issued and waited for on the collective stream (docs/backends.md#cuda-streams)
+    def sendrecv(self, send, dest, source, name, deadline):
+        send, dtype = movable(send)
+        c = self._control
+        if c is not None:
+            c.enter("sendrecv", name)
+        out = self._sendrecv(send, dest, source, name, deadline)
+        if c is not None:
+            c.leave()
+        return restore(out, dtype)
+
+    def _sendrecv(self, send, dest, source, name, deadline):
+        if staged(self.name, send):  # pinned host staging (docs/backends.md#cuda-on-gloo)
+            return self._staged_sendrecv(send, dest, source, None, name, deadline)
+        ops, n_in = [], torch.zeros(1, dtype=torch.int64, device=send.device)
+        dest, source = self._global(dest), self._global(source)
+        if dest >= 0:
+            send = send.reshape(-1).contiguous()
+            ops.append(dist.P2POp(dist.isend, torch.tensor([send.numel()], dtype=torch.int64, device=send.device), dest, group=self._pg))
+        if source >= 0:
+            ops.append(dist.P2POp(dist.irecv, n_in, source, group=self._pg))
+        for w in dist.batch_isend_irecv(ops):
+            self._wait(w, "sendrecv", name, deadline)
+        ops, out = [], None
+        if dest >= 0:
+            ops.append(dist.P2POp(dist.isend, send, dest, group=self._pg))
+        if source >= 0:
+            out = torch.empty(int(n_in.item()), dtype=send.dtype, device=send.device)
+            ops.append(dist.P2POp(dist.irecv, out, source, group=self._pg))
+        for w in dist.batch_isend_irecv(ops):
+            self._wait(w, "sendrecv", name, deadline)
+        return out
 
     @on_collective_stream  # CUDA: issued and waited for on the collective stream (docs/backends.md#cuda-streams)
     def sendrecv_sized(self, send, dest, source, count, name, deadline):
@@ -29,6 +68,11 @@ class SizedSendrecv:
         c = self._control
         if c is not None:
             c.enter("sendrecv", name)
+        if staged(self.name, send):  # pinned host staging (docs/backends.md#cuda-on-gloo)
+            out = self._staged_sendrecv(send, dest, source, int(count), name, deadline)
+            if c is not None:
+                c.leave()
+            return restore(out, dtype)
         p2p, out = [], None
         if dest >= 0:
             p2p.append(dist.P2POp(dist.isend, send.reshape(-1).contiguous(), self._global(dest), group=self._pg))

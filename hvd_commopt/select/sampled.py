@@ -19,7 +19,6 @@ the work differs. The bound is per bucket and per rank, and affects nothing but 
 from __future__ import annotations
 
 import math
-import zlib
 from typing import Any
 
 import numpy as np
@@ -61,12 +60,7 @@ def sampled_select(c: Any, ops: Any, acc: Any, bucket: Any, step: int, addend: A
             acc, addend = sum_into(ops, acc, addend, out), None
         samples = acc
     else:
-        rng = np.random.Generator(np.random.PCG64([c.seed & 0xFFFFFFFF, zlib.crc32(name.encode()), int(step)]))
-        if c.strided_sample:
-            sidx = np.arange(int(rng.integers(0, stride)), n, stride, dtype=np.int64)
-        else:
-            sidx = rng.integers(0, n, size=num_samples, dtype=np.int64)
-        sidx = ops.from_numpy(sidx, like=acc)
+        sidx = c.sample_positions(ops, n, stride, num_samples, name, step, acc)
         if lo is not None:  # the sweep first, at the bound; the sample from its sums
             acc, cidx, cvals = addend_ops.add_abs_where(kern, acc, addend, "ge", lo, out)
             addend, cand = None, (cidx, cvals)
@@ -120,20 +114,14 @@ def sampled_select(c: Any, ops: Any, acc: Any, bucket: Any, step: int, addend: A
 def _on_device(c: Any, ops: Any, acc: Any, name: str, step: int, k: int, stride: int, num_samples: int,
                top_k_samples: int, addend: Any, out: Any, finite: list | None) -> tuple[Any, Any, Any]:
     """:func:`sampled_select` with no host decision (:func:`~.device.sampled_topk`): the sum made
-    first, the strided sample's positions made on the device from the host's offset (uniform
-    random samples are drawn on the host and copied up: they do not depend on the data); no
-    finiteness verdict (the reducer keeps a device flag) and no next-sweep guess (speed only)."""
+    first, the sample's positions made on the device as the host route makes them (strided from the
+    host's offset, or uniform by a counter-based hash); no finiteness verdict (the reducer keeps a device flag) and no next-sweep guess (speed only)."""
     n = ops.numel(acc)
     if addend is not None:
         acc = sum_into(ops, acc, addend, out)
     sidx = None
-    if num_samples < n:
-        rng = np.random.Generator(np.random.PCG64([c.seed & 0xFFFFFFFF, zlib.crc32(name.encode()), int(step)]))
-        if c.strided_sample:
-            off = int(rng.integers(0, stride))
-            sidx = ops.shift(ops.scale(ops.arange(-(-(n - off) // stride), like=acc), stride), off)
-        else:
-            sidx = ops.from_numpy(rng.integers(0, n, size=num_samples, dtype=np.int64), like=acc)
+    if num_samples < n:  # the host route's positions, made on the device (docs/dgc.md#uniform-samples)
+        sidx = c.sample_positions(ops, n, stride, num_samples, name, step, acc)
     vals, idx = device.sampled_topk(c, ops, acc, k, sidx, top_k_samples)
     if finite is not None:
         finite.append(None)

@@ -65,3 +65,49 @@ def test_the_copy_reads_the_bucket_after_the_producing_stream_wrote_it(group):
         got = st.allreduce_(x, "sum", group, 1, lambda w: w.wait())
         torch.cuda.current_stream().synchronize()
     assert bool((got == 1.0).all())
+
+
+def _loopback(log: list):
+    """A point-to-point exchange with this process itself: what is sent is what is received (the
+    staging's logic without a peer; tests/parallel/mpi_devices.py runs it over Gloo)."""
+    sent: list = []
+
+    def p2p(out, into):
+        log.append((None if out is None else (out.dtype, out.numel(), out.device.type),
+                    None if into is None else (into.dtype, into.numel(), into.device.type)))
+        if out is not None:
+            sent.append(out.clone())
+        if into is not None:
+            into.copy_(sent.pop(0))
+    return p2p
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=cuda)])
+@pytest.mark.parametrize("count", [None, 300])
+def test_staged_sendrecv_crosses_host_memory_only(device, count):
+    """The size first as a host int64 when the receiver does not know it, then the data; Gloo
+    (here a loopback) sees host tensors only; the result lands on the sender's device, the host
+    buffers reused."""
+    st = cuda_staging.HostStaging()
+    for step in range(2):
+        log: list = []
+        x = torch.arange(300, device=device, dtype=torch.float16) * (step + 1)
+        got = st.sendrecv(x, True, True, count, _loopback(log))
+        assert got.device.type == device and got.dtype == x.dtype and torch.equal(got, x)
+        size_msg = [((torch.int64, 1, "cpu"), (torch.int64, 1, "cpu"))] if count is None else []
+        assert log == size_msg + [((torch.float16, 300, "cpu"), (torch.float16, 300, "cpu"))]
+    assert len(st.host_buffers()) == 2
+    log = []
+    assert st.sendrecv(x, True, False, None, _loopback(log)) is None  # only sending
+    assert log == [((torch.int64, 1, "cpu"), None), ((torch.float16, 300, "cpu"), None)]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=cuda)])
+def test_staged_varying_allgather_on_one_rank(group, device):
+    st = cuda_staging.HostStaging()
+    for n in (0, 5, 70_000, 5):
+        x = torch.randn(n, device=device)
+        got = st.allgather_(x, [n], group, lambda w: w.wait())
+        assert got.device.type == device and torch.equal(got, x)
+    if device == "cuda":
+        assert all(h.is_pinned() for h in st.host_buffers())

@@ -228,6 +228,7 @@ COMPRESSIONS = {
         lambda: Compression.topk(0.01, selection="threshold", tau=3, momentum_correction=True, dense_1d=False), 0.9),
     "dgc_sampled": (lambda: Compression.dgc(0.01, dense_1d=False), 0.9),
     "dgc_sampled_no_resample": (lambda: _dgc_no_resample(), 0.9),
+    "dgc_uniform_samples": (lambda: _dgc_uniform(), 0.9),
     "topk_sampled": (lambda: Compression.topk(0.01, selection="sampled", dense_1d=False), 0.0),
     "dgc_exact": (lambda: Compression.dgc(0.01, selection="exact", dense_1d=False), 0.0),
     "randomk": (lambda: Compression.randomk(0.3, dense_1d=False), 0.0),
@@ -240,7 +241,15 @@ def _dgc_no_resample():
     return comp
 
 
-STEPS = {"dgc_sampled": 9, "dgc_sampled_no_resample": 9, "topk_threshold_reuse": 9, "topk_threshold_reuse_momentum_correction": 9}  # reused and recomputed steps
+def _dgc_uniform():
+    """DGC with uniform random samples (``strided_sample=False``): drawn by the counter hash on
+    the device as on the host (docs/dgc.md#uniform-samples), no upload."""
+    comp = Compression.dgc(0.01, dense_1d=False)
+    comp.compressor.strided_sample = False
+    return comp
+
+
+STEPS = {"dgc_sampled": 9, "dgc_sampled_no_resample": 9, "dgc_uniform_samples": 9, "topk_threshold_reuse": 9, "topk_threshold_reuse_momentum_correction": 9}  # reused and recomputed steps
 # random-k's indices depend on (seed, bucket, step) only: drawn on the host and copied to the
 # device (one torch.from_numpy per bucket and step), never read back (docs/selection.md#device-route)
 HOST_TO_DEVICE = {"randomk": 1, "randomk_no_ef_unbiased": 1}
@@ -285,7 +294,7 @@ def _same(host, dev) -> None:
             assert torch.equal(h[2][key], d[2][key]), ("residual", step, key)
 
 
-@pytest.mark.parametrize("name", ["topk", "topk_momentum_correction"])
+@pytest.mark.parametrize("name", ["topk", "topk_momentum_correction", "dgc_uniform_samples"])
 def test_device_route_two_ranks_allgather(name, monkeypatch, host_copies):
     """Two in-process ranks: the equal-size allgather of each rank's k pairs, the scatter of both
     ranks' selections, on both ranks equal to the host route (the transport's staging excluded)."""
@@ -322,11 +331,13 @@ def test_topk_abs_index_equals_the_host_selection_with_ties_and_nan(dtype):
             assert np.array_equal(idx.numpy(), ref), (n, k)
 
 
+@pytest.mark.parametrize("strided", [True, False])
 @pytest.mark.parametrize("resample", [True, False])
-def test_sampled_threshold_on_the_device_equals_the_host_route(resample, monkeypatch):
+def test_sampled_threshold_on_the_device_equals_the_host_route(resample, strided, monkeypatch, host_copies):
     """DGC's sampled threshold and its adaptation loop (raising and lowering the threshold,
-    resampling) select the host route's entries and values, without a host sync; the unused
-    slots of the capacity k repeat the first index with +0."""
+    resampling) select the host route's entries and values, without a host sync or an upload
+    (strided samples, or uniform ones drawn by the counter hash); the unused slots of the
+    capacity k repeat the first index with +0."""
     from hvd_commopt.compress.dgc import DGCSelector
     from hvd_commopt.select.sampled import sampled_select
     ops, rng = torch_ops.TorchOps(), np.random.default_rng(2)
@@ -334,14 +345,19 @@ def test_sampled_threshold_on_the_device_equals_the_host_route(resample, monkeyp
         n = int(rng.integers(5000, 120000))
         x = [rng.standard_normal(n), rng.standard_cauchy(n), rng.standard_normal(n) * np.where(
             np.arange(n) < n // 3, 100.0, 1.0)][trial % 3].astype(np.float32)
-        c = DGCSelector(0.01, resample=resample)
+        c = DGCSelector(0.01, resample=resample, strided_sample=strided)
         hv, hi, _ = sampled_select(c, ops, torch.from_numpy(x.copy()), None, trial)
         with monkeypatch.context() as m:
             _route(m, device=True)
             rec = Recorder()
-            with rec:
-                dv, di, _ = sampled_select(c, ops, torch.from_numpy(x.copy()), None, trial)
-        assert not rec.bad and rec.scalar_reads == 0, (rec.bad, rec.where)
+            t = torch.from_numpy(x.copy())
+            _STATE.recording = True
+            try:
+                with rec:
+                    dv, di, _ = sampled_select(c, ops, t, None, trial)
+            finally:
+                _STATE.recording = False
+        assert not rec.bad and rec.scalar_reads == 0 and host_copies == [], (rec.bad, rec.where, host_copies)
         assert di.numel() == c.k_for(n)
         used = torch.cat([torch.tensor([True]), di[1:] != di[0]])
         assert torch.equal(di[used], hi) and torch.equal(dv[used].view(torch.int32), hv.view(torch.int32))
@@ -364,3 +380,16 @@ def test_cuda_selection_equals_the_host_route(name):
         di, dv = di.cpu(), dv.cpu()
         used = torch.cat([torch.tensor([True]), di[1:] != di[0]])
         assert torch.equal(di[used], hi) and torch.equal(dv[used].view(torch.int32), hv.view(torch.int32))
+
+
+@pytest.mark.parametrize("n", [7, 100_003, 3_000_000_007])
+def test_uniform_positions_equal_numpys(n):
+    """The counter hash's integers on torch (no forbidden op, no scalar read) equal NumPy's."""
+    from hvd_commopt.compress.sampling import uniform_positions
+    from hvd_commopt.numpy_ops import NumpyOps
+    keys = [int(k) for k in np.random.default_rng(n).integers(0, 2 ** 31 - 1, 10)]
+    rec = Recorder()
+    with rec:
+        got = uniform_positions(torch_ops.TorchOps(), n, 5_000, keys, torch.zeros(1))
+    assert not rec.bad and rec.scalar_reads == 0
+    assert np.array_equal(got.numpy(), uniform_positions(NumpyOps(), n, 5_000, keys, None))
