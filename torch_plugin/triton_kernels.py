@@ -79,8 +79,10 @@ def histogram(bits_ptr, n, hist_ptr, gate_ptr, state_ptr, ctr_ptr, cap, LEVEL: t
 @triton.jit
 def _sum_key(a_ptr, b_ptr, dst_ptr, offs, m):
     """The key of ``a + b`` (float32, formed in registers), the sum stored to ``dst``: the error
-    feedback's add fused into the kernel's read (docs/selection.md#triton-fused-ef)."""
-    s = tl.load(a_ptr + offs, mask=m, other=0.0) + tl.load(b_ptr + offs, mask=m, other=0.0)
+    feedback's add fused into the kernel's read (docs/selection.md#triton-fused-ef). Added as
+    ``b + a``, the operand order of ATen's ``a.add_(b)`` (``alpha * b + a``), which decides which
+    NaN's payload a sum of two NaNs keeps on the CPU (the interpreter); CUDA returns one NaN."""
+    s = tl.load(b_ptr + offs, mask=m, other=0.0) + tl.load(a_ptr + offs, mask=m, other=0.0)
     tl.store(dst_ptr + offs, s, mask=m)
     return _key(s.to(tl.int32, bitcast=True))
 

@@ -42,7 +42,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["AVAILABLE", "MIN_N", "capacity", "threshold_reuse", "topk_abs_index", "topk_abs_ranked"]
+__all__ = ["AVAILABLE", "MIN_N", "add_threshold_reuse", "add_topk_abs_index", "adds", "capacity", "threshold_reuse",
+           "topk_abs_index", "topk_abs_ranked"]
 
 #: whether Triton is installed (CPU builds of torch come without it: the torch-op route runs);
 #: the kernels (torch_plugin/triton_kernels.py) are imported on the first selection
@@ -76,14 +77,22 @@ def topk_abs_index(t: torch.Tensor, k: int) -> torch.Tensor:
     return torch.sort(_select(t, k)[0]).values
 
 
+def adds(t: torch.Tensor, addend: torch.Tensor, out: torch.Tensor | None) -> bool:
+    """Whether the add can be fused (docs/selection.md#triton-fused-ef): ``t``, ``addend`` and
+    ``out`` (None: into t) flat, contiguous, of one size and dtype on one device."""
+    return t.dim() == 1 and all(x.dim() == 1 and x.is_contiguous() and x.dtype == t.dtype and x.device == t.device
+                                and x.numel() == t.numel() for x in (t, addend, t if out is None else out))
+
+
 def add_topk_abs_index(t: torch.Tensor, addend: torch.Tensor, out: torch.Tensor | None,
                        k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``TorchOps.add_topk_abs_index``: ``(acc, positions)``, ``acc = t + addend`` written into
     ``out`` (into ``t`` when None) by the first kernel's read of both, and :func:`topk_abs_index`
     of it, which reads ``acc`` (docs/selection.md#triton-fused-ef): the bits of ``t + addend``
     and of the torch route's selection of it."""
-    dst = t if out is None else out
-    return dst, torch.sort(_select(t, k, addend=addend, dst=dst)[0]).values
+    acc = t if out is None else out  # the caller's tensor, as the torch route's add_ returns it
+    idx = _select(t.detach(), k, addend=addend.detach(), dst=acc.detach())[0]
+    return acc, torch.sort(idx).values
 
 
 def topk_abs_ranked(t: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -114,8 +123,8 @@ def add_threshold_reuse(t: torch.Tensor, addend: torch.Tensor, out: torch.Tensor
     """``TorchOps.add_threshold_reuse``: ``(acc, candidates)``, ``acc = t + addend`` written into
     ``out`` (``t`` when None) by the one read of both, the candidates :func:`threshold_reuse`'s
     of ``acc`` (docs/selection.md#triton-fused-ef)."""
-    dst = t if out is None else out
-    return dst, _reuse(t, k, lo_c, hi_c, tau, prev, addend, dst)
+    acc = t if out is None else out
+    return acc, _reuse(t.detach(), k, lo_c, hi_c, tau, prev, addend.detach(), acc.detach())
 
 
 def _reuse(t, k, lo_c, hi_c, tau, prev, addend=None, dst=None):
