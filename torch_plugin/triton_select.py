@@ -1,5 +1,6 @@
 """Exact top-k by magnitude of a float32 CUDA tensor in Triton: a radix select that reads the data
-twice, with no host synchronisation (docs/selection.md#triton-select).
+twice, with no host synchronisation (docs/selection.md#triton-select), error feedback's add fused
+into its first read (docs/selection.md#triton-fused-ef).
 
 The order is the torch route's (``TorchOps.topk_abs_ranked``, docs/selection.md#order): the key of
 an element is its magnitude's bits (``bits & 0x7FFFFFFF``, every NaN one key above +Inf), ties go
@@ -8,21 +9,24 @@ exactly the torch route's set, ties included. Anchors: the AIR top-k of RAFT/CUB
 the top digits, then the candidates of the k-th's bucket compacted into a buffer).
 
 1. **Histogram** (pass 1, one read): the top 11 bits of every key (2048 bins; per program a
-   ``tl.histogram``, then one atomic add per non-empty bin). Torch ops on the 2048 counts (no
-   host read) find the bin ``b`` of the k-th largest key, ``above`` (the count of larger bins) and
-   ``rem = k - above``.
+   ``tl.histogram``, then one atomic add per non-empty bin). A one-program kernel (``find_bin``)
+   finds the bin ``b`` of the k-th largest key, ``above`` (the count of larger bins) and
+   ``rem = k - above`` and writes them to a device state tensor that the later kernels read.
 2. **Split** (pass 2, one read): keys in bins above ``b`` are selected for sure and their indices
-   and keys written to k slots (one atomic per program reserves the slots, ``tl.cumsum`` places
-   them); keys in bin ``b`` are the candidates, compacted with their keys into a buffer of fixed
+   written to k slots (one atomic per program reserves the slots, ``tl.cumsum`` places them);
+   keys in bin ``b`` are the candidates, compacted with their keys into a buffer of fixed
    capacity :func:`capacity` (a few times k).
-3. **Fix-up** (torch ops over the fixed sizes): the k largest composite keys
-   ``(key << 32) | (0xFFFFFFFF - index)`` of the sure slots and the candidate buffer, unused
-   slots -1: one unsorted ``torch.topk`` over k + capacity entries, exact, ties by index.
-4. **Overflow** (more candidates than the capacity: a few distinct magnitudes, e.g. many zeros at
-   the k-th): kernels gated by a device flag (every program returns at once when it is clear, so
-   the usual step pays their launches only) finish the radix select on the data: the next 11 and
-   the last 9 bits give the exact k-th key ``K``, then the keys equal to ``K`` are taken in index
+3. **Fix-up** in the candidate buffer (kernels over its slots, gated by "they fit"): the
+   candidates' next 11 and last 9 bits give the exact k-th key ``K``; when no tie straddles the
+   k-th, every candidate ``>= K`` follows the sure entries.
+4. **On the data** (more candidates than the capacity: a few distinct magnitudes, e.g. many zeros
+   at the k-th; or a tie straddling the k-th, which the buffer cannot order by index): gated
+   kernels finish the radix select on the data, then the keys equal to ``K`` are taken in index
    order (per-program counts, their exclusive sum, a rank within the program). Six reads then.
+
+Every kernel after the first is gated by device flags (a program returns at once when its path
+is not taken). With error feedback the first kernel reads ``t`` and the addend and writes their
+sum, which every later kernel reads (:func:`add_topk_abs_index`, docs/selection.md#triton-fused-ef).
 
 The k indices come out in no order and are sorted ascending (``torch.sort`` of k elements).
 :func:`topk_abs_index` is what ``TorchOps.topk_abs_index`` calls on CUDA float32 tensors of at
