@@ -20,7 +20,10 @@ Models: ``resnet50`` (torchvision's, batch 64 of 3x224x224, 1000 classes; SGD mo
 
 Selection (``--sizes``, default 25M and 100M float32; tiny: 64K): time / time of one
 ``torch.abs(t, out=buf)`` pass of ``torch.topk(t.abs(), k)``, our exact selection, threshold
-reuse in steady state, and the exact selection fused with the error-feedback add, k = 1 %. On
+reuse in steady state, and the exact selection fused with the error-feedback add (``ef_exact``: the
+sum into the residual; ``ef_exact_snap``: after a snapshot, into its spare buffer, as a step with
+rollback does) and threshold reuse with it (``ef_reuse``), k = 1 %; beside them the passes counted
+from the kernels (docs/selection.md#triton-passes). On
 CUDA with Triton installed these run the Triton select (torch_plugin/triton_select.py,
 docs/selection.md#triton-select; column ``triton``; threshold reuse's reused step then reads the data
 once, docs/selection.md#triton-reuse), and ``triton_topk`` and ``triton_reuse`` (the kernels alone:
@@ -50,6 +53,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import RESULTS, block_order, machine_info, table  # noqa: E402
 
+# the Triton routes' full-size reads and writes in abs passes (a read of n float32 is half a pass;
+# work in k and launches not counted): docs/selection.md#triton-passes
+TRITON_PASSES = {"exact": 1.0, "ef_exact": 2.0, "ef_exact_snap": 2.0, "reuse (accepted)": 0.5,
+                 "ef_reuse (accepted)": 1.5, "reuse (recomputed)": 1.5, "ef_reuse (recomputed)": 2.5}
 VARIANTS = ("compute", "ddp", "ddp_bf16", "none", "fp16", "bf16", "topk", "dgc", "topk_thr")
 MODELS = ("resnet50", "gpt2")
 
@@ -198,8 +205,19 @@ def measure_selection(n: int, density: float, reps: int, device) -> dict:
             reuse.select(ops, t, k, key="b")  # the exact step sets the threshold; then every step reuses it
             out["reuse" + suffix] = med(lambda: reuse.select(ops, t, k, key="b")) / one
             ef, sel = ErrorFeedback(), ExactTopK()
-            fn = lambda r, a: (lambda res: (res.values, res.indices, res.acc))(sel.select(ops, r, k, addend=a))  # noqa: E731
-            out["ef_exact" + suffix] = med(lambda: ef.compensate_select(ops, "b", g, fn)) / one
+            fn = lambda r, a, o=None: (lambda res: (res.values, res.indices, res.acc))(  # noqa: E731
+                sel.select(ops, r, k, addend=a, out=o))
+            out["ef_exact" + suffix] = med(lambda: ef.compensate_select(ops, "b", g, fn)) / one  # into the residual
+
+            def snapshotted(memory, select):  # the engine's step: a snapshot, the sum into the spare buffer
+                memory.snapshot(ops, "b", g, 0)
+                return memory.compensate_select(ops, "b", g, select)
+            ef_s = ErrorFeedback()
+            out["ef_exact_snap" + suffix] = med(lambda: snapshotted(ef_s, fn)) / one
+            ef_r, rs = ErrorFeedback(), ReuseTopK(tau=1 << 30, band=0.5)
+            fr = lambda r, a, o=None: (lambda res: (res.values, res.indices, res.acc))(  # noqa: E731
+                rs.select(ops, r, k, key="b", addend=a, out=o))
+            out["ef_reuse" + suffix] = med(lambda: snapshotted(ef_r, fr)) / one  # exact once, then reused steps
         finally:
             torch_ops.TRITON_SELECT = triton_available
     if out["triton"]:  # the kernels alone: two reads of the data plus the fix-up
@@ -272,12 +290,16 @@ def main(argv=None) -> dict:
         sizes = [float(s) for s in (a.sizes or ("0.065536" if a.tiny else "25,100")).split(",")]
         for m in sizes:
             result["selection"].append(measure_selection(int(m * 1e6), a.density, a.reps, device))
-        cols = ["torch.topk", "exact", "reuse", "ef_exact", "triton_topk", "triton_reuse", "exact_torch", "reuse_torch",
-                "ef_exact_torch"]
+        cols = ["torch.topk", "exact", "reuse", "ef_exact", "ef_exact_snap", "ef_reuse", "triton_topk", "triton_reuse",
+                "exact_torch", "reuse_torch", "ef_exact_torch", "ef_exact_snap_torch", "ef_reuse_torch"]
         log("\nselection, time / one abs pass, k = {:g} % (targets: exact <= 3, reuse <= 1.5, "
             "ef_exact <= 4; *_torch: the torch-op route, where the Triton select runs the others)".format(a.density * 100))
         log(table(["elements", "pass (ms)", "triton"] + cols,
                   [[r["n"], r["pass_ms"], r["triton"]] + [r.get(c, "-") for c in cols] for r in result["selection"]]))
+        log("the Triton routes' reads and writes of the n-element buffers, in abs passes (1 read + 1 write), "
+            "counted from the kernels (docs/selection.md#triton-passes): " +
+            ", ".join(f"{c} {v:g}" for c, v in TRITON_PASSES.items()))
+        result["triton_passes_counted"] = TRITON_PASSES
     if rank == 0:
         out = Path(a.out)
         out.mkdir(parents=True, exist_ok=True)

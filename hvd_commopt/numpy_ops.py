@@ -174,6 +174,8 @@ class NumpyOps:
 
     def topk_abs_index(self, t, k): return topk_index_np(np.asarray(t).reshape(-1), k)
     def threshold_reuse(self, t, k, lo_c, hi_c, tau, prev): return None  # the portable select/device.py one
+    def add_topk_abs_index(self, t, addend, out, k): return None  # no fused kernel: add, then topk_abs_index
+    def add_threshold_reuse(self, t, addend, out, k, lo_c, hi_c, tau, prev): return None
 
     def topk_abs_ranked(self, t, k): return topk_ranked_np(np.asarray(t).reshape(-1), k)
     def count_true(self, mask): return np.array([np.count_nonzero(mask)], dtype=np.int64)

@@ -168,6 +168,18 @@ class TensorOps(Protocol):
         ``(positions, valid, (threshold key, age))``, bit for bit; None where the adapter has no
         kernel for ``t`` (then the device route runs ``reuse_candidates`` on the primitives)."""
 
+    def add_topk_abs_index(self, t: Tensor, addend: Tensor, out: Tensor | None, k: int) -> tuple[Tensor, Tensor] | None:
+        """``(acc, topk_abs_index(acc, k))`` with ``acc = t + addend`` written into ``out`` (into
+        ``t`` when None) by the selection's own read of both (the torch adapter's Triton kernels on
+        CUDA, docs/selection.md#triton-fused-ef): the bits of ``add`` then :meth:`topk_abs_index`;
+        None where the adapter has no such kernel for these tensors (then the caller adds first)."""
+
+    def add_threshold_reuse(self, t: Tensor, addend: Tensor, out: Tensor | None, k: int, lo_c: int, hi_c: int,
+                            tau: int, prev: tuple[Tensor, Tensor]) -> tuple[Tensor, tuple] | None:
+        """``(acc, threshold_reuse(acc, ...))`` with ``acc = t + addend`` made as in
+        :meth:`add_topk_abs_index`, in the reused step's one read; None where the adapter has no
+        such kernel (then the caller adds first and asks :meth:`threshold_reuse`)."""
+
     def topk_abs_ranked(self, t: Tensor, k: int) -> tuple[Tensor, Tensor]:
         """(int64 positions, int64 canonical magnitude keys at them) of the k largest ``|t|``,
         largest first, equal keys lower index first (every NaN one key above +Inf's): the

@@ -345,6 +345,8 @@ class TFOps(ClipToNorm):
             return tf.convert_to_tensor(idx)
 
     def threshold_reuse(self, t, k, lo_c, hi_c, tau, prev): return None  # no native kernel: the portable one
+    def add_topk_abs_index(self, t, addend, out, k): return None  # no fused kernel: add, then select
+    def add_threshold_reuse(self, t, addend, out, k, lo_c, hi_c, tau, prev): return None
     def topk_abs_ranked(self, t, k):
         t = tf.convert_to_tensor(_t(t))
         idx, keys = topk_ranked_np(self.to_numpy(tf.reshape(t, _FLAT)), k)

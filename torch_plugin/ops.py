@@ -318,6 +318,14 @@ class TorchOps:
             return triton_select.threshold_reuse(_flat(t).detach(), k, lo_c, hi_c, tau, prev)
         return None  # the torch-op route: select/device.py reuse_candidates
 
+    def add_topk_abs_index(self, t, addend, out, k):  # docs/selection.md#triton-fused-ef
+        fits = _triton_takes(t, int(k)) and triton_select.adds(t, addend, out)
+        return triton_select.add_topk_abs_index(t, addend, out, int(k)) if fits else None
+
+    def add_threshold_reuse(self, t, addend, out, k, lo_c, hi_c, tau, prev):
+        fits = _triton_takes(t, int(k)) and triton_select.adds(t, addend, out)
+        return triton_select.add_threshold_reuse(t, addend, out, k, lo_c, hi_c, tau, prev) if fits else None
+
     def topk_abs_index(self, t, k):
         t = _flat(t)
         if int(k) >= t.numel():

@@ -103,16 +103,27 @@ def zero_sent(ops: Any, acc: Any, idx: Any) -> Any:
     return ops.index_copy(acc, idx, ops.where(is_empty(ops, idx), ops.gather(acc, idx), 0.0))
 
 
-def reuse_topk(ops: Any, t: Any, k: int, lo_c: int, hi_c: int, tau: int, prev: Any) -> tuple[Any, Any, Any]:
+def reuse_topk(ops: Any, t: Any, k: int, lo_c: int, hi_c: int, tau: int, prev: Any, addend: Any = None,
+               out: Any = None) -> tuple[Any, Any, Any, Any]:
     """Ok-Topk's threshold reuse (select/strategies.py ReuseTopK) on the device: ``(values,
-    indices, (threshold key, age))`` with a capacity of ``hi_c = floor(k(1+band))`` entries
+    indices, (threshold key, age), acc)`` with a capacity of ``hi_c = floor(k(1+band))`` entries
     (at least 2, at most n): the candidates of ``TensorOps.threshold_reuse`` (the torch adapter's
     one-read Triton kernel on CUDA, docs/selection.md#triton-reuse), or where it has none
-    (None) :func:`reuse_candidates` on the primitives, padded (:func:`padded`)."""
-    native = ops.threshold_reuse(t, k, lo_c, hi_c, tau, prev)
+    (None) :func:`reuse_candidates` on the primitives, padded (:func:`padded`). ``addend``: of
+    ``acc = t + addend`` (into ``out``, or t when None), made in that one read where the adapter
+    can (``TensorOps.add_threshold_reuse``, docs/selection.md#triton-fused-ef), else first."""
+    native = None
+    if addend is not None:
+        fused = ops.add_threshold_reuse(t, addend, out, k, lo_c, hi_c, tau, prev) if prev is not None else None
+        if fused is None:
+            t = ops.add(t if out is None else ops.copy_into(out, 0, t), addend)  # exact_topk.sum_into's add
+        else:
+            t, native = fused
+    if native is None:
+        native = ops.threshold_reuse(t, k, lo_c, hi_c, tau, prev)
     top, valid, state = native if native is not None else reuse_candidates(ops, t, k, lo_c, hi_c, tau, prev)
     vals, idx = padded(ops, t, top, valid)
-    return vals, idx, state
+    return vals, idx, state, t
 
 
 def reuse_candidates(ops: Any, t: Any, k: int, lo_c: int, hi_c: int, tau: int, prev: Any) -> tuple[Any, Any, Any]:

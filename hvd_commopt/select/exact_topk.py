@@ -192,8 +192,14 @@ class ExactTopK:
         """:meth:`select` on the device route (docs/selection.md#device-route): ``acc = t + addend``
         (a momentum addend made first: the same two roundings as the fused pass), then one
         fixed-size ``topk_abs_index``: the same set and bits, no count, threshold or verdict read
-        on the host (threshold nan, finiteness None: the reducer keeps a device flag)."""
+        on the host (threshold nan, finiteness None: the reducer keeps a device flag). Where the
+        adapter has a kernel for it (``add_topk_abs_index``), the add is made in the selection's
+        first read (docs/selection.md#triton-fused-ef)."""
         if addend is not None:
+            fused = ops.add_topk_abs_index(t, addend_ops.made(ops, addend), out, k)
+            if fused is not None:
+                acc, idx = fused
+                return SelectResult(ops.gather(acc, idx), idx, math.nan, acc, k, None)
             t = sum_into(ops, t, addend, out)
         idx = ops.topk_abs_index(t, k)
         return SelectResult(ops.gather(t, idx), idx, math.nan, t, k, None)

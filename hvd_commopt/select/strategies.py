@@ -151,13 +151,12 @@ class ReuseTopK:
         """:meth:`select` with no host decision (:func:`~.device.reuse_topk`): the same set as
         the host route, in a capacity of ``floor(k(1+band))`` entries; the threshold and its age
         stay on the device, so the drift statistics count steps only (docs/selection.md#device-route)."""
-        if addend is not None:
-            t = sum_into(ops, t, addend, out)
         if st.dev is None and st.thr is not None:  # loaded from a checkpoint, or left by the host route
             st.dev = (ops.from_numpy(np.array([ops.abs_key(st.thr, t)], np.int64), like=t),
                       ops.from_numpy(np.array([st.age], np.int64), like=t))
         lo_c, hi_c = math.ceil(k * (1.0 - self.band)), math.floor(k * (1.0 + self.band))
-        vals, idx, st.dev = device.reuse_topk(ops, t, k, lo_c, hi_c, self.tau, st.dev)
+        vals, idx, st.dev, t = device.reuse_topk(ops, t, k, lo_c, hi_c, self.tau, st.dev,
+                                                 None if addend is None else addend_ops.made(ops, addend), out)
         st.thr, st.dev_of = None, (ops, ops.dtype_name(t))  # the threshold lives on the device now
         st.last_action = "device"
         return SelectResult(vals, idx, math.nan, t, ops.numel(idx))

@@ -59,11 +59,33 @@ def test_triton_threshold_reuse_equals_the_torch_route():
     _interpreted("reuse")
 
 
+@pytest.mark.slow  # ~3 min: 72 fused selections in Triton's interpreter
+@needs_triton
+@interpreted
+def test_the_fused_error_feedback_add_equals_the_torch_route():
+    """The sum's bits (NaN payloads included), the selection and the carried threshold, exact and
+    reused (docs/selection.md#triton-fused-ef)."""
+    _interpreted("fused_add")
+
+
+@pytest.mark.slow  # ~90 s: 42 memory steps in Triton's interpreter
+@needs_triton
+@interpreted
+def test_error_feedback_steps_with_the_kernels_equal_the_torch_route():
+    """ErrorFeedback.compensate_select on the device route, exact and threshold reuse, the kernels
+    forced on CPU tensors: values, indices and residuals bit for bit."""
+    _interpreted("memory_steps")
+
+
 def test_only_large_float32_cuda_tensors_take_it():
     t = torch.zeros(triton_select.MIN_N + 1)
     assert not torch_ops._triton_takes(t, 10)  # a CPU tensor: the torch route
     prev = (torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64))
     assert torch_ops.TorchOps().threshold_reuse(t, 10, 8, 12, 16, prev) is None  # so reuse_candidates runs
+    assert torch_ops.TorchOps().add_topk_abs_index(t, t, None, 10) is None  # so the add runs first
+    assert torch_ops.TorchOps().add_threshold_reuse(t, t, None, 10, 8, 12, 16, prev) is None
+    assert triton_select.adds(t, t, None) and not triton_select.adds(t, t[:-1], None)
+    assert not triton_select.adds(t, t.double(), None) and not triton_select.adds(t, t, torch.zeros(4, 2))
     assert triton_select.capacity(100, 90) == 100 and triton_select.capacity(10**8, 10**6) == 4 * 10**6 + 4096
 
 
@@ -98,9 +120,17 @@ def test_on_cuda_the_triton_select_equals_the_torch_route(monkeypatch, kind):
             assert torch.equal(got_sel[1], want_sel[1]) and torch.equal(got_sel[0].view(torch.int32),
                                                                         want_sel[0].view(torch.int32))
             assert torch.equal(state[0], wstate[0]) and torch.equal(state[1], wstate[1])
+        r = data("normal" if kind == "nonfinite" else kind, t.numel(), seed=k + 1).cuda()
+        for out in (None, torch.empty_like(t)):  # the add fused: the sum's bits and its selection
+            acc, idx = ops.add_topk_abs_index(r.clone(), t, out, k)
+            want_acc = r.clone().add_(t)
+            assert torch.equal(acc.view(torch.int32), want_acc.view(torch.int32))
+            with monkeypatch.context() as m:
+                m.setattr(torch_ops, "TRITON_SELECT", False)
+                assert torch.equal(idx, ops.topk_abs_index(want_acc, k))
 
 
-@pytest.mark.slow  # ~10 s: ptxas on four kernels
+@pytest.mark.slow  # ~20 s: ptxas on the kernels
 @needs_triton
 def test_the_kernels_compile_for_an_h100_without_one():
     """Each kernel lowers to a cubin for sm_90 (Triton's own ptxas; no GPU needed): what the
@@ -108,19 +138,27 @@ def test_the_kernels_compile_for_an_h100_without_one():
     import triton
     from triton.backends.compiler import GPUTarget
     K, p = triton_select.kernels(), "*i32"
+    f = "*fp32"
+    gated = {"gate_ptr": p, "state_ptr": p, "ctr_ptr": p, "cap": "i32"}
     cases = [
-        (K.histogram, {"bits_ptr": p, "n": "i32", "hist_ptr": p, "gate_ptr": p, "prefix_ptr": p},
-         {"PREFIX_SHIFT": 31, "DIGIT_SHIFT": 20, "BINS": 2048}),
-        (K.histogram, {"bits_ptr": p, "n": "i32", "hist_ptr": p, "gate_ptr": p, "prefix_ptr": p},
-         {"PREFIX_SHIFT": 9, "DIGIT_SHIFT": 0, "BINS": 512}),
-        (K.split, {"bits_ptr": p, "n": "i32", "state_ptr": p, "out_ptr": p, "out_key_ptr": p, "cand_idx_ptr": p, "cand_key_ptr": p,
+        (K.histogram, {"bits_ptr": p, "n": "i32", "hist_ptr": p, **gated}, {"LEVEL": 1, "BINS": 2048, "MODE": 0}),
+        (K.histogram, {"bits_ptr": p, "n": "i32", "hist_ptr": p, **gated}, {"LEVEL": 3, "BINS": 512, "MODE": 3}),
+        (K.add_histogram, {"a_ptr": f, "b_ptr": f, "dst_ptr": f, "n": "i32", "hist_ptr": p}, {}),
+        (K.find_bin, {"hist_ptr": p, "state_ptr": p, "gate_ptr": p, "ctr_ptr": p, "cap": "i32", "k": "i32"},
+         {"LEVEL": 1, "BINS": 2048, "MODE": 0}),
+        (K.find_bin, {"hist_ptr": p, "state_ptr": p, "gate_ptr": p, "ctr_ptr": p, "cap": "i32", "k": "i32"},
+         {"LEVEL": 3, "BINS": 512, "MODE": 1}),
+        (K.split, {"bits_ptr": p, "n": "i32", "state_ptr": p, "out_ptr": p, "cand_idx_ptr": p, "cand_key_ptr": p,
                    "ctr_ptr": p, "gate_ptr": p}, {"CAP": 1_004_096}),
+        (K.cand_histogram, {"cand_key_ptr": p, "hist_ptr": p, **gated}, {"LEVEL": 2, "BINS": 2048}),
+        (K.cand_write, {"cand_idx_ptr": p, "cand_key_ptr": p, **gated, "out_ptr": p}, {}),
         (K.above_threshold, {"bits_ptr": p, "n": "i32", "thr_ptr": p, "out_ptr": p, "ctr_ptr": p, "cap": "i32"}, {}),
-        (K.count_equal, {"bits_ptr": p, "n": "i32", "gate_ptr": p, "kth_ptr": p, "counts_ptr": p}, {}),
-        (K.write_overflow, {"bits_ptr": p, "n": "i32", "gate_ptr": p, "state_ptr": p, "starts_ptr": p, "out_ptr": p,
-                            "ctr_ptr": p}, {}),
+        (K.add_above_threshold, {"a_ptr": f, "b_ptr": f, "dst_ptr": f, "n": "i32", "thr_ptr": p, "out_ptr": p,
+                                 "ctr_ptr": p, "cap": "i32"}, {}),
+        (K.count_equal, {"bits_ptr": p, "n": "i32", **gated, "counts_ptr": p}, {}),
+        (K.write_overflow, {"bits_ptr": p, "n": "i32", **gated, "starts_ptr": p, "out_ptr": p}, {}),
     ]
     for fn, sig, const in cases:
-        const = {**const, "BLOCK": triton_select.BLOCK}
+        const = {**const, "BLOCK": triton_select.BLOCK} if "BLOCK" in fn.arg_names else const
         src = triton.compiler.ASTSource(fn=fn, signature={**sig, **{c: "constexpr" for c in const}}, constexprs=const)
         assert triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["cubin"]
