@@ -39,15 +39,21 @@ class NoFamilyHost(Host):
     optimizer_family = None  # type: ignore[assignment]  # a host that does not implement the seam
 
 
-def test_warmup_counts_follow_dgc_schedule_per_step():
-    w = DensityWarmup(4)  # r^((s+1)/5) with r = 0.01: 0.398, 0.158, 0.0631, 0.0251, then 0.01
+def test_dense_warmup_sends_everything_then_the_density():
+    w = DensityWarmup(3)
+    assert [w.k(10, 1000, s) for s in range(5)] == [1000, 1000, 1000, 10, 10]
+    assert w.density(0.01, 2) == 1.0 and w.density(0.01, 3) == 0.01
+
+
+def test_exponential_warmup_counts_follow_dgc_schedule_per_step():
+    w = DensityWarmup(4, exponential=True)  # r^((s+1)/5) with r = 0.01: 0.398, 0.158, 0.0631, 0.0251, then 0.01
     assert [w.k(10, 1000, s) for s in range(7)] == [399, 159, 64, 26, 10, 10, 10]
     assert w.density(0.01, 0) == 0.01 ** 0.2 and w.density(0.01, 4) == 0.01
     assert w.k(1000, 1000, 0) == 1000 and w.k(0, 0, 0) == 0
 
 
 def test_warmup_never_sends_fewer_than_the_selector_and_reaches_dense():
-    w = DensityWarmup(1000)
+    w = DensityWarmup(1000, exponential=True)
     assert w.k(500, 1000, 0) == 1000  # 0.5 ** (1/1001) * 1000 rounds up to all of it: dense
     for s in range(0, 1000, 37):
         assert 10 <= w.k(10, 1000, s) <= 1000
@@ -58,13 +64,17 @@ def test_warmup_never_sends_fewer_than_the_selector_and_reaches_dense():
 def test_warmup_length_is_checked(bad):
     with pytest.raises(ConfigError, match="whole number of optimizer steps"):
         DensityWarmup(bad)
+    with pytest.raises(ConfigError, match="exponential must be True"):
+        DensityWarmup(5, exponential=1)  # type: ignore[arg-type]
 
 
 def test_selector_k_under_warmup():
     sel = TopKSelector(0.01, min_k=1)
     assert sel.k_for(1000, None, 0) == 10
-    sel.warmup = DensityWarmup(4)
+    sel.warmup = DensityWarmup(4, exponential=True)
     assert [sel.k_for(1000, None, s) for s in range(5)] == [399, 159, 64, 26, 10]
+    sel.warmup = DensityWarmup(2)
+    assert [sel.k_for(1000, None, s) for s in range(3)] == [1000, 1000, 10]
 
 
 def test_the_seam_is_a_protocol():
