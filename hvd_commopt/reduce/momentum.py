@@ -16,7 +16,7 @@ from typing import Any
 from ..compress.selector import Selector
 from ..errors import ConfigError
 from ..host import MomentumSwitch, ScheduleHost
-from ..memory.adaptive import adapt_to_optimizer
+from .adaptive import adapt_to_optimizer
 from ..memory.base import Memory, MomentumMemory
 
 __all__ = ["bind_momentum_memory"]

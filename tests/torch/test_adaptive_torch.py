@@ -15,7 +15,7 @@ import torch_plugin as hco  # noqa: E402
 from hvd_commopt import Compression, run_ranks  # noqa: E402
 from hvd_commopt.compress.warmup import DensityWarmup  # noqa: E402
 from hvd_commopt.host import ADAPTIVE  # noqa: E402
-from hvd_commopt.memory.adaptive import ADAPTIVE_WARMUP_STEPS  # noqa: E402
+from hvd_commopt.reduce.adaptive import ADAPTIVE_WARMUP_STEPS  # noqa: E402
 from torch_plugin.host import TorchScheduleHost  # noqa: E402
 
 torch.manual_seed(0)

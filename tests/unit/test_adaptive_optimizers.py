@@ -13,7 +13,7 @@ from hvd_commopt.compress.topk import TopKSelector
 from hvd_commopt.compress.warmup import DensityWarmup
 from hvd_commopt.errors import ConfigError
 from hvd_commopt.host import ADAPTIVE, OptimizerFamily
-from hvd_commopt.memory.adaptive import ADAPTIVE_WARMUP_STEPS, adapt_to_optimizer, is_adaptive
+from hvd_commopt.reduce.adaptive import ADAPTIVE_WARMUP_STEPS, adapt_to_optimizer, is_adaptive
 from hvd_commopt.memory.dgc import DGCMemory
 from hvd_commopt.memory.error_feedback import ErrorFeedback
 from hvd_commopt.memory.momentum import MomentumCorrection

@@ -1,4 +1,4 @@
-"""Sparse compression under an adaptive optimizer (Adam, AdamW, ...): docs/adaptive-optimizers.md.
+"""Sparse compression under an adaptive optimizer (Adam, AdamW, ...): docs/adaptive-optimizers.md#adaptive-optimizers.
 
 Error feedback and momentum correction were designed for SGD with momentum. Before Adam they
 meet an optimizer that divides each coordinate by its own second moment, and a coordinate that
@@ -29,7 +29,7 @@ from typing import Any
 from ..compress.selector import Selector
 from ..compress.warmup import DensityWarmup
 from ..host import ADAPTIVE, OptimizerFamily
-from .base import Memory, MomentumMemory
+from ..memory.base import Memory, MomentumMemory
 
 __all__ = ["ADAPTIVE_WARMUP_STEPS", "adapt_to_optimizer", "is_adaptive"]
 
