@@ -12,7 +12,14 @@ Extra variants (``X`` one of topk, gtopk, oktopk, dgc, randomk, lags):
   ``X_nowarm``  no density warm-up (the behaviour before it);
   ``X_wN``      the exponential warm-up over N steps;
   ``X_denseN``  dense for N steps, then the density at once (1-bit Adam's uncompressed warm-up);
-  ``dgc_m09``   DGC with its own momentum 0.9 on top of Adam's (the combination warned about).
+  ``dgc_m09``   DGC with its own momentum 0.9 on top of Adam's (the combination warned about);
+  ``..._fN``    (transformer, AdamW) the wrapped AdamW's second moment frozen from step N on
+                (1-bit Adam's variance freezing; the A/B of docs/adaptive-optimizers.md#not-adopted);
+  ``..._fNp``   frozen, and each gradient divided by the frozen denominator before the exchange
+                (selection by Adam's preconditioned magnitude), multiplied back in the update.
+
+The monkeypatching of :mod:`benchmarks.convergence` (its variant table, optimizer factory and
+``train_lm``) keeps these A/B switches out of the library and out of that benchmark's tables.
 """
 from __future__ import annotations
 
@@ -63,7 +70,7 @@ def variant_kwargs(name: str, steps_per_epoch: int, warmup: int) -> dict:
     return kw
 
 
-import torch  # noqa: E402
+import torch  # noqa: E402  (after the variant table, which needs no torch)
 
 
 class FrozenAdamW(torch.optim.AdamW):
@@ -117,9 +124,7 @@ class FrozenAdamW(torch.optim.AdamW):
 
 
 _MAKE = conv.make_optimizer
-
-
-_CURRENT = [""]
+_CURRENT = [""]  # the variant being trained (make_optimizer is called before variant_kwargs)
 _TRAIN_LM = conv.train_lm
 
 

@@ -14,6 +14,8 @@ When the wrapped optimizer is adaptive (the host says so through the typed seam
 * keep **error feedback without momentum correction**: Adam's first moment is its momentum, so
   there is no SGD momentum to correct (the optimizer has no ``momentum``: μ = 0), and DGC left
   at ``momentum=None`` trains without a momentum of its own, on purpose, with no warning;
+* **warn** for random-k below density 0.3 (it trained far off S-SGD under AdamW,
+  docs/adaptive-optimizers.md#randomk), naming the methods that do train;
 * **warn** when DGC is given a momentum of its own (``Compression.dgc(momentum=0.9)``): it is
   then applied before Adam's first moment, two momenta in series, measured far off S-SGD
   (docs/adaptive-optimizers.md#dgc-momentum).
@@ -26,6 +28,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from ..compress.randomk import RANDOMK_MIN_DENSITY, RandomKSelector
 from ..compress.selector import Selector
 from ..compress.warmup import DensityWarmup
 from ..host import ADAPTIVE, OptimizerFamily
@@ -49,6 +52,12 @@ def adapt_to_optimizer(memory: Memory, selector: Selector | None, host: Any) -> 
         return False
     if selector is not None and selector.warmup is None:
         selector.warmup = DensityWarmup(ADAPTIVE_WARMUP_STEPS)
+    d = selector.density.constant if isinstance(selector, RandomKSelector) else None
+    if d is not None and d < RANDOMK_MIN_DENSITY:
+        warnings.warn(f"random-k at density {d} under an adaptive optimizer (Adam, AdamW, ...) trained far off "
+                      f"S-SGD even after the warm-up (docs/adaptive-optimizers.md#randomk): use "
+                      f"Compression.topk, gtopk, oktopk or dgc, or random-k at density >= {RANDOMK_MIN_DENSITY}.",
+                      RuntimeWarning, stacklevel=5)
     if isinstance(memory, MomentumMemory) and memory.from_optimizer:
         # Adam's first moment is the momentum: μ = 0 here is the intended error feedback, so
         # DGC's "no momentum anywhere" warning (docs/dgc.md#no-momentum) does not apply; it

@@ -83,7 +83,7 @@ def test_the_seam_is_a_protocol():
 
 
 @pytest.mark.parametrize("make", [lambda: Compression.topk(0.01), lambda: Compression.gtopk(0.01),
-                                  lambda: Compression.oktopk(0.01), lambda: Compression.randomk(0.01),
+                                  lambda: Compression.oktopk(0.01), lambda: Compression.randomk(0.3),
                                   lambda: Compression.dgc(0.01)])
 def test_adaptive_optimizer_gets_the_warmup(make):
     red = make()
@@ -122,3 +122,10 @@ def test_dgc_own_momentum_under_adam_warns_with_the_fix():
         warnings.simplefilter("error")
         adapt_to_optimizer(DGCMemory(momentum=0.0), TopKSelector(0.01), Host(ADAPTIVE))
         adapt_to_optimizer(ErrorFeedback(), TopKSelector(0.01), Host(ADAPTIVE))
+
+
+def test_low_density_randomk_under_adam_warns_with_the_fix():
+    red = Compression.randomk(0.01)
+    with pytest.warns(RuntimeWarning, match=r"random-k at density 0.01 under an adaptive.*Compression.topk"):
+        bind_momentum_memory(red.memory, Host(ADAPTIVE), ["w"], red.compressor)
+    assert isinstance(red.compressor.warmup, DensityWarmup)
