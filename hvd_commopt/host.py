@@ -23,7 +23,7 @@ from typing import Any, Callable, Protocol, runtime_checkable
 
 from .errors import HvdCommoptError
 
-__all__ = ["ScheduleHost", "MomentumSwitch", "GradientCapture"]
+__all__ = ["ScheduleHost", "MomentumSwitch", "OptimizerFamily", "ADAPTIVE", "GradientCapture"]
 
 Tensor = Any
 
@@ -93,6 +93,22 @@ class MomentumSwitch(Protocol):
     def hyper_without_momentum(self) -> Any:
         """The hyper-parameter override (the shape of :meth:`ScheduleHost.hyper`) that runs the
         optimizer without momentum; None when this optimizer cannot."""
+        ...
+
+
+#: :meth:`OptimizerFamily.optimizer_family` of an optimizer with a per-coordinate second moment
+#: (Adam, AdamW, NAdam, RAdam, Adamax, Adagrad, RMSprop): docs/adaptive-optimizers.md.
+ADAPTIVE = "adaptive"
+
+
+@runtime_checkable
+class OptimizerFamily(Protocol):
+    """A host that says which family its wrapped optimizer belongs to: sparse compression adapts
+    to an adaptive one (density warm-up, no momentum correction, docs/adaptive-optimizers.md)."""
+
+    def optimizer_family(self) -> str:
+        """:data:`ADAPTIVE` for an optimizer that divides by a per-coordinate second moment;
+        "sgd" for SGD and its momentum forms; "other" for anything else."""
         ...
 
 

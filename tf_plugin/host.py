@@ -25,13 +25,22 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import keras
 import numpy as np
 import tensorflow as tf
+
+from hvd_commopt.host import ADAPTIVE
 
 from ._compat import learning_rate_variable
 from .ops import _t
 
-__all__ = ["KerasScheduleHost"]
+__all__ = ["KerasScheduleHost", "adaptive_optimizers"]
+
+
+def adaptive_optimizers() -> tuple[type, ...]:
+    """Keras' optimizers that divide by a per-coordinate second moment (AdamW is an Adam)."""
+    o = keras.optimizers
+    return (o.Adam, o.AdamW, o.Nadam, o.Adamax, o.Adagrad, o.RMSprop, o.Adadelta, o.Adafactor)
 
 
 def _snapshot(v) -> tf.Tensor:
@@ -101,6 +110,13 @@ class KerasScheduleHost:
     def hyper(self) -> dict:
         lr = self._lr_var()
         return {} if lr is None else {"learning_rate": float(np.asarray(lr.numpy()))}
+
+    def optimizer_family(self) -> str:
+        """:data:`~hvd_commopt.host.ADAPTIVE` for Keras' optimizers with a per-coordinate second
+        moment (docs/adaptive-optimizers.md), "sgd" for ``keras.optimizers.SGD``, else "other"."""
+        if isinstance(self.opt, adaptive_optimizers()):
+            return ADAPTIVE
+        return "sgd" if isinstance(self.opt, keras.optimizers.SGD) else "other"
 
     def param_hyper(self, name: str, key: str, default: float | None = None) -> float | None:
         if key == "lr":

@@ -16,11 +16,16 @@ from typing import Any
 import torch
 
 from hvd_commopt import timeline as _timeline
+from hvd_commopt.host import ADAPTIVE
 
 from ._compat import is_view
 from .sparse_update import SparseSGD
 
-__all__ = ["TorchScheduleHost"]
+__all__ = ["TorchScheduleHost", "ADAPTIVE_OPTIMIZERS"]
+
+#: torch's optimizers that divide by a per-coordinate second moment (docs/adaptive-optimizers.md).
+ADAPTIVE_OPTIMIZERS = (torch.optim.Adam, torch.optim.AdamW, torch.optim.NAdam, torch.optim.RAdam,
+                       torch.optim.Adamax, torch.optim.Adagrad, torch.optim.RMSprop, torch.optim.SparseAdam)
 
 
 def _snapshot(value: Any) -> Any:
@@ -117,6 +122,13 @@ class TorchScheduleHost:
             return None
         return [{"momentum": 0.0, "nesterov": False, "dampening": 0.0} if "momentum" in g else {}
                 for g in self.opt.param_groups]
+
+    def optimizer_family(self) -> str:
+        """:data:`~hvd_commopt.host.ADAPTIVE` for torch's optimizers with a per-coordinate second
+        moment (docs/adaptive-optimizers.md), "sgd" for ``torch.optim.SGD``, else "other"."""
+        if isinstance(self.opt, ADAPTIVE_OPTIMIZERS):
+            return ADAPTIVE
+        return "sgd" if isinstance(self.opt, torch.optim.SGD) else "other"
 
     def param_hyper(self, name: str, key: str, default: float | None = None) -> float | None:
         v = self._group_of[id(self.params[name])].get(key, default)

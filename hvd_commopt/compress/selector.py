@@ -29,6 +29,7 @@ from ..tensor_ops import TensorOps
 
 if TYPE_CHECKING:
     from ..select.strategies import SelectionStrategy
+    from .warmup import DensityWarmup
 
 __all__ = ["Density", "DensitySpec", "Selector", "check_density"]
 
@@ -140,6 +141,9 @@ class Selector:
     fuses_memory: bool = False
     selection: SelectionStrategy | None = None
     layerwise: bool = False
+    #: a density warm-up (:class:`~hvd_commopt.compress.warmup.DensityWarmup`), set under an
+    #: adaptive optimizer (docs/adaptive-optimizers.md#warmup); None: the density from step 0.
+    warmup: DensityWarmup | None = None
 
     def __init__(self, density: Density = 0.001, min_k: int = 1, dense_1d: bool = True):
         self.density = DensitySpec(density)
@@ -158,7 +162,8 @@ class Selector:
             return 0
         if bucket is not None and bucket.dense:
             return numel
-        return min(max(self.count(numel, bucket, step), self.min_k), numel)
+        k = min(max(self.count(numel, bucket, step), self.min_k), numel)
+        return k if self.warmup is None else self.warmup.k(k, numel, step)
 
     @property
     def sends_k(self) -> bool:

@@ -16,6 +16,7 @@ from typing import Any
 from ..compress.selector import Selector
 from ..errors import ConfigError
 from ..host import MomentumSwitch, ScheduleHost
+from .adaptive import adapt_to_optimizer
 from ..memory.base import Memory, MomentumMemory
 
 __all__ = ["bind_momentum_memory"]
@@ -28,6 +29,8 @@ def bind_momentum_memory(memory: Memory, host: ScheduleHost, names: list[str], s
     the sparse reducer's, told the momentum that will be applied."""
     mem = memory if isinstance(memory, MomentumMemory) else None
     known = host.holds_weights  # a gradient-capturing host has no optimizer
+    if known and names:  # Adam and kin: warm-up, no momentum correction (docs/adaptive-optimizers.md)
+        adapt_to_optimizer(memory, selector, host)
     if selector is not None and known and names:  # e.g. random-k's warning (docs/topk.md#randomk-momentum)
         mu0 = float(host.param_hyper(names[0], "momentum", 0.0) or 0.0)
         selector.check_momentum(mem.momentum if mem is not None and not mem.from_optimizer else mu0, mem is not None)
