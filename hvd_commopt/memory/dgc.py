@@ -112,11 +112,12 @@ class DGCMemory:
         if self._bound and self.from_optimizer and self.momentum == 0.0 and not self._warned_no_momentum:
             self._warned_no_momentum = True
             warnings.warn("Compression.dgc() takes its momentum from the wrapped optimizer (momentum=None), and "
-                          "that optimizer has none (momentum 0, or no momentum hyper-parameter, as Adam): DGC "
+                          "that optimizer has none (momentum 0, or no momentum hyper-parameter): DGC "
                           "runs with no momentum at all (docs/dgc.md#no-momentum). Pass the momentum to DGC, "
                           "Compression.dgc(..., momentum=0.9), or give the optimizer its momentum "
                           "(SGD(..., momentum=0.9); DGC then applies it itself); pass momentum=0.0 to train "
-                          "without it on purpose (e.g. under Adam, whose first moment is its momentum).",
+                          "without it on purpose. (Under Adam and kin this does not warn: their first moment is "
+                          "the momentum, docs/adaptive-optimizers.md#adaptive-optimizers.)",
                           RuntimeWarning, stacklevel=2)
         if not self._bound:
             raise ConfigError("this compression takes its momentum from the wrapped optimizer (momentum=None), "

@@ -7,7 +7,7 @@ less under Adam than the same gradient delivered every step (docs/adaptive-optim
 When the wrapped optimizer is adaptive (the host says so through the typed seam
 :class:`~hvd_commopt.host.OptimizerFamily`), :func:`adapt_to_optimizer` makes a sparse reducer:
 
-* start with **DGC's exponential density warm-up** over :data:`ADAPTIVE_WARMUP_STEPS` steps
+* start with a **dense warm-up** of :data:`ADAPTIVE_WARMUP_STEPS` steps
   (:class:`~hvd_commopt.compress.warmup.DensityWarmup`) unless the selector already has one:
   Adam's second moment is estimated from (nearly) dense gradients while it settles, as 1-bit
   Adam's and 0/1 Adam's uncompressed warm-ups do (docs/adaptive-optimizers.md#warmup);
