@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import re
 import time
 from pathlib import Path
 
@@ -52,6 +54,34 @@ def variants(h_small: int, h_mid: int, h_big: int) -> dict:
     }
 
 
+_RECIPE = re.compile(r"diloco_h(\d+)(?:_olr([\d.]+))?(?:_om([\d.]+))?(?:_topk(\d+)_int(\d))?$")
+
+
+def parse_variant(name: str):
+    """A variant outside the table, for sweeps of the outer step: ``diloco_h{H}[_olr{lr}][_om{mu}]
+    [_topk{percent}_int{bits}]`` (Nesterov outer step with lr and momentum; top-k at percent %
+    with bits-bit values and error feedback)."""
+    m = _RECIPE.match(name)
+    if m is None:
+        raise SystemExit(f"unknown variant {name!r}")
+    h, lr, mu, pct, bits = m.groups()
+    kw = {"outer_lr": float(lr or 0.7), "outer_momentum": float(mu or 0.9)}
+    comp = (lambda: None) if pct is None else (lambda: Compression.quantize(int(bits), density=int(pct) / 100))
+    return (lambda: Schedule.diloco(int(h), **kw)), comp
+
+
+def inner_lr_factor(step: int, args) -> float:
+    """The inner learning rate's factor at ``step`` (0-based): linear warm-up over ``--warmup``
+    steps, then cosine decay to ``--min-lr`` of the peak at ``--steps`` (DiLoCo's inner schedule),
+    or constant without ``--cosine``. The same for every variant."""
+    if step < args.warmup:
+        return (step + 1) / args.warmup
+    if not args.cosine:
+        return 1.0
+    t = (step - args.warmup) / max(1, args.steps - args.warmup)
+    return args.min_lr + (1 - args.min_lr) * 0.5 * (1 + math.cos(math.pi * t))
+
+
 def train_variant(name, schedule, compression, args, shape, train_tok, val_xy, init_state):
     P = args.ranks
 
@@ -62,6 +92,7 @@ def train_variant(name, schedule, compression, args, shape, train_tok, val_xy, i
         inner = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
         opt = hco.DistributedOptimizer(inner, named_parameters=model.named_parameters(), communicator=comm,
                                        schedule=schedule(), compression=compression())
+        lr_sched = torch.optim.lr_scheduler.LambdaLR(inner, lambda i: inner_lr_factor(i, args))
         gen = torch.Generator().manual_seed(1000 + comm.rank)
         it = batches(train_tok, args.batch, shape.context, gen)
         curve, per_step, compute_s = [], [], 0.0
@@ -84,6 +115,7 @@ def train_variant(name, schedule, compression, args, shape, train_tok, val_xy, i
             opt.zero_grad()
             lm_loss(model(x), y).backward()
             opt.step()
+            lr_sched.step()
             compute_s += time.perf_counter() - t0
             per_step.append(comm.traffic.bytes_sent - before)
             if comm.rank == 0 and (step % args.eval_every == 0 and step < args.steps):
@@ -162,11 +194,18 @@ def main(argv=None) -> None:
     ap.add_argument("--context", type=int, default=64)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--eval-windows", type=int, default=64)
+    ap.add_argument("--warmup", type=int, default=0, help="inner learning-rate warm-up steps (linear)")
+    ap.add_argument("--cosine", action="store_true", help="cosine decay of the inner learning rate after warm-up")
+    ap.add_argument("--min-lr", type=float, default=0.1, help="the cosine decay's final factor")
     ap.add_argument("--h", type=int, nargs=3, default=[20, 50, 100])
     ap.add_argument("--variants", default="all")
     ap.add_argument("--out", default="benchmarks/results/lowcomm")
     ap.add_argument("--baseline", default=None,
                     help="a JSON of an earlier run with the same arguments: take its results instead of rerunning them")
+    ap.add_argument("--merge", default=None,
+                    help="comma-separated JSONs of runs with the same arguments (variants split across processes): "
+                         "their results are taken together, the listed variants not in them are run")
+    ap.add_argument("--no-ddp", action="store_true", help="do not add the ddp baseline (a part to --merge later)")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -181,17 +220,23 @@ def main(argv=None) -> None:
     if args.baseline:  # the same model, data and steps: the earlier run's results stand
         results = json.loads(Path(args.baseline).read_text())["results"]
         names = [n for n in names if n not in results]
-    elif "ddp" not in names:
+    elif args.merge:
+        for part in args.merge.split(","):
+            results.update(json.loads(Path(part).read_text())["results"])
+        names = [n for n in names if n not in results] if args.variants != "all" else []
+    elif "ddp" not in names and not args.no_ddp:
         names = ["ddp"] + names
     path = out / (f"lowcomm_p{args.ranks}.json" if not args.baseline else f"lowcomm_p{args.ranks}_more.json")
     nparams = sum(t.numel() for t in init_state.values() if t.dtype.is_floating_point) - shape.vocab * shape.width
     for name in names:
-        sched, comp = table[name]
+        sched, comp = table[name] if name in table else parse_variant(name)
         results[name] = train_variant(name, sched, comp, args, shape, train_tok, val_xy, init_state)
         r = results[name]
         print(f"LOWCOMM {name}: val {r['curve'][-1]['val_loss']:.4f}  bytes/step/rank "
               f"{r['bytes_per_step_per_rank']:.0f}  wall {r['wall_s']:.0f}s", flush=True)
         path.write_text(json.dumps({"args": vars(args), "params": nparams, "results": results}))
+    if "ddp" not in results:
+        return
     rows = summarise(results, args.ranks)
     path.write_text(json.dumps({"args": vars(args), "params": nparams, "results": results, "summary": rows}))
     print(f"\n{nparams} parameters, {args.ranks} ranks, {args.steps} steps of {args.batch}x{shape.context} "
