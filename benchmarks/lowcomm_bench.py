@@ -160,27 +160,50 @@ def summarise(results: dict, P: int) -> list[dict]:
     return rows
 
 
-def plot(results: dict, P: int, out: Path) -> None:
+def emulated_step_s(netemu: dict, name: str) -> float | None:
+    """The step time measured on the emulated link (benchmarks/lowcomm_netemu.py) that stands for
+    variant ``name``: its own, or S-SGD's for the S-SGD variants and DiLoCo H=50's for the DiLoCo
+    variants at H=50 (their per-step bytes are within a few % of it); None for the others."""
+    res = netemu.get("results", {})
+    key = name if name in res else ("ddp" if name.startswith("ddp") else
+                                     "diloco_h50" if name.startswith(("diloco_h50", "sparseloco_h50")) else None)
+    return None if key not in res else max(r["step_s"] for r in res[key]["ranks"])
+
+
+def plot(results: dict, P: int, out: Path, netemu: dict | None = None, png: Path | None = None) -> None:
+    """Validation loss against tokens, against time on the emulated link (steps x the step time
+    measured there, when ``netemu`` is given) and against modelled time at 1 Gbit/s."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, 3, figsize=(17, 5))
     for name, r in results.items():
         c = r["curve"]
-        axes[0].plot([p["tokens"] for p in c], [p["val_loss"] for p in c], marker=".", label=name)
-        for ax, link in zip(axes[1:], LINKS):
-            ax.plot([modelled_time(p, link, P) for p in c], [p["val_loss"] for p in c], marker=".", label=name)
+        line, = axes[0].plot([p["tokens"] for p in c], [p["val_loss"] for p in c], marker=".", label=name)
+        step_s = None if netemu is None else emulated_step_s(netemu, name)
+        if step_s is not None:
+            axes[1].plot([max(p["step"], 1) * step_s for p in c], [p["val_loss"] for p in c], marker=".",
+                         color=line.get_color(), label=name)
+        axes[2].plot([max(modelled_time(p, "1Gbit", P), 1e-3) for p in c], [p["val_loss"] for p in c], marker=".",
+                     color=line.get_color(), label=name)
     axes[0].set_xlabel("tokens (all ranks)")
-    for ax, link in zip(axes[1:], LINKS):
-        ax.set_xlabel(f"modelled time at {link} (s)")
+    axes[1].set_xlabel(f"time on the emulated {netemu['net'] if netemu else '?'} link (s): steps x measured step time")
+    axes[2].set_xlabel("modelled time at 1 Gbit/s (s): compute + bytes/bandwidth")
+    for ax in axes[1:]:
         ax.set_xscale("log")
+    if "ddp" in results:
+        for ax in axes:
+            ax.axhline(results["ddp"]["curve"][-1]["val_loss"], color="grey", lw=0.8, ls=":")
     for ax in axes:
         ax.set_ylabel("validation loss (nats/byte)")
+        ax.set_ylim(top=min(3.0, ax.get_ylim()[1]))
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
-    fig.suptitle(f"GPT on stdlib bytes, {P} ranks")
+    fig.suptitle(f"GPT on stdlib bytes, {P} ranks (dotted: S-SGD's final loss)")
     fig.tight_layout()
     fig.savefig(out / "lowcomm_curves.png", dpi=110)
+    if png is not None:
+        fig.savefig(png, dpi=80)
 
 
 def main(argv=None) -> None:
@@ -206,6 +229,9 @@ def main(argv=None) -> None:
                     help="comma-separated JSONs of runs with the same arguments (variants split across processes): "
                          "their results are taken together, the listed variants not in them are run")
     ap.add_argument("--no-ddp", action="store_true", help="do not add the ddp baseline (a part to --merge later)")
+    ap.add_argument("--netemu", default=None,
+                    help="benchmarks/lowcomm_netemu.py's netemu_summary.json: plot loss against time on that link")
+    ap.add_argument("--png", default=None, help="also save the plot here (e.g. benchmarks/report_lowcomm.png)")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -238,6 +264,15 @@ def main(argv=None) -> None:
     if "ddp" not in results:
         return
     rows = summarise(results, args.ranks)
+    netemu = json.loads(Path(args.netemu).read_text()) if args.netemu else None
+    if netemu is not None:  # the time to S-SGD's final loss on the emulated link: steps x measured step time
+        target = results["ddp"]["curve"][-1]["val_loss"]
+        for row in rows:
+            step_s = emulated_step_s(netemu, row["variant"])
+            hit = next((p for p in results[row["variant"]]["curve"] if p["val_loss"] <= target), None)
+            row["emulated_step_s"] = step_s
+            row[f"time_to_ddp_loss_emulated_{netemu['net']}_s"] = None if step_s is None or hit is None else \
+                hit["step"] * step_s
     path.write_text(json.dumps({"args": vars(args), "params": nparams, "results": results, "summary": rows}))
     print(f"\n{nparams} parameters, {args.ranks} ranks, {args.steps} steps of {args.batch}x{shape.context} "
           f"tokens per rank; ratios against ddp (S-SGD allreduce) in this run")
@@ -250,7 +285,7 @@ def main(argv=None) -> None:
         print(f"{row['variant']:28s} {row['final_val_loss']:7.4f} {100 * row['loss_vs_ddp']:+6.2f}% "
               f"{row['bytes_per_step_per_rank']:12.0f} {row['bytes_ratio_vs_ddp']:9.5f} {row['peak_step_bytes']:10.0f}{tt}")
     try:
-        plot(results, args.ranks, out)
+        plot(results, args.ranks, out, netemu, Path(args.png) if args.png else None)
     except ImportError:
         pass
 
