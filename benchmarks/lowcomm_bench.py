@@ -11,8 +11,9 @@ per-rank batches; rank 0 evaluates its model on fixed validation windows every `
 steps (a multiple of every period, so DiLoCo and local SGD are evaluated right after a sync).
 Bytes are the communicator's own count (what this rank sent). Time on a link is *modelled*:
 the measured compute time plus ``bytes * 8 / bandwidth + collectives * latency`` per rank (no
-overlap credited, so Streaming DiLoCo's and CoCoD's hiding is not counted); emulated links
-(benchmarks/netemu) are not used here. Ratios are against S-SGD in the same run.
+overlap credited, so Streaming DiLoCo's and CoCoD's hiding is not counted); the step times on an
+emulated link come from benchmarks/lowcomm_netemu.py (``--netemu``: its summary, plotted as steps
+x measured step time). Ratios are against S-SGD in the same run.
 """
 from __future__ import annotations
 
