@@ -11,13 +11,16 @@ per-rank batches; rank 0 evaluates its model on fixed validation windows every `
 steps (a multiple of every period, so DiLoCo and local SGD are evaluated right after a sync).
 Bytes are the communicator's own count (what this rank sent). Time on a link is *modelled*:
 the measured compute time plus ``bytes * 8 / bandwidth + collectives * latency`` per rank (no
-overlap credited, so Streaming DiLoCo's and CoCoD's hiding is not counted); emulated links
-(benchmarks/netemu) are not used here. Ratios are against S-SGD in the same run.
+overlap credited, so Streaming DiLoCo's and CoCoD's hiding is not counted); the step times on an
+emulated link come from benchmarks/lowcomm_netemu.py (``--netemu``: its summary, plotted as steps
+x measured step time). Ratios are against S-SGD in the same run.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import re
 import time
 from pathlib import Path
 
@@ -52,6 +55,34 @@ def variants(h_small: int, h_mid: int, h_big: int) -> dict:
     }
 
 
+_RECIPE = re.compile(r"diloco_h(\d+)(?:_olr([\d.]+))?(?:_om([\d.]+))?(?:_topk(\d+)_int(\d))?$")
+
+
+def parse_variant(name: str):
+    """A variant outside the table, for sweeps of the outer step: ``diloco_h{H}[_olr{lr}][_om{mu}]
+    [_topk{percent}_int{bits}]`` (Nesterov outer step with lr and momentum; top-k at percent %
+    with bits-bit values and error feedback)."""
+    m = _RECIPE.match(name)
+    if m is None:
+        raise SystemExit(f"unknown variant {name!r}")
+    h, lr, mu, pct, bits = m.groups()
+    kw = {"outer_lr": float(lr or 0.7), "outer_momentum": float(mu or 0.9)}
+    comp = (lambda: None) if pct is None else (lambda: Compression.quantize(int(bits), density=int(pct) / 100))
+    return (lambda: Schedule.diloco(int(h), **kw)), comp
+
+
+def inner_lr_factor(step: int, args) -> float:
+    """The inner learning rate's factor at ``step`` (0-based): linear warm-up over ``--warmup``
+    steps, then cosine decay to ``--min-lr`` of the peak at ``--steps`` (DiLoCo's inner schedule),
+    or constant without ``--cosine``. The same for every variant."""
+    if step < args.warmup:
+        return (step + 1) / args.warmup
+    if not args.cosine:
+        return 1.0
+    t = (step - args.warmup) / max(1, args.steps - args.warmup)
+    return args.min_lr + (1 - args.min_lr) * 0.5 * (1 + math.cos(math.pi * t))
+
+
 def train_variant(name, schedule, compression, args, shape, train_tok, val_xy, init_state):
     P = args.ranks
 
@@ -62,6 +93,7 @@ def train_variant(name, schedule, compression, args, shape, train_tok, val_xy, i
         inner = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
         opt = hco.DistributedOptimizer(inner, named_parameters=model.named_parameters(), communicator=comm,
                                        schedule=schedule(), compression=compression())
+        lr_sched = torch.optim.lr_scheduler.LambdaLR(inner, lambda i: inner_lr_factor(i, args))
         gen = torch.Generator().manual_seed(1000 + comm.rank)
         it = batches(train_tok, args.batch, shape.context, gen)
         curve, per_step, compute_s = [], [], 0.0
@@ -84,6 +116,7 @@ def train_variant(name, schedule, compression, args, shape, train_tok, val_xy, i
             opt.zero_grad()
             lm_loss(model(x), y).backward()
             opt.step()
+            lr_sched.step()
             compute_s += time.perf_counter() - t0
             per_step.append(comm.traffic.bytes_sent - before)
             if comm.rank == 0 and (step % args.eval_every == 0 and step < args.steps):
@@ -128,27 +161,50 @@ def summarise(results: dict, P: int) -> list[dict]:
     return rows
 
 
-def plot(results: dict, P: int, out: Path) -> None:
+def emulated_step_s(netemu: dict, name: str) -> float | None:
+    """The step time measured on the emulated link (benchmarks/lowcomm_netemu.py) that stands for
+    variant ``name``: its own, or S-SGD's for the S-SGD variants and DiLoCo H=50's for the DiLoCo
+    variants at H=50 (their per-step bytes are within a few % of it); None for the others."""
+    res = netemu.get("results", {})
+    key = name if name in res else ("ddp" if name.startswith("ddp") else
+                                     "diloco_h50" if name.startswith(("diloco_h50", "sparseloco_h50")) else None)
+    return None if key not in res else max(r["step_s"] for r in res[key]["ranks"])
+
+
+def plot(results: dict, P: int, out: Path, netemu: dict | None = None, png: Path | None = None) -> None:
+    """Validation loss against tokens, against time on the emulated link (steps x the step time
+    measured there, when ``netemu`` is given) and against modelled time at 1 Gbit/s."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, 3, figsize=(17, 5))
     for name, r in results.items():
         c = r["curve"]
-        axes[0].plot([p["tokens"] for p in c], [p["val_loss"] for p in c], marker=".", label=name)
-        for ax, link in zip(axes[1:], LINKS):
-            ax.plot([modelled_time(p, link, P) for p in c], [p["val_loss"] for p in c], marker=".", label=name)
+        line, = axes[0].plot([p["tokens"] for p in c], [p["val_loss"] for p in c], marker=".", label=name)
+        step_s = None if netemu is None else emulated_step_s(netemu, name)
+        if step_s is not None:
+            axes[1].plot([max(p["step"], 1) * step_s for p in c], [p["val_loss"] for p in c], marker=".",
+                         color=line.get_color(), label=name)
+        axes[2].plot([max(modelled_time(p, "1Gbit", P), 1e-3) for p in c], [p["val_loss"] for p in c], marker=".",
+                     color=line.get_color(), label=name)
     axes[0].set_xlabel("tokens (all ranks)")
-    for ax, link in zip(axes[1:], LINKS):
-        ax.set_xlabel(f"modelled time at {link} (s)")
+    axes[1].set_xlabel(f"time on the emulated {netemu['net'] if netemu else '?'} link (s): steps x measured step time")
+    axes[2].set_xlabel("modelled time at 1 Gbit/s (s): compute + bytes/bandwidth")
+    for ax in axes[1:]:
         ax.set_xscale("log")
+    if "ddp" in results:
+        for ax in axes:
+            ax.axhline(results["ddp"]["curve"][-1]["val_loss"], color="grey", lw=0.8, ls=":")
     for ax in axes:
         ax.set_ylabel("validation loss (nats/byte)")
+        ax.set_ylim(top=min(3.0, ax.get_ylim()[1]))
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
-    fig.suptitle(f"GPT on stdlib bytes, {P} ranks")
+    fig.suptitle(f"GPT on stdlib bytes, {P} ranks (dotted: S-SGD's final loss)")
     fig.tight_layout()
     fig.savefig(out / "lowcomm_curves.png", dpi=110)
+    if png is not None:
+        fig.savefig(png, dpi=80)
 
 
 def main(argv=None) -> None:
@@ -162,11 +218,21 @@ def main(argv=None) -> None:
     ap.add_argument("--context", type=int, default=64)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--eval-windows", type=int, default=64)
+    ap.add_argument("--warmup", type=int, default=0, help="inner learning-rate warm-up steps (linear)")
+    ap.add_argument("--cosine", action="store_true", help="cosine decay of the inner learning rate after warm-up")
+    ap.add_argument("--min-lr", type=float, default=0.1, help="the cosine decay's final factor")
     ap.add_argument("--h", type=int, nargs=3, default=[20, 50, 100])
     ap.add_argument("--variants", default="all")
     ap.add_argument("--out", default="benchmarks/results/lowcomm")
     ap.add_argument("--baseline", default=None,
                     help="a JSON of an earlier run with the same arguments: take its results instead of rerunning them")
+    ap.add_argument("--merge", default=None,
+                    help="comma-separated JSONs of runs with the same arguments (variants split across processes): "
+                         "their results are taken together, the listed variants not in them are run")
+    ap.add_argument("--no-ddp", action="store_true", help="do not add the ddp baseline (a part to --merge later)")
+    ap.add_argument("--netemu", default=None,
+                    help="benchmarks/lowcomm_netemu.py's netemu_summary.json: plot loss against time on that link")
+    ap.add_argument("--png", default=None, help="also save the plot here (e.g. benchmarks/report_lowcomm.png)")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -181,18 +247,33 @@ def main(argv=None) -> None:
     if args.baseline:  # the same model, data and steps: the earlier run's results stand
         results = json.loads(Path(args.baseline).read_text())["results"]
         names = [n for n in names if n not in results]
-    elif "ddp" not in names:
+    elif args.merge:
+        for part in args.merge.split(","):
+            results.update(json.loads(Path(part).read_text())["results"])
+        names = [n for n in names if n not in results] if args.variants != "all" else []
+    elif "ddp" not in names and not args.no_ddp:
         names = ["ddp"] + names
     path = out / (f"lowcomm_p{args.ranks}.json" if not args.baseline else f"lowcomm_p{args.ranks}_more.json")
     nparams = sum(t.numel() for t in init_state.values() if t.dtype.is_floating_point) - shape.vocab * shape.width
     for name in names:
-        sched, comp = table[name]
+        sched, comp = table[name] if name in table else parse_variant(name)
         results[name] = train_variant(name, sched, comp, args, shape, train_tok, val_xy, init_state)
         r = results[name]
         print(f"LOWCOMM {name}: val {r['curve'][-1]['val_loss']:.4f}  bytes/step/rank "
               f"{r['bytes_per_step_per_rank']:.0f}  wall {r['wall_s']:.0f}s", flush=True)
         path.write_text(json.dumps({"args": vars(args), "params": nparams, "results": results}))
+    if "ddp" not in results:
+        return
     rows = summarise(results, args.ranks)
+    netemu = json.loads(Path(args.netemu).read_text()) if args.netemu else None
+    if netemu is not None:  # the time to S-SGD's final loss on the emulated link: steps x measured step time
+        target = results["ddp"]["curve"][-1]["val_loss"]
+        for row in rows:
+            step_s = emulated_step_s(netemu, row["variant"])
+            hit = next((p for p in results[row["variant"]]["curve"] if p["val_loss"] <= target), None)
+            row["emulated_step_s"] = step_s
+            row[f"time_to_ddp_loss_emulated_{netemu['net']}_s"] = None if step_s is None or hit is None else \
+                hit["step"] * step_s
     path.write_text(json.dumps({"args": vars(args), "params": nparams, "results": results, "summary": rows}))
     print(f"\n{nparams} parameters, {args.ranks} ranks, {args.steps} steps of {args.batch}x{shape.context} "
           f"tokens per rank; ratios against ddp (S-SGD allreduce) in this run")
@@ -205,7 +286,7 @@ def main(argv=None) -> None:
         print(f"{row['variant']:28s} {row['final_val_loss']:7.4f} {100 * row['loss_vs_ddp']:+6.2f}% "
               f"{row['bytes_per_step_per_rank']:12.0f} {row['bytes_ratio_vs_ddp']:9.5f} {row['peak_step_bytes']:10.0f}{tt}")
     try:
-        plot(results, args.ranks, out)
+        plot(results, args.ranks, out, netemu, Path(args.png) if args.png else None)
     except ImportError:
         pass
 

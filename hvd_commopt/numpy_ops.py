@@ -197,6 +197,50 @@ class NumpyOps:
         t *= t.dtype.type(coef if coef < 1 else 1.0)
         return t
 
+    # low-bit quantisation: the reference kernels (docs/quantize.md#encoding)
+    def quantize_blocks(self, t, bits, block):
+        n, q = t.size, (1 << (bits - 1)) - 1
+        nb = -(-n // block)
+        flat = np.zeros(nb * block, np.float32)
+        flat[:n] = t.reshape(-1)
+        xp = flat.reshape(nb, block)
+        scale = (np.abs(xp).max(axis=1) / np.float32(q)).astype(np.float32)
+        safe = np.where(scale > 0, scale, np.float32(1.0))
+        codes = np.clip(np.rint(xp / safe[:, None]), -q, q)
+        dec = (codes * scale[:, None]).astype(np.float32).reshape(-1)[:n]
+        return scale, (codes.reshape(-1)[:n] + q).astype(np.uint8), dec
+
+    def dequantize_blocks(self, scales, codes, bits, block):
+        n, nb, q = codes.size, scales.size, (1 << (bits - 1)) - 1
+        out = np.zeros(nb * block, np.float32)
+        out[:n] = codes.astype(np.float32) - np.float32(q)
+        return (out.reshape(nb, block) * scales[:, None]).reshape(-1)[:n]
+
+    def pack_bits(self, codes, bits):
+        if bits == 8:
+            return codes
+        if 8 % bits == 0:  # 2 or 4 bits: whole codes per byte
+            per = 8 // bits
+            flat = np.zeros(-(-codes.size // per) * per, np.uint8)
+            flat[:codes.size] = codes
+            c = flat.reshape(-1, per)
+            out = c[:, 0].copy()
+            for j in range(1, per):
+                out |= c[:, j] << np.uint8(bits * j)
+            return out
+        planes = np.unpackbits(codes[:, None], axis=1, bitorder="little")[:, :bits]  # 3, 5, 6, 7 bits
+        return np.packbits(planes.reshape(-1), bitorder="little")
+
+    def unpack_bits(self, buf, n, bits):
+        if bits == 8:
+            return buf[:n]
+        if 8 % bits == 0:
+            per = 8 // bits
+            shifts = (np.arange(per, dtype=np.uint8) * bits)[None, :]
+            return ((buf[:, None] >> shifts) & np.uint8((1 << bits) - 1)).reshape(-1)[:n]
+        planes = np.unpackbits(buf, bitorder="little")[:n * bits].reshape(n, bits)
+        return np.packbits(planes, axis=1, bitorder="little").reshape(-1)
+
     def host_view(self, t):
         """The array itself, flat, where it is contiguous (a view), else None."""
         return t.reshape(-1) if isinstance(t, np.ndarray) and t.flags.c_contiguous else None

@@ -219,6 +219,27 @@ class TensorOps(Protocol):
         """True when no element of t is NaN or +-Inf (docs/wrapper.md#nonfinite)."""
         ...
 
+    # -- low-bit quantisation (docs/quantize.md#encoding): one specification, bit-exact everywhere --
+    def quantize_blocks(self, t: Tensor, bits: int, block: int) -> tuple[Tensor, Tensor, Tensor]:
+        """(scales, codes, decoded) of the 1-D float32 ``t`` (n elements) cut into blocks of
+        ``block``, the last one zero-padded; ``q = 2**(bits-1) - 1``. ``scales``: float32, one per
+        block, ``max|x| / q`` in float32; ``codes``: uint8 (n,), ``clip(round(x / s'), -q, q) + q``
+        with ``s' = s`` where ``s > 0`` else 1, the division in float32, rounding half to even;
+        ``decoded``: float32 (n,), ``(codes - q) * s`` in float32. On t's device."""
+        ...
+    def dequantize_blocks(self, scales: Tensor, codes: Tensor, bits: int, block: int) -> Tensor:
+        """float32 ``(codes - q) * s`` of uint8 ``codes`` (n,) and float32 ``scales`` (one per block
+        of ``block``): :meth:`quantize_blocks`'s decoded values from what was sent."""
+        ...
+    def pack_bits(self, codes: Tensor, bits: int) -> Tensor:
+        """uint8 codes (each < 2**bits) as a stream of ``bits`` bits each, least significant bit
+        first, code i at bit ``i*bits``; ``ceil(n*bits/8)`` uint8 bytes, the last zero-padded (8
+        bits: the codes themselves)."""
+        ...
+    def unpack_bits(self, buf: Tensor, n: int, bits: int) -> Tensor:
+        """The n uint8 codes of a :meth:`pack_bits` stream."""
+        ...
+
     # -- host exchange (communicators that need host buffers) ---------------------------------
     def host_view(self, t: Tensor):
         """``t``'s values as a flat NumPy array without a copy (a view of a contiguous CPU

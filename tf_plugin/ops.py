@@ -26,6 +26,7 @@ import tensorflow as tf
 from hvd_commopt.dtypes import magnitude_key
 from hvd_commopt.numpy_ops import topk_index_np, topk_ranked_np
 from .clip_ops import ClipToNorm
+from .quant_ops import QuantKernels
 
 __all__ = ["TFOps", "PackBuffer", "TF_DTYPES"]
 
@@ -103,7 +104,7 @@ def _t(x):
     return x.value() if isinstance(x, PackBuffer) else x
 
 
-class TFOps(ClipToNorm):
+class TFOps(ClipToNorm, QuantKernels):
     """TensorOps over 1-D TF tensors (fusion buffers: :class:`PackBuffer`)."""
 
     name = "tensorflow"

@@ -13,16 +13,21 @@ first into bytes). Decoding is ``c * s``. Choices:
   value lies within a factor 2 of x, so ``x - decode`` is exact in float32 (Sterbenz) and
   ``decode + (x - decode) == x`` bit for bit: error feedback loses nothing (docs/quantize.md#invariants).
 
-The kernels run on host NumPy arrays (the tensor ops' zero-copy host views for CPU tensors);
-device tensors are copied to the host and back (docs/quantize.md#device).
+Written against :class:`~hvd_commopt.tensor_ops.TensorOps`: the per-block arithmetic
+(``quantize_blocks``, ``dequantize_blocks``) and the bit packing (``pack_bits``, ``unpack_bits``)
+are adapter kernels with one specification, so a CUDA tensor is encoded on its device, with the
+same bytes and values as the NumPy reference (docs/quantize.md#device).
 """
 from __future__ import annotations
 
-import numpy as np
+from typing import Any
 
 from ..errors import ConfigError
+from ..tensor_ops import TensorOps
 
 __all__ = ["check_bits", "levels", "encode", "decode", "encoded_bytes"]
+
+Tensor = Any
 
 
 def check_bits(bits: object, block: object = 256) -> tuple[int, int]:
@@ -46,53 +51,16 @@ def encoded_bytes(n: int, bits: int, block: int) -> int:
     return 4 * (-(-n // block)) + (n * bits + 7) // 8
 
 
-def _pack(codes: np.ndarray, bits: int) -> np.ndarray:
-    if bits == 8:
-        return codes
-    if 8 % bits == 0:  # 2 or 4 bits: whole codes per byte
-        per = 8 // bits
-        flat = np.zeros(-(-codes.size // per) * per, np.uint8)
-        flat[:codes.size] = codes
-        c = flat.reshape(-1, per)
-        out = c[:, 0].copy()
-        for j in range(1, per):
-            out |= c[:, j] << np.uint8(bits * j)
-        return out
-    planes = np.unpackbits(codes[:, None], axis=1, bitorder="little")[:, :bits]  # 3, 5, 6, 7 bits
-    return np.packbits(planes.reshape(-1), bitorder="little")
+def encode(ops: TensorOps, x: Tensor, bits: int, block: int) -> tuple[Tensor, Tensor]:
+    """(the bytes to send, the decoded values): ``x`` (1-D float32) quantised per block; the bytes
+    are the float32 scales, then the codes packed ``bits`` bits each (a uint8 tensor on x's device)."""
+    scales, codes, dec = ops.quantize_blocks(x, bits, block)
+    return ops.cat([ops.as_bytes(scales), ops.pack_bits(codes, bits)]), dec
 
 
-def _unpack(buf: np.ndarray, n: int, bits: int) -> np.ndarray:
-    if bits == 8:
-        return buf[:n]
-    if 8 % bits == 0:
-        per = 8 // bits
-        shifts = (np.arange(per, dtype=np.uint8) * bits)[None, :]
-        return ((buf[:, None] >> shifts) & np.uint8((1 << bits) - 1)).reshape(-1)[:n]
-    planes = np.unpackbits(buf, bitorder="little")[:n * bits].reshape(n, bits)
-    return np.packbits(planes, axis=1, bitorder="little").reshape(-1)
-
-
-def encode(x: np.ndarray, bits: int, block: int) -> tuple[np.ndarray, np.ndarray]:
-    """(the bytes to send, the decoded values): ``x`` (1-D float32) quantised per block."""
-    n, q = x.size, levels(bits)
+def decode(ops: TensorOps, buf: Tensor, n: int, bits: int, block: int) -> Tensor:
+    """The float32 values of an :func:`encode` payload (uint8 tensor) of n elements."""
     nb = -(-n // block)
-    flat = np.zeros(nb * block, np.float32)
-    flat[:n] = x
-    xp = flat.reshape(nb, block)
-    scale = (np.abs(xp).max(axis=1) / np.float32(q)).astype(np.float32)
-    safe = np.where(scale > 0, scale, np.float32(1.0))
-    codes = np.clip(np.rint(xp / safe[:, None]), -q, q)
-    dec = (codes * scale[:, None]).astype(np.float32).reshape(-1)[:n]
-    packed = _pack((codes.reshape(-1)[:n] + q).astype(np.uint8), bits)
-    return np.concatenate([scale.view(np.uint8), packed]), dec
-
-
-def decode(buf: np.ndarray, n: int, bits: int, block: int) -> np.ndarray:
-    """The float32 values of an :func:`encode` payload of n elements."""
-    nb, q = -(-n // block), levels(bits)
-    scale = buf[:4 * nb].view(np.float32)
-    codes = _unpack(buf[4 * nb:], n, bits).astype(np.float32) - np.float32(q)
-    out = np.zeros(nb * block, np.float32)
-    out[:n] = codes
-    return (out.reshape(nb, block) * scale[:, None]).reshape(-1)[:n]
+    scales = ops.from_bytes(ops.slice(buf, 0, 4 * nb), "float32")
+    codes = ops.unpack_bits(ops.slice(buf, 4 * nb, ops.numel(buf)), n, bits)
+    return ops.dequantize_blocks(scales, codes, bits, block)

@@ -16,14 +16,15 @@ all P contributions in rank order: one quantisation.
 Error feedback keeps ``r = acc - decode(sent)`` (the first quantisation, and for top-k what was not
 selected): ``sent + r == acc`` exactly (docs/quantize.md#invariants). The owner's requantisation
 of a sum is not fed back (it is a different vector on each owner; the bound above covers it).
-The kernels are NumPy (:mod:`hvd_commopt.compress.quantize`).
+Everything runs through the tensor ops (:mod:`hvd_commopt.compress.quantize`): a CUDA bucket is
+selected, quantised, packed, decoded and summed on its device (docs/quantize.md#device).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-import numpy as np
+import math
 
 from ..buckets import Bucket
 from ..compress import nonfinite
@@ -49,7 +50,7 @@ class _Quant:
     counts: list[int]  # elements per part (dense) or None-equivalent [] (sparse)
     like: Any          # the bucket's flat: where the result is placed
     post: float
-    local: np.ndarray | None = None  # one rank: the decoded contribution is the result
+    local: Any = None  # one rank: the decoded contribution is the result
 
 
 class QuantizedAllreduce(Reducer):
@@ -78,7 +79,7 @@ class QuantizedAllreduce(Reducer):
 
     def _k(self, n: int) -> int:
         assert self.rho is not None
-        return min(n, max(1, int(np.ceil(self.rho * n))))
+        return min(n, max(1, int(math.ceil(self.rho * n))))
 
     def start(self, bucket: Bucket, rnd: RoundInfo, flat: Any, ctx: ReduceContext) -> Pending:
         ops, comm = ctx.ops, ctx.comm
@@ -94,32 +95,30 @@ class QuantizedAllreduce(Reducer):
             nonfinite.report(self.memory.nonfinite, comm.rank, bucket.name)
             self.memory.skip(bucket.name)
             acc = flat
-        x = np.array(ops.to_numpy(acc), dtype=np.float32, copy=True).reshape(-1)
-        n, size = x.size, comm.size
+        x = ops.flatten(acc)
+        n, size = ops.numel(x), comm.size
         st = _Quant(n, [], flat, ctx.postscale)
         if self.rho is not None:
             k = self._k(n)
-            idx = np.sort(np.argpartition(-np.abs(x), k - 1)[:k]).astype(np.int32) if k < n else \
-                np.arange(n, dtype=np.int32)
-            payload, dec = encode(x[idx], self.bits, self.block)
-            sent = np.zeros(n, np.float32)
-            sent[idx] = dec
-            msg = np.concatenate([idx.view(np.uint8), payload])
+            idx = ops.topk_abs(x, k)[1] if k < n else ops.arange(n, like=x)  # ascending, ties to the lower index
+            payload, dec = encode(ops, ops.gather(x, idx), self.bits, self.block)
+            sent = ops.index_copy(ops.zeros(n, "float32", like=x), idx, dec)
+            msg = ops.cat([ops.as_bytes(ops.cast(idx, "int32")), payload])
         else:
             st.counts = split_counts(n, size)
             parts, decs, off = [], [], 0
             for c in st.counts:
-                p, d = encode(x[off:off + c], self.bits, self.block)
+                p, d = encode(ops, ops.slice(x, off, off + c), self.bits, self.block)
                 parts.append(p)
                 decs.append(d)
                 off += c
-            sent, msg = np.concatenate(decs), np.concatenate(parts)
+            sent, msg = ops.cat(decs), ops.cat(parts)
         if ops.all_finite(acc):
-            self.memory.update_quantized(ops, bucket.name, acc, ops.from_numpy(sent, like=acc))
+            self.memory.update_quantized(ops, bucket.name, acc, ops.reshape(sent, ops.shape(acc)))
         if size == 1:
             st.local = sent
             return Pending(rnd.wire(bucket), st)
-        wire = ops.from_numpy(msg, like=flat)
+        wire = msg
         name = rnd.wire(bucket)
         if self.rho is not None:
             h = comm.allgather_tensor_async(ops, wire, f"{name}:qag", equal=True)
@@ -134,41 +133,39 @@ class QuantizedAllreduce(Reducer):
             out = st.local
         elif self.rho is not None:
             buf, _ = comm.wait(pending.handles[0])
-            out = self._sum_sparse(np.asarray(ops.to_numpy(buf)).view(np.uint8), st.n, comm.size)
+            out = self._sum_sparse(ops, buf, st, comm.size)
         else:
             out = self._reduce_scatter_allgather(pending, ctx, st)
         if st.post != 1.0:
-            out = out * np.float32(st.post)
-        return ops.from_numpy(np.ascontiguousarray(out, dtype=np.float32), like=st.like)
-
-    def _sum_sparse(self, buf: np.ndarray, n: int, size: int) -> np.ndarray:
-        k = self._k(n)
-        per = 4 * k + encoded_bytes(k, self.bits, self.block)
-        out = np.zeros(n, np.float32)
-        for r in range(size):  # rank order: the same sum everywhere
-            m = buf[r * per:(r + 1) * per]
-            idx = m[:4 * k].view(np.int32)
-            out[idx] += decode(m[4 * k:], k, self.bits, self.block)
+            out = ops.scale(out, st.post)
         return out
 
-    def _reduce_scatter_allgather(self, pending: Pending, ctx: ReduceContext, st: _Quant) -> np.ndarray:
+    def _sum_sparse(self, ops: TensorOps, buf: Any, st: _Quant, size: int) -> Any:
+        n, k = st.n, self._k(st.n)
+        per = 4 * k + encoded_bytes(k, self.bits, self.block)
+        out = ops.zeros(n, "float32", like=st.like)
+        for r in range(size):  # rank order: the same sum everywhere
+            idx = ops.cast(ops.from_bytes(ops.slice(buf, r * per, r * per + 4 * k), "int32"), "int64")
+            vals = decode(ops, ops.slice(buf, r * per + 4 * k, (r + 1) * per), k, self.bits, self.block)
+            out = ops.scatter_add(out, idx, vals)
+        return out
+
+    def _reduce_scatter_allgather(self, pending: Pending, ctx: ReduceContext, st: _Quant) -> Any:
         ops, comm = ctx.ops, ctx.comm
         recv, lens = comm.wait(pending.handles[0])
-        recv = np.asarray(ops.to_numpy(recv)).view(np.uint8)
         mine, off = st.counts[comm.rank], 0
-        part = np.zeros(mine, np.float32)
+        part = ops.zeros(mine, "float32", like=st.like)
         for ln in lens:  # the P contributions to my part, in rank order
-            part += decode(recv[off:off + ln], mine, self.bits, self.block)
+            part = ops.add(part, decode(ops, ops.slice(recv, off, off + ln), mine, self.bits, self.block))
             off += ln
-        payload, _ = encode(part, self.bits, self.block)  # the second quantisation
-        h = comm.allgather_tensor_async(ops, ops.from_numpy(payload, like=st.like), f"{pending.name}:qag")
+        payload, _ = encode(ops, part, self.bits, self.block)  # the second quantisation
+        h = comm.allgather_tensor_async(ops, payload, f"{pending.name}:qag")
         got, sizes = comm.wait(h)
-        got = np.asarray(ops.to_numpy(got)).view(np.uint8)
         outs, off = [], 0
         for c, ln in zip(st.counts, sizes):
-            outs.append(decode(got[off:off + ln], c, self.bits, self.block))
+            outs.append(decode(ops, ops.slice(got, off, off + ln), c, self.bits, self.block))
             off += ln
-        return np.concatenate(outs)
+        return ops.cat(outs)
 
     def settle(self, bucket: Bucket, rnd: RoundInfo, out: Any, ctx: ReduceContext,
                pending: Pending | None = None, flags: tuple[bool, ...] | None = None) -> bool:

@@ -6,8 +6,9 @@ arXiv:2311.08105 (inner AdamW, outer Nesterov lr 0.7 momentum 0.9, H = 500); Dou
 "Streaming DiLoCo with overlapping communication", arXiv:2501.18512 (fragments, overlap,
 low-bit outer exchange); torchft's ``DiLoCo(model_fragments, fragment_sync_delay)``.
 
-Every rank runs the wrapped (inner) optimizer on its own model. Fragment f of F (parameter
-tensors of near-equal total size, :func:`plan_fragments`) synchronises after local steps k
+Every rank runs the wrapped (inner) optimizer on its own model. Fragment f of F (at most
+ceil(N/F) of the N parameter elements, a tensor cut only where it does not fit,
+:func:`plan_fragments`) synchronises after local steps k
 with ``k % H == offset_f``, ``offset_f = (f + 1) * H / F mod H`` (F = 1: after H, 2H, ...):
 
     Delta_f = mean_i (global_f - x_i,f)                (allreduce, or compressed with EF)
@@ -42,22 +43,35 @@ __all__ = ["DiLoCoScheduler", "plan_fragments", "fragment_offsets"]
 Tensor = Any
 
 
-def plan_fragments(sizes: Sequence[int], fragments: int) -> list[list[int]]:
+Piece = tuple  # (tensor index, first element, end element) of the flattened tensor
+
+
+def plan_fragments(sizes: Sequence[int], fragments: int) -> list[list[Piece]]:
     """Split tensors (their element counts, in registration order) into ``fragments`` non-empty
-    groups of near-equal size, so each sync moves about 1/F of the model: largest tensor first,
-    each into the group with the fewest elements so far (LPT; ties to the lower index), every
-    group listed in registration order. Whole tensors only, so a group may exceed 1/F by less
-    than its largest tensor. A pure function."""
+    groups of pieces ``(tensor index, start, stop)`` (element ranges of the flattened tensors)
+    holding at most ``ceil(N/F)`` of the N elements each, so no sync moves more than 1/F of the
+    model, to within one element (docs/diloco.md#streaming). Largest tensor first, each into the
+    group with the fewest elements so far (LPT; ties to the lower index), as many elements as fit
+    under ``ceil(N/F)`` and the rest into the next lightest group: only tensors that do not fit
+    are cut, so a fragment holds tensors from across the model, like the paper's strided pattern.
+    Pieces are listed in registration order. A pure function."""
     n = len(sizes)
     if fragments > n:
         raise ConfigError(f"fragments={fragments} is more than the model's {n} parameter tensors: every fragment "
                           f"needs at least one tensor; pass fragments <= {n}")
+    cap = -(-sum(int(x) for x in sizes) // fragments)
     loads = [0] * fragments
-    groups: list[list[int]] = [[] for _ in range(fragments)]
+    groups: list[list[Piece]] = [[] for _ in range(fragments)]
     for i in sorted(range(n), key=lambda i: (-sizes[i], i)):
-        g = min(range(fragments), key=lambda g: (loads[g], g))
-        groups[g].append(i)
-        loads[g] += sizes[i]
+        start, size = 0, int(sizes[i])
+        while True:  # the lightest group has room while elements remain (its load < N/F <= cap)
+            g = min(range(fragments), key=lambda g: (loads[g], g))
+            stop = min(size, start + cap - loads[g])
+            groups[g].append((i, start, stop))
+            loads[g] += stop - start
+            start = stop
+            if start >= size:
+                break
     return [sorted(g) for g in groups]
 
 
@@ -89,6 +103,8 @@ class DiLoCoScheduler(AveragingScheduler):
         self._frags: list[list[Bucket]] | None = None
         self._flights: dict[int, _Flight] = {}
         self._last = [0] * config.fragments  # local step of each fragment's last sync
+        self._pieces: dict[str, tuple[str, int, int, tuple]] = {}  # piece key -> (tensor, start, stop, shape)
+        self._gp: tuple[list, dict[str, Tensor]] | None = None  # (global tensors, their members)
 
     @property
     def keeps_anchor(self) -> bool:
@@ -104,22 +120,65 @@ class DiLoCoScheduler(AveragingScheduler):
     @property
     def fragments(self) -> list[list[Bucket]]:
         """Each fragment's messages: the engine's buckets (the fusion planner's sizes) cut at
-        fragment boundaries."""
+        fragment boundaries. A member is a whole tensor (its name) or, for a tensor cut across
+        fragments, a piece of its flattened elements (``name[start:stop]``, 1-D)."""
         if self._frags is None:
             specs = {n: TensorSpec(n, s, b.dtype) for b in self.port.buckets for n, s in zip(b.names, b.shapes)}
             names = [n for n in self.port.names if n in specs]
             groups = plan_fragments([specs[n].numel for n in names], self.cfg.fragments)
-            where = {names[i]: f for f, g in enumerate(groups) for i in g}
+            where: dict[str, list[tuple[int, TensorSpec]]] = {}
+            for f, g in enumerate(groups):
+                for i, start, stop in g:
+                    sp = specs[names[i]]
+                    if (start, stop) != (0, sp.numel):
+                        key = f"{sp.name}[{start}:{stop}]"
+                        self._pieces[key] = (sp.name, start, stop, tuple(sp.shape))
+                        sp = TensorSpec(key, (stop - start,), sp.dtype)
+                    where.setdefault(names[i], []).append((f, sp))
             self._frags = [[] for _ in groups]
             for b in self.port.buckets:
                 for f, msgs in enumerate(self._frags):
-                    members = [specs[n] for n in b.names if where[n] == f]
+                    members = [sp for n in b.names for g, sp in where[n] if g == f]
                     if members:
                         msgs.append(Bucket.of(len(msgs), members, name=f"diloco{f}.{len(msgs)}:{members[0].name}"))
         return self._frags
 
     def fragment_names(self, f: int) -> list[str]:
+        """Fragment f's members: tensor names, and ``name[start:stop]`` for pieces of cut tensors."""
         return [n for b in self.fragments[f] for n in b.names]
+
+    def _piece(self, tensors: dict[str, Tensor], key: str) -> Tensor:
+        """Member ``key`` of ``tensors`` (by tensor name): the tensor, or a 1-D slice of it (a view
+        where the framework's slices are views)."""
+        if key not in self._pieces:
+            return tensors[key]
+        name, start, stop, _ = self._pieces[key]
+        return self.ops.slice(self.ops.flatten(tensors[name]), start, stop)
+
+    def _put(self, tensors: dict[str, Tensor], key: str, value: Tensor) -> Tensor:
+        """``tensors`` with member ``key`` set to ``value``; returns the whole tensor it belongs to."""
+        if key not in self._pieces:
+            tensors[key] = value
+            return value
+        name, start, stop, shape = self._pieces[key]
+        ops = self.ops
+        if ops.slices_are_views:  # in place: the tensor stays the same object (the outer optimizer's)
+            ops.copy_(self._piece(tensors, key), value)
+        else:
+            tensors[name] = ops.reshape(ops.copy_into(ops.flatten(tensors[name]), start, value), shape)
+        return tensors[name]
+
+    def _global_pieces(self) -> dict[str, Tensor]:
+        """The global weights by member (what the outer optimizer steps): the same objects from
+        step to step while the global tensors are (a torch outer optimizer keeps them as params)."""
+        g = self.anchor
+        assert g is not None
+        src = [g[n] for n in self.port.names if n in g]
+        if self._gp is None or len(src) != len(self._gp[0]) or any(a is not b for a, b in zip(src, self._gp[0])) \
+                or not self.ops.slices_are_views:
+            keys = [k for f in range(self.cfg.fragments) for k in self.fragment_names(f)]
+            self._gp = (src, {k: self._piece(g, k) for k in keys})
+        return self._gp[1]
 
     # -- steps --------------------------------------------------------------------------------
     def after_local_step(self, k: int) -> None:
@@ -136,7 +195,7 @@ class DiLoCoScheduler(AveragingScheduler):
         snap = None
         if self.cfg.overlap:
             w = self.host.weights()
-            snap = {n: self.ops.clone(w[n]) for n in self.fragment_names(f)}
+            snap = {k: self.ops.clone(self._piece(w, k)) for k in self.fragment_names(f)}
         pending = self.start_exchange(self.pack_pseudo(bks), f"diloco{f}.", bks)
         self._flights[f] = _Flight(pending, None, snap, k + self.cfg.overlap)
         self._last[f] = k
@@ -156,13 +215,26 @@ class DiLoCoScheduler(AveragingScheduler):
         delta: dict[str, Tensor] = {}
         for b, flat in zip(self.fragments[f], avg):
             delta.update(b.views(ops, flat))
-        g.update(self.outer.step(g, delta))
-        if fl.snap is None:
-            self.assign_weights({n: g[n] for n in delta})
-            return
-        w = self.host.weights()  # x + (global - s): the tau inner steps taken meanwhile are kept
-        for n in delta:
-            self.host.assign(n, ops.add(w[n], ops.sub(ops.clone(g[n]), fl.snap[n])))
+        new = self.outer.step(self._global_pieces(), delta)
+        for k in delta:
+            self._put(g, k, new[k])
+        w = self.host.weights()
+        for k in delta:
+            gk = self._piece(g, k)
+            if fl.snap is not None:  # x + (global - s): the tau inner steps taken meanwhile are kept
+                x = ops.clone(self._piece(w, k)) if k in self._pieces else w[k]
+                gk = ops.add(x, ops.sub(ops.clone(gk), fl.snap[k]))
+            if k in self._pieces:
+                self.host.assign(self._pieces[k][0], self._put(w, k, gk))
+            else:
+                self.host.assign(k, gk if fl.snap is not None else ops.copy_(w[k], gk))
+
+    def pack_pseudo(self, buckets: Sequence[Bucket]) -> list:
+        """``global - x`` of the model x, one flat per message of ``buckets`` (members may be pieces)."""
+        ops, w, a = self.ops, self.host.weights(), self.anchor
+        assert a is not None, "internal: pseudo-gradient without an anchor"
+        return [b.pack(ops, {k: ops.sub(ops.clone(self._piece(a, k)), self._piece(w, k)) for k in b.names})
+                for b in buckets]
 
     # -- lifecycle ----------------------------------------------------------------------------
     @property
@@ -215,11 +287,11 @@ class DiLoCoScheduler(AveragingScheduler):
         self._last = [int(x) for x in state.get("last", [0] * self.cfg.fragments)]
         self.load_pseudo_state(state)  # the global weights (the anchor) and the compressed reducer's residuals
         if self.outer is not None and state.get("outer") is not None:
-            self.outer.load_state_dict(state["outer"], self.anchor or w)
+            self.outer.load_state_dict(state["outer"], self._global_pieces() if self.anchor else w)
         snaps = state.get("snapshots") or {}
         for key, fl in (state.get("flights") or {}).items():
             f = int(key)
-            avg = [b.pack(ops, fl["avg"], like=w[b.first]) for b in self.fragments[f]]
+            avg = [b.pack(ops, fl["avg"], like=self._piece(w, b.first)) for b in self.fragments[f]]
             snap = snaps.get(key)
-            snap = None if snap is None else {n: ops.copy_(ops.clone(w[n]), t) for n, t in snap.items()}
+            snap = None if snap is None else {k: ops.copy_(ops.clone(self._piece(w, k)), t) for k, t in snap.items()}
             self._flights[f] = _Flight(None, avg, snap, int(fl["arrive"]))

@@ -99,21 +99,43 @@ def test_nesterov_outer_is_torch_sgd_form():
 
 
 @pytest.mark.parametrize("sizes, F", [([15, 3, 6], 2), ([1] * 7, 7), ([100, 1, 1, 1], 3), ([5, 5, 5, 5], 2),
-                                      ([3, 1000, 2, 2, 7], 4)])
+                                      ([3, 1000, 2, 2, 7], 4), ([0, 5, 3], 2), ([7, 7, 7], 3), ([2, 3], 2)])
 def test_fragments_partition_the_parameters_exactly(sizes, F):
     groups = plan_fragments(sizes, F)
     assert len(groups) == F and all(groups)
-    assert sorted(i for g in groups for i in g) == list(range(len(sizes)))  # disjoint and complete
-    total = sum(sizes)  # balanced: no group exceeds 1/F of the whole by its largest tensor or more
-    assert all(sum(sizes[i] for i in g) < total / F + max(sizes) for g in groups)
+    owner = [[None] * n for n in sizes]  # every element of every tensor in exactly one fragment
+    for f, g in enumerate(groups):
+        assert g == sorted(g)  # pieces in registration order
+        for i, start, stop in g:
+            assert 0 <= start <= stop <= sizes[i]
+            for e in range(start, stop):
+                assert owner[i][e] is None
+                owner[i][e] = f
+    assert all(o is not None for row in owner for o in row)
+    total = sum(sizes)  # balanced: no fragment holds more than ceil(N/F) elements
+    assert max(sum(stop - start for _, start, stop in g) for g in groups) == -(-total // F)
+    assert all(sum(1 for t in g for s in g if s[0] == t[0]) == len(g) for g in groups)  # a tensor once per fragment
 
 
-def test_scheduler_fragments_cover_every_tensor_once():
+def test_only_tensors_that_do_not_fit_are_cut():
+    assert plan_fragments([5, 5, 5, 5], 2) == [[(0, 0, 5), (2, 0, 5)], [(1, 0, 5), (3, 0, 5)]]
+    assert plan_fragments([15, 3, 6], 2) == [[(0, 0, 12)], [(0, 12, 15), (1, 0, 3), (2, 0, 6)]]
+
+
+def test_scheduler_fragments_cover_every_element_once():
     def body(comm):
         eng = make_engine(comm, Schedule.diloco(4, fragments=2), NumpyHost(init_params()))
-        names = [n for f in range(2) for n in eng.scheduler.fragment_names(f)]
-        assert sorted(names) == sorted(s.name for s in SPECS) and len(names) == len(set(names))
-    run_ranks(1, body)
+        sizes = {s.name: int(np.prod(s.shape)) for s in SPECS}
+        seen = {n: np.zeros(k, int) for n, k in sizes.items()}
+        for f in range(2):
+            for key in eng.scheduler.fragment_names(f):
+                name, _, rng = key.partition("[")
+                start, stop = (int(x) for x in rng[:-1].split(":")) if rng else (0, sizes[name])
+                seen[name][start:stop] += 1
+        assert all((v == 1).all() for v in seen.values())
+        return [sum(b.numel for b in eng.scheduler.fragments[f]) for f in range(2)]
+    loads = run_ranks(1, body)[0]
+    assert max(loads) - min(loads) <= 1
 
 
 def test_fragment_offsets_are_staggered():
@@ -133,9 +155,10 @@ def test_streaming_sends_one_fragment_at_a_time():
             sent.append(comm.traffic.bytes_sent - before)
         return sent
     sent = run_ranks(2, body)[0]
-    # fragment 0 (w: 15 floats) after local steps 2, 6; fragment 1 (v, b: 9 floats) after 4, 8
+    # fragment 0 (12 of w's 15 floats) after local steps 2, 6; fragment 1 (w's last 3, v, b: 12
+    # floats) after 4, 8: equal messages, each half of the model
     assert [s > 0 for s in sent] == [False, True, False, True] * 2
-    assert sent[1] != sent[3]
+    assert sent[1] == sent[3] == sent[5] == sent[7]
 
 
 def test_identical_data_keeps_ranks_identical_and_models_agree_after_finalize():
