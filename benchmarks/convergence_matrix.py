@@ -10,7 +10,7 @@ S-SGD with the seed spread. ``table`` rebuilds that table from saved files::
 
 Each task's length is set per task (``--epochs digits=6,digits_mlp=10,rings=4`` and
 ``--steps``) so the whole matrix fits a budget; the lengths used are in every CONV line.
-The target (docs/benchmarking.md#matrix): within 0.5 points of S-SGD's mean accuracy
+The target (docs/convergence-matrix.md#target): within 0.5 points of S-SGD's mean accuracy
 (classification) and 1 % of its validation loss (the transformer).
 """
 from __future__ import annotations
