@@ -162,7 +162,9 @@ def variant_kwargs(name: str, steps_per_epoch: int, warmup: int) -> dict:
         "topk_nocorr": lambda: {"compression": Compression.topk(d, momentum_correction=False)},
         "gtopk": lambda: {"compression": Compression.gtopk(d)},
         "oktopk": lambda: {"compression": Compression.oktopk(d)},
-        # momentum correction without DGC's momentum factor masking (docs/convergence-matrix.md#masking)
+        # momentum correction with / without DGC's momentum factor masking (docs/convergence-matrix.md#masking)
+        "topk_mask": lambda: {"compression": Compression.topk(d, momentum_masking=True)},
+        "gtopk_mask": lambda: {"compression": Compression.gtopk(d, momentum_masking=True)},
         "topk_nomask": lambda: {"compression": Compression.topk(d, momentum_masking=False)},
         "gtopk_nomask": lambda: {"compression": Compression.gtopk(d, momentum_masking=False)},
         "oktopk_nomask": lambda: {"compression": Compression.oktopk(d, momentum_masking=False)},
