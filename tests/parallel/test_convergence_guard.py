@@ -33,7 +33,7 @@ EPOCHS = 10
 def test_every_algorithm_at_its_defaults_trains_the_digits_mlp_like_ssgd():
     variants = ["ssgd", *MEASURED_GAP]
     proc = run_mpi(2, [sys.executable, "-m", "benchmarks.convergence", "--task", "digits_mlp", "--epochs",
-                       str(EPOCHS), "--variants", ",".join(variants)], timeout=400)
+                       str(EPOCHS), "--variants", ",".join(variants)], timeout=1200)
     acc = {}
     for ln in proc.stdout.splitlines():
         if ln.startswith("CONV "):
