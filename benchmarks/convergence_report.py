@@ -110,10 +110,9 @@ def section(report_dir: Path, results: Path = RESULTS) -> list[str]:
               f"(accuracy: points; transformer: % of S-SGD's validation loss, positive = worse); the per-seed "
               f"gap's min–max is the seed spread. Target: within {TARGET_PT} point / {TARGET_PCT:g} %. "
               "How each default was chosen from it: docs/convergence-matrix.md.", "",
-              "The digits-MLP and transformer rows ran before momentum factor masking was switched off by "
-              "default for the Top-k family: there `topk`, `gtopk`, `oktopk`, `lags` and `ssd_topk` mask, and "
-              "the `*_nomask` rows are today's defaults (docs/convergence-matrix.md#masking); the rings rows "
-              "ran after it (`gtopk_mask` is the old default).", "",
+              "The rings rows ran while the Top-k family briefly defaulted to no momentum factor masking: "
+              "there `topk`, `gtopk` and `ssd_topk` do not mask and `gtopk_mask` is the default; everywhere "
+              "else the plain names are the defaults and `*_nomask` the A/B (docs/convergence-matrix.md#masking).", "",
               "Outside the target:", "", *misses(recs), "", tab]
     if plot(recs, report_dir / PNG):
         lines += ["", f"![convergence curves]({PNG})"]

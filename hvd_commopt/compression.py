@@ -63,7 +63,7 @@ class Compression:
 
     @staticmethod
     def topk(density: Density = 0.001, error_feedback: bool = True, index_dtype: str | None = None,
-             momentum_correction: bool | None = None, momentum_masking: bool = False, min_k: int = 16,
+             momentum_correction: bool | None = None, momentum_masking: bool = True, min_k: int = 16,
              nonfinite: str = "skip", selection: str = "exact", tau: int = 16, band: float = 0.2,
              dense_1d: bool = True, layerwise: bool = False) -> SparseAllgather:
         """Top-k S-SGD (docs/topk.md#update-rule): exact top-k per bucket, allgather of (values, indices).
@@ -77,8 +77,7 @@ class Compression:
                 selection, as DGC does (docs/topk.md#momentum-correction); the optimizer then runs
                 without momentum. None (default) = on with error feedback.
             momentum_masking: with correction, zero the momentum where values were sent (DGC's
-                factor masking). Off by default: it takes the momentum from coordinates sent
-                often, and gTop-k's from values it then drops (docs/convergence-matrix.md#masking).
+                factor masking). What it costs and gains, by task: docs/convergence-matrix.md#masking.
             min_k: the fewest elements any bucket sends (docs/topk.md#density-floor), 16 by
                 default (the reference rule is 1): with one bucket per layer (LAGS) it keeps small
                 layers from starving (docs/lags-omgs.md#lags-starvation).
@@ -101,7 +100,7 @@ class Compression:
 
     @staticmethod
     def randomk(density: Density = 0.001, seed: int = 0, error_feedback: bool = True,
-                momentum_correction: bool | None = None, momentum_masking: bool = False, min_k: int = 16,
+                momentum_correction: bool | None = None, momentum_masking: bool = True, min_k: int = 16,
                 unbiased: bool = False, nonfinite: str = "skip", dense_1d: bool = True) -> SparseAllgather:
         """Random-k with a seed shared by all ranks: the same k indices everywhere, so the k
         values are allreduced (no indices sent). ``seed`` must be equal on every rank.
@@ -145,7 +144,7 @@ class Compression:
     @staticmethod
     def gtopk(density: Density = 0.001, error_feedback: bool = True, index_dtype: str | None = None,
               algorithm: str = "recursive_doubling", momentum_correction: bool | None = None,
-              momentum_masking: bool = False, min_k: int = 16, nonfinite: str = "skip", dense_1d: bool = True) -> GTopK:
+              momentum_masking: bool = True, min_k: int = 16, nonfinite: str = "skip", dense_1d: bool = True) -> GTopK:
         """gTop-k S-SGD (docs/gtopk.md#gtopk): global top-k by recursive doubling, O(k log P) traffic, for
         any number of ranks; dropped local values return to the residual (the velocity, with
         momentum correction). ``momentum_correction``, ``momentum_masking`` and ``min_k`` as
@@ -157,7 +156,7 @@ class Compression:
     @staticmethod
     def oktopk(density: Density = 0.001, error_feedback: bool = True, index_dtype: str | None = None,
                selection: str = "exact", tau: int = 16, band: float = 0.2, rebalance: int = 16,
-               momentum_correction: bool | None = None, momentum_masking: bool = False, min_k: int = 16,
+               momentum_correction: bool | None = None, momentum_masking: bool = True, min_k: int = 16,
                nonfinite: str = "skip", dense_1d: bool = True) -> OkTopK:
         """Ok-Topk (docs/oktopk.md#oktopk): O(k) sparse allreduce, split-and-reduce over P load-balanced
         regions, the exact global top-k, a balanced allgatherv; every rank gets the same k
