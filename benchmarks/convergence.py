@@ -308,6 +308,12 @@ def _accuracy(opt, model, x, y, finalized: bool = False) -> float:
     return round(100.0 * (out.argmax(1) == y).float().mean().item(), 3)
 
 
+def table(paths: list[str]) -> str:
+    """The matrix's one gap table from CONV files (benchmarks/convergence_matrix.py)."""
+    from .convergence_matrix import table as gap_table
+    return gap_table(paths)
+
+
 def main(argv=None) -> None:
     if argv is None and len(sys.argv) > 1 and sys.argv[1] in ("table", "matrix"):
         from . import convergence_matrix  # the tables and the matrix runner
