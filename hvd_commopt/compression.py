@@ -76,7 +76,8 @@ class Compression:
             momentum_correction: accumulate the wrapped optimizer's momentum locally before
                 selection, as DGC does (docs/topk.md#momentum-correction); the optimizer then runs
                 without momentum. None (default) = on with error feedback.
-            momentum_masking: with correction, zero the momentum where values were sent.
+            momentum_masking: with correction, zero the momentum where values were sent (DGC's
+                factor masking). What it costs and gains, by task: docs/convergence-matrix.md#masking.
             min_k: the fewest elements any bucket sends (docs/topk.md#density-floor), 16 by
                 default (the reference rule is 1): with one bucket per layer (LAGS) it keeps small
                 layers from starving (docs/lags-omgs.md#lags-starvation).
