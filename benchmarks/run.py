@@ -184,6 +184,7 @@ def _run_job(cl: EmulatedCluster, args: argparse.Namespace, argv: list[str], wor
     cmd = [sys.executable, "-m"] + argv + ["--out", str(out), "--progress", str(progress)]
     holder: dict[str, Any] = {}
     done = threading.Event()
+    load0 = os.getloadavg()  # the machine is shared: each figure goes out with its load
 
     def target() -> None:
         try:
@@ -198,6 +199,7 @@ def _run_job(cl: EmulatedCluster, args: argparse.Namespace, argv: list[str], wor
     prog.follow(progress, estimate, desc, done)
     t.join()
     res: RunResult | None = holder.get("res")
+    load = {"start": [round(v, 2) for v in load0], "end": [round(v, 2) for v in os.getloadavg()]}
     if res is not None:  # the ranks' whole output, for diagnosing a failed or odd job (one per attempt)
         log = workdir / f"{name}.log"
         if log.exists():
@@ -207,8 +209,9 @@ def _run_job(cl: EmulatedCluster, args: argparse.Namespace, argv: list[str], wor
         tail = (res.stdout + res.stderr)[-3000:] if res is not None else holder.get("err", "")
         why = "timed out" if res is not None and res.timed_out else f"rc={res.returncode if res else '?'}"
         return {"mode": "tta" if argv[0].startswith("benchmarks.suite.tta") else "throughput", "model": name,
-                "error": f"{why}: {tail.strip()[-1500:]}"}
+                "error": f"{why}: {tail.strip()[-1500:]}", "loadavg": load}
     job = json.loads(out.read_text())
+    job["loadavg"] = load  # 1/5/15-minute load averages at the job's start and end
     job["launcher_version"] = res.launcher_version
     job["elapsed_s"] = res.elapsed_s
     job["link_bytes_tc"] = res.link_bytes
