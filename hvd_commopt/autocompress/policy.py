@@ -227,14 +227,18 @@ class AutoPolicy:
         period = statistics.median(s[0] for s in self._samples)
         warning = None
         notes = []
+        adaptive = self.reducer.adaptive  # docs/auto-compression.md#adaptive
         for b in buckets:
             if b.dtype != "float32":
                 notes.append((False, f"{b.dtype} gradients: the casts and sparse methods here take float32"))
             elif b.dense:
                 notes.append((True, "1-D tensors, sent whole (docs/topk.md#dense-1d)"))
+            elif adaptive:
+                notes.append((True, "Adam-type optimizer: sparse methods are not candidates "
+                                    "(docs/auto-compression.md#adaptive)"))
             else:
                 notes.append((True, ""))
-        cands = {b.name: tuple(m for m in (opts.candidates(sparse_ok=not b.dense) if ok else (DENSE,))
+        cands = {b.name: tuple(m for m in (opts.candidates(sparse_ok=not (b.dense or adaptive)) if ok else (DENSE,))
                                if m == DENSE or (b.name, m.kind) not in self._banned) for b, (ok, _) in zip(buckets, notes)}
         if port.comm.size == 1:
             cands = {b.name: (DENSE,) for b in buckets}
@@ -261,7 +265,7 @@ class AutoPolicy:
                         for i, c in enumerate(choice.buckets)],
             "select_fits": {k: list(v) for k, v in fits.items()},
             "cost_model": cm.to_dict() if cm is not None else None,
-            "allow": list(opts.allow), "min_density": opts.min_density,
+            "allow": list(opts.allow), "min_density": opts.min_density, "adaptive_optimizer": adaptive,
         }
         return {"assignment": {c.name: c.method.key for c in choice.buckets}, "report": report, "warning": warning}
 
