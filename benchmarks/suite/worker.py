@@ -211,6 +211,9 @@ def run(args: argparse.Namespace) -> dict:
         rep = getattr(runners[name].opt, "fusion_report", None) if runners[name].ours else None
         if rep:
             out[name]["fusion_report"] = json.loads(json.dumps(rep, default=str))
+        auto = runners[name].opt.compression_report if runners[name].ours else None
+        if auto:  # what compression="auto" chose per bucket, and its predicted and measured step
+            out[name]["compression_report"] = json.loads(json.dumps(auto, default=str))
     nparams = sum(p.numel() for p in base.parameters())
     return {"mode": "throughput", "model": args.model, "params": nparams, "batch_per_rank": batch,
             "device": str(wl.device), "tokens_per_sample": wl.tokens_per_sample,
