@@ -1,0 +1,288 @@
+"""The trust table: ``compression="auto"`` against the fair baselines, every link and model.
+
+    python -m benchmarks.trust_table [--results benchmarks/results/trust]   # print the section
+    (benchmarks/report.py puts it into REPORT.md, and its table into README.md between the
+    ``trust table`` markers)
+
+It reads what the runs of docs/benchmarking.md#trust-table wrote under ``--results``:
+
+* ``bench_<net>.json``: one ``python -m benchmarks.run`` per link (deep MLP, ResNet-18, the
+  transformer; the variants interleaved block by block), throughput against DDP in the same job;
+* ``hosts2x2/bench_1gbit.json``: the same at 4 ranks on two emulated hosts of two;
+* ``tta_digits/bench_1gbit.json``: the digits time-to-accuracy job of the same variants: whether
+  each fixed variant reaches the accuracy target (a fixed variant that does not is not a "best
+  fixed variant"); ``tta_lm/bench_<net>.json``: the transformer's time to a validation loss;
+* ``conv_<task>.txt``: ``benchmarks.convergence`` CONV lines of ``auto`` against S-SGD.
+
+A cell that did not run says so (with the job's error), never left out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.suite.report import paired_ratio  # noqa: E402
+
+__all__ = ["section", "readme_block", "update_readme", "RESULTS", "FIXED"]
+
+RESULTS = ROOT / "benchmarks" / "results" / "trust"
+LINKS = {"loopback": "loopback", "10gbit": "10 Gbit/s", "1gbit": "1 Gbit/s", "100mbit": "100 Mbit/s"}
+MODELS = {"deep_mlp": "deep MLP", "resnet18": "ResNet-18", "transformer": "transformer"}
+#: The fixed variants a "best fixed" is chosen from, and their names in the table.
+FIXED = {"topk_01pct": "Top-k 0.1 %", "dgc_01pct": "DGC 0.1 %", "topk_1pct": "Top-k 1 %", "dgc_1pct": "DGC 1 %"}
+BEGIN, END = "<!-- trust table: begin -->", "<!-- trust table: end -->"
+
+
+def _json(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _jobs(run: dict[str, Any] | None, mode: str) -> dict[str, dict[str, Any]]:
+    """The jobs of one run of ``mode`` by model (a failed job is named ``<net>_<model>``); a job
+    that ran wins over a failed one of the same model (``--merge`` reruns)."""
+    out: dict[str, dict[str, Any]] = {}
+    for j in (run or {}).get("jobs", []):
+        if j.get("mode") != mode:
+            continue
+        m = str(j.get("model", ""))
+        if j.get("error") and mode == "throughput":
+            m = m.split("_", 1)[-1]
+        if m not in out or out[m].get("error"):
+            out[m] = j
+    return out
+
+
+def _load(j: dict[str, Any]) -> str:
+    la = j.get("loadavg")
+    return f"{la['start'][0]:.0f}-{la['end'][0]:.0f}" if la else "?"
+
+
+def accuracy(results: Path) -> dict[str, dict[str, Any]]:
+    """Per fixed variant and model family: reached the target (True/False/None) and the figure."""
+    out: dict[str, dict[str, Any]] = {}
+    dig = _jobs(_json(results / "tta_digits" / "bench_1gbit.json"), "tta")
+    dj = next(iter(dig.values()), None)
+    lm = _jobs(_json(results / "tta_lm" / "bench_1gbit.json"), "tta")
+    lj = next(iter(lm.values()), None)
+    for v in list(FIXED) + ["auto", "ddp", "ddp_bf16", "ddp_powersgd1"]:
+        row: dict[str, Any] = {}
+        r = (dj or {}).get("results", {}).get(v)
+        if r:
+            row["digits"] = (r["time_to_target_s"] is not None, f"{r['final_acc'] * 100:.1f} %")
+        r = (lj or {}).get("results", {}).get(v)
+        if r:
+            row["lm"] = (r["time_to_target_s"] is not None, f"{r['final_val_loss']:.3f}")
+        out[v] = row
+    out["_targets"] = {"digits": (dj or {}).get("target"), "lm": (lj or {}).get("target")}
+    return out
+
+
+def _reaches(acc: dict[str, dict[str, Any]], v: str, model: str) -> bool:
+    row = acc.get(v, {})
+    key = "lm" if model == "transformer" else "digits"
+    return bool(row.get(key, (False,))[0])
+
+
+def _speed(res: dict[str, Any], v: str) -> tuple[float, float | None] | None:
+    ddp, x = res.get("ddp", {}).get("step_s"), res.get(v, {}).get("step_s")
+    if not ddp or not x:
+        return None
+    return ddp / x, paired_ratio(res, v)
+
+
+def _fmt(s: tuple[float, float | None] | None) -> str:
+    if s is None:
+        return "not run"
+    return f"{s[0]:.2f}x" + (f" ({s[1]:.2f})" if s[1] is not None else "")
+
+
+def cells(job: dict[str, Any] | None, model: str, acc: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The row of one (link, model): every column's text, and the two targets' verdicts."""
+    if job is None:
+        return {"missing": "not run"}
+    if job.get("error"):
+        return {"missing": "failed: " + job["error"].splitlines()[0][:80], "load": _load(job)}
+    res = job["results"]
+    st = job.get("status", {})
+    row: dict[str, Any] = {"load": _load(job)}
+    for v in ("ddp_bf16", "ddp_powersgd1", "auto"):
+        row[v] = _fmt(_speed(res, v)) if v in res else f"not run ({st.get(v, 'not in the job')[:60]})"
+    fixed = {v: _speed(res, v) for v in FIXED if v in res}
+    ok = {v: s for v, s in fixed.items() if s is not None and _reaches(acc, v, model)}
+    if ok:
+        best = max(ok, key=lambda v: ok[v][0])  # type: ignore[index]
+        row["best"] = f"{FIXED[best]}: {_fmt(ok[best])}"
+        row["best_x"] = ok[best][0]  # type: ignore[index]
+    else:
+        row["best"] = "none reaches the target"
+    a, b = _speed(res, "auto"), _speed(res, "ddp_bf16")
+    if a is not None:
+        base = max(1.0, b[0] if b else 1.0)
+        row["vs_dense"] = a[0] / base
+        if "best_x" in row:
+            row["vs_best"] = a[0] / row["best_x"]
+        rep = res["auto"].get("compression_report") or {}
+        row["chose"] = ", ".join(f"{b['method']}" for b in rep.get("buckets", [])) or "?"
+    return row
+
+
+def _mark(x: float | None, bound: float) -> str:
+    if x is None:
+        return "–"
+    return f"{x:.2f} {'met' if x >= bound else 'MISSED'}"
+
+
+def throughput_table(results: Path, acc: dict[str, dict[str, Any]]) -> list[str]:
+    lines = ["| link | model | DDP | DDP + bf16 hook | DDP + PowerSGD r1 | best fixed reaching accuracy | `auto` | "
+             "auto / max(DDP, bf16) >= 0.97 | auto / best fixed >= 0.9 | auto chose (per bucket) | load |",
+             "|---|---|---:|---:|---:|---|---:|---|---|---|---|"]
+    rows = [(net, None, _json(results / f"bench_{net}.json")) for net in LINKS]
+    rows.append(("1gbit", "2 x 2 hosts", _json(results / "hosts2x2" / "bench_1gbit.json")))
+    for net, label, run in rows:
+        jobs = _jobs(run, "throughput")
+        for model in MODELS:
+            if label and model == "resnet18":
+                continue
+            c = cells(jobs.get(model), model, acc)
+            name = LINKS[net] + (f", {label}" if label else "")
+            if "missing" in c:
+                lines.append(f"| {name} | {MODELS[model]} | {c['missing']} | | | | | | | | {c.get('load', '')} |")
+                continue
+            lines.append(f"| {name} | {MODELS[model]} | 1.00x | {c['ddp_bf16']} | {c['ddp_powersgd1']} | {c['best']} | "
+                         f"{c['auto']} | {_mark(c.get('vs_dense'), 0.97)} | {_mark(c.get('vs_best'), 0.9)} | "
+                         f"{c.get('chose', '')} | {c['load']} |")
+    return lines
+
+
+def accuracy_table(acc: dict[str, dict[str, Any]]) -> list[str]:
+    t = acc.get("_targets", {})
+    lines = [f"| variant | digits CNN, final accuracy (target {t.get('digits') or '?'}) | transformer, final validation "
+             f"loss (target {t.get('lm') or '?'}) |", "|---|---|---|"]
+    for v in list(FIXED) + ["auto", "ddp", "ddp_bf16", "ddp_powersgd1"]:
+        row = acc.get(v, {})
+        cols = []
+        for key in ("digits", "lm"):
+            if key in row:
+                cols.append(f"{row[key][1]} ({'reaches' if row[key][0] else 'does not reach'})")
+            else:
+                cols.append("not measured (not counted as reaching)")
+        lines.append(f"| {FIXED.get(v, v)} | {cols[0]} | {cols[1]} |")
+    return lines
+
+
+def lm_table(results: Path) -> list[str]:
+    lines = ["| link | variant | time to target (s) | steps to target | final validation loss | s/step | load |",
+             "|---|---|---:|---:|---:|---:|---|"]
+    verdicts = []
+    for net in ("1gbit", "100mbit"):
+        jobs = _jobs(_json(results / "tta_lm" / f"bench_{net}.json"), "tta")
+        j = next(iter(jobs.values()), None)
+        if j is None:
+            lines.append(f"| {LINKS[net]} | not run | | | | | |")
+            continue
+        if j.get("error"):
+            lines.append(f"| {LINKS[net]} | failed: {j['error'].splitlines()[0][:80]} | | | | | {_load(j)} |")
+            continue
+        for v, r in j["results"].items():
+            tt = r["time_to_target_s"]
+            lines.append(f"| {LINKS[net]} | {v} | {'not reached' if tt is None else f'{tt:.0f}'} | "
+                         f"{r['steps_to_target'] or '–'} | {r['final_val_loss']:.3f} | {r['step_s']:.2f} | {_load(j)} |")
+        a, b = (j["results"].get(k, {}).get("time_to_target_s") for k in ("auto", "ddp_bf16"))
+        ok = a is not None and (b is None or a < b)
+        verdicts.append(f"{LINKS[net]}: auto {'%.0f s' % a if a else 'not reached'} against DDP + bf16 "
+                        f"{'%.0f s' % b if b else 'not reached'}: {'met' if ok else 'MISSED'}")
+    return lines + [""] + [f"* {v}" for v in verdicts]
+
+
+def _against(vals: list[float] | None, ssgd: float | None, lm: bool) -> tuple[str, str]:
+    """The mean of ``vals`` and its gap to S-SGD's mean: % of the loss, or points of accuracy."""
+    if not vals or ssgd is None:
+        return "not run", ""
+    m = statistics.mean(vals)
+    if lm:
+        return f"{m:.3f}", f"{(m / ssgd - 1) * 100:+.2f} %"
+    return f"{m * 100:.2f} %", f"{(m - ssgd) * 100:+.2f} pt"
+
+
+def conv_table(results: Path) -> list[str]:
+    lines = ["| task | optimizer | seeds | S-SGD | auto | gap | auto on a 100 Mbit/s model | gap | target |",
+             "|---|---|---|---:|---:|---:|---:|---:|---|"]
+    for task in ("digits", "rings", "transformer"):
+        p = results / f"conv_{task}.txt"
+        rows = [json.loads(line[5:]) for line in (p.read_text().splitlines() if p.exists() else [])
+                if line.startswith("CONV ")]
+        if not rows:
+            lines.append(f"| {task} | | | not run | | | | | |")
+            continue
+        lm = task == "transformer"
+        key = "val_loss" if lm else "test_acc"
+        by: dict[str, list[float]] = {}
+        for r in rows:
+            val = r.get(key, r.get("accuracy", r.get("final_acc")))
+            if val is not None:
+                by.setdefault(r["variant"], []).append(float(val))
+        s = statistics.mean(by["ssgd"]) if by.get("ssgd") else None
+        a, ag = _against(by.get("auto"), s, lm)
+        b, bg = _against(by.get("auto_100mbit"), s, lm)
+        seeds = len(by.get("ssgd", []))
+        sv = "–" if s is None else (f"{s:.3f}" if lm else f"{s * 100:.2f} %")
+        lines.append(f"| {task} | {rows[0].get('optimizer', 'sgd')} | {seeds} | {sv} | {a} | {ag} | {b} | {bg} | "
+                     f"{'loss within 1 %' if lm else 'within 0.5 pt'} |")
+    return lines
+
+
+def section(results: Path = RESULTS) -> list[str]:
+    """REPORT.md's section (docs/benchmarking.md#trust-table)."""
+    acc = accuracy(results)
+    return ["", "## The trust table: `auto` against the fair baselines", "",
+            "Throughput relative to `DDP(model)` in the same job (paired ratio in brackets), 2 ranks unless "
+            "stated, emulated links, 3 interleaved blocks of 3 steps, the slowest rank's median block; the "
+            "transformer with AdamW, the others SGD with momentum 0.9. \"Best fixed\" is the fastest of Top-k "
+            "and DGC at densities 0.1 % and 1 % *that reaches the accuracy target* (next table); load is the "
+            "1-minute load average at the job's start-end (2 cores, shared). How it was run: "
+            "docs/benchmarking.md#trust-table.", "",
+            *throughput_table(results, acc), "",
+            "Accuracy of each variant (suite time-to-accuracy jobs at 1 Gbit/s; the digits CNN stands for the "
+            "deep MLP and ResNet-18, which the suite times on synthetic batches):", "",
+            *accuracy_table(acc), "",
+            "The transformer's time to the validation-loss target (AdamW, interleaved intervals, training time only):",
+            "", *lm_table(results), "",
+            "`auto`'s final accuracy against S-SGD (`benchmarks.convergence`, 2 ranks; mean over seeds):", "",
+            *conv_table(results), ""]
+
+
+def readme_block(results: Path = RESULTS) -> str:
+    acc = accuracy(results)
+    return "\n".join([BEGIN, "From [benchmarks/REPORT.md](benchmarks/REPORT.md) (\"The trust table\"): throughput "
+                      "relative to DDP, 2 ranks on a shared 2-core machine, emulated links.", "",
+                      *throughput_table(results, acc), END])
+
+
+def update_readme(path: Path, results: Path = RESULTS) -> bool:
+    """Rewrite README.md's trust table between its markers; False without markers."""
+    text = path.read_text() if path.exists() else ""
+    if BEGIN not in text or END not in text:
+        return False
+    head, rest = text.split(BEGIN, 1)
+    path.write_text(head + readme_block(results) + rest.split(END, 1)[1])
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.trust_table", description=__doc__.split("\n")[0])
+    ap.add_argument("--results", default=str(RESULTS))
+    a = ap.parse_args(argv)
+    print("\n".join(section(Path(a.results))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
