@@ -1,6 +1,7 @@
 """The trust table: ``compression="auto"`` against the fair baselines, every link and model.
 
     python -m benchmarks.trust_table [--results benchmarks/results/trust]   # print the section
+    python -m benchmarks.trust_table --readme README.md                     # and rewrite README's table
     (benchmarks/report.py puts it into REPORT.md, and its table into README.md between the
     ``trust table`` markers)
 
@@ -279,8 +280,12 @@ def update_readme(path: Path, results: Path = RESULTS) -> bool:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.trust_table", description=__doc__.split("\n")[0])
     ap.add_argument("--results", default=str(RESULTS))
+    ap.add_argument("--readme", default="", help="also rewrite this README's trust table (between its markers)")
     a = ap.parse_args(argv)
     print("\n".join(section(Path(a.results))))
+    if a.readme and not update_readme(Path(a.readme), Path(a.results)):
+        print(f"{a.readme} has no trust table markers ({BEGIN} ... {END})", file=sys.stderr)
+        return 1
     return 0
 
 
