@@ -93,6 +93,8 @@ class AutoPolicy:
         self._rank = 0
         self._previous: dict[str, Method] | None = None
         self._banned: set[tuple[str, str]] = set()  # (bucket, kind) measured slower than predicted
+        # a revert awaiting its check: the undone methods, their measured step, the bans it added
+        self._undone: tuple[dict[str, Method], float, set[tuple[str, str]]] | None = None
         self.restart()
 
     def restart(self) -> None:
@@ -290,6 +292,9 @@ class AutoPolicy:
         rep["measured_s"], rep["measured_steps"] = m, len(self._recent)
         rep["prediction_error"] = rep["predicted_s"] / m - 1 if m > 0 else None
         rep["phase"] = "measured"
+        if self._undone is not None:
+            self._check_revert(port, m)
+            return
         prev, self._previous = self._previous, None
         changed = {k: v for k, v in (prev or {}).items() if self.reducer.method_of(k) != v}
         revert = bool(changed) and m > rep["profiled_period_s"] * (1 + self.options.margin)
@@ -297,17 +302,48 @@ class AutoPolicy:
         if comm.size > 1 and prev is not None:
             revert = bool(comm.broadcast_object(revert, root=0, name="autocompress.revert"))
         if revert:
-            self._banned |= {(k, self.reducer.method_of(k).kind) for k in changed if self.reducer.method_of(k) != DENSE}
+            bans = {(k, self.reducer.method_of(k).kind) for k in changed if self.reducer.method_of(k) != DENSE}
+            self._undone = ({b.name: self.reducer.method_of(b.name) for b in port.buckets}, m, bans)
+            self._banned |= bans
             rep["reverted"] = (f"measured {m * 1e3:.4g} ms against {rep['profiled_period_s'] * 1e3:.4g} ms before: "
                                f"back to the previous methods; not chosen again for these buckets: "
                                + ", ".join(f"{k} {self.reducer.method_of(k).key}" for k in sorted(changed)))
             self._assign(port, prev)
             for b in rep["buckets"]:
                 b["method"] = prev[b["bucket"]].key if b["bucket"] in prev else b["method"]
-            rep["predicted_s"] = rep["profiled_period_s"]
+            rep["undone_predicted_s"], rep["predicted_s"] = rep["predicted_s"], rep["profiled_period_s"]
             rep["phase"] = "reverted"
             self.phase, self._recent = "settle", deque(maxlen=max(self.options.measure_steps, 1))
         if self.options.verbose and self._rank == 0:
+            self.log(format_report(rep))
+
+    def _check_revert(self, port: PolicyPort, m: float) -> None:
+        """The methods a revert brought back are measured (``m``): if they are not faster than the
+        undone decision was, the machine slowed down, not the choice (a load swing between the
+        profile and the measurement), so the decision comes back and its bans are lifted. Rank 0's
+        verdict, broadcast (docs/auto-compression.md#revert)."""
+        undone, m_decision, bans = self._undone  # type: ignore[misc]
+        self._undone = None
+        rep = self.report
+        restore = m >= m_decision
+        comm = port.comm
+        if comm.size > 1:
+            restore = bool(comm.broadcast_object(restore, root=0, name="autocompress.recheck"))
+        if rep is not None:
+            rep["revert_check"] = (f"the previous methods measured {m * 1e3:.4g} ms against the undone decision's "
+                                   f"{m_decision * 1e3:.4g} ms: " + ("the decision is restored" if restore
+                                                                     else "the revert stands"))
+        if restore:
+            self._banned -= bans
+            self._assign(port, undone)
+            if rep is not None:
+                rep.pop("reverted", None)
+                rep["predicted_s"] = rep.pop("undone_predicted_s", rep["predicted_s"])
+                for b in rep["buckets"]:
+                    b["method"] = undone.get(b["bucket"], Method.parse(b["method"])).key
+                rep["phase"] = "restored"
+            self.phase, self._recent = "settle", deque(maxlen=max(self.options.measure_steps, 1))
+        if self.options.verbose and self._rank == 0 and rep is not None:
             self.log(format_report(rep))
 
     def _watch(self, port: PolicyPort) -> None:
