@@ -322,7 +322,7 @@ class AutoPolicy:
         undone decision was, the machine slowed down, not the choice (a load swing between the
         profile and the measurement), so the decision comes back and its bans are lifted. Rank 0's
         verdict, broadcast (docs/auto-compression.md#revert)."""
-        undone, m_decision, bans = self._undone  # type: ignore[misc]
+        undone, m_decision, bans = self._undone
         self._undone = None
         rep = self.report
         restore = m >= m_decision
