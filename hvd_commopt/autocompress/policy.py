@@ -45,8 +45,10 @@ from .methods import build_method
 from .pricing import SelectFit, bucket_costs
 from .report import format_report
 
-#: The message sizes auto's calibration times (64 KiB, 512 KiB, 2 MiB): about 20 MB on the link.
-CALIBRATION_SIZES = (1 << 16, 1 << 19, 1 << 21)
+#: The message sizes auto's calibration times (64 KiB, 1 MiB, 4 MiB): about 50 MB on the link. Up to
+#: 2 MiB only, under a load average of 50 the fit at 10 Gbit/s came out as 6.8 ms + 0 s/B: the
+#: scheduling noise swamped the bandwidth term, and every method looked free to send.
+CALIBRATION_SIZES = (1 << 16, 1 << 20, 1 << 22)
 
 __all__ = ["AutoPolicy", "PolicyPort", "Routing"]
 
@@ -177,11 +179,11 @@ class AutoPolicy:
                 raise ConfigError("compression='auto' calibrates the link with the engine's tensors, and no "
                                   "float32 bucket was seen; pass Compression.auto(cost_model=...)")
             kw["make_buffer"] = lambda nbytes: ops.zeros(nbytes // 4, "float32", like=like)
-        # a light calibration (docs/auto-compression.md#limits): three sizes, three timed runs each,
+        # a light calibration (docs/auto-compression.md#limits): three sizes, four timed runs each,
         # point-to-point only for the methods priced by it; the fusion tuner's default moves about
         # 0.35 GB, half a minute of a 100 Mbit/s link at every decision
         p2p = ("p2p",) if {"gtopk", "oktopk"} & set(self.options.allow) else ()
-        return calibrate(comm, sizes=CALIBRATION_SIZES, repeats=3, warmup=1,
+        return calibrate(comm, sizes=CALIBRATION_SIZES, repeats=4, warmup=1,
                          collectives=("allreduce", "allgather") + p2p, **kw)
 
     def _decide(self, port: PolicyPort) -> None:
