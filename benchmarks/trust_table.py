@@ -224,12 +224,11 @@ def conv_table(results: Path) -> list[str]:
             lines.append(f"| {task} | | | not run | | | | | |")
             continue
         lm = task == "transformer"
-        key = "val_loss" if lm else "test_acc"
         by: dict[str, list[float]] = {}
-        for r in rows:
-            val = r.get(key, r.get("accuracy", r.get("final_acc")))
+        for r in rows:  # CONV lines: "val_loss" for the transformer, "acc" in percent otherwise
+            val = r.get("val_loss") if lm else r.get("acc")
             if val is not None:
-                by.setdefault(r["variant"], []).append(float(val))
+                by.setdefault(r["variant"], []).append(float(val) if lm else float(val) / 100)
         s = statistics.mean(by["ssgd"]) if by.get("ssgd") else None
         a, ag = _against(by.get("auto"), s, lm)
         b, bg = _against(by.get("auto_100mbit"), s, lm)

@@ -25,7 +25,7 @@ def _write(tmp: Path) -> None:
            "results": {k: {"final_acc": a, "time_to_target_s": 1.0 if a >= 0.95 else None} for k, a in acc.items()}}
     (tmp / "tta_digits" / "bench_1gbit.json").write_text(json.dumps({"jobs": [tta]}))
     (tmp / "conv_digits.txt").write_text("\n".join(
-        "CONV " + json.dumps({"variant": v, "seed": s, "test_acc": a, "optimizer": "sgd"})
+        "CONV " + json.dumps({"variant": v, "seed": s, "acc": a * 100, "optimizer": "sgd"})
         for v, s, a in (("ssgd", 0, 0.98), ("ssgd", 1, 0.97), ("auto", 0, 0.975), ("auto", 1, 0.975))) + "\n")
 
 
