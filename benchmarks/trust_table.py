@@ -131,8 +131,22 @@ def cells(job: dict[str, Any] | None, model: str, acc: dict[str, dict[str, Any]]
         if "best_x" in row:
             row["vs_best"] = a[0] / row["best_x"]
         rep = res["auto"].get("compression_report") or {}
-        row["chose"] = ", ".join(f"{b['method']}" for b in rep.get("buckets", [])) or "?"
+        row["chose"] = ", ".join(f"{b['method']}" for b in rep.get("buckets", [])) or job.get("_chose_from_log", "?")
     return row
+
+
+def chose_from_log(log: Path) -> str:
+    """auto's methods per bucket from a job's log (its verbose report; jobs from before the
+    report was kept in the JSON): the last report's bucket lines."""
+    if not log.exists():
+        return "?"
+    last: list[str] = []
+    for line in log.read_text(errors="replace").splitlines():
+        if line.startswith("[hvd_commopt] compression='auto'"):
+            last = []
+        elif line.startswith("  bucket") and " - " in line:
+            last.append(line.split("): ", 1)[-1].split(" - ", 1)[0].strip())
+    return ", ".join(last) or "?"
 
 
 def _mark(x: float | None, bound: float) -> str:
@@ -149,6 +163,9 @@ def throughput_table(results: Path, acc: dict[str, dict[str, Any]]) -> list[str]
     rows.append(("1gbit", "2 x 2 hosts", _json(results / "hosts2x2" / "bench_1gbit.json")))
     for net, label, run in rows:
         jobs = _jobs(run, "throughput")
+        for m, j in jobs.items():
+            if not j.get("error") and "compression_report" not in j.get("results", {}).get("auto", {}):
+                j["_chose_from_log"] = chose_from_log(results / ("hosts2x2" if label else "") / "work" / f"{net}_{m}.log")
         for model in MODELS:
             if label and model == "resnet18":
                 continue
