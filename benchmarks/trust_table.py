@@ -86,6 +86,21 @@ def accuracy(results: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
+def why_failed(job: dict[str, Any], logs: list[Path] = []) -> str:  # noqa: B006 - read only
+    """One line for a failed job: what ended it (its error, the first attempt's when retried, and
+    the attempts' logs)."""
+    err = job.get("error", "") + "\n" + job.get("retried_after_error", "")
+    err += "".join(p.read_text(errors="replace") for p in logs)
+    if "Connection reset by peer" in err and "powerSGD" in err:
+        return "failed: DDP + PowerSGD's Gloo connection was reset inside its hook, ending the job"
+    if "not every rank is in" in err:
+        return ("failed: the stall detector saw the ranks waiting in different collectives (in auto's variant) "
+                "and ended the job")
+    if err.startswith("timed out"):
+        return "failed: timed out"
+    return "failed: " + err.strip().splitlines()[0][:80]
+
+
 def _reaches(acc: dict[str, dict[str, Any]], v: str, model: str) -> bool:
     row = acc.get(v, {})
     key = "lm" if model == "transformer" else "digits"
@@ -110,7 +125,7 @@ def cells(job: dict[str, Any] | None, model: str, acc: dict[str, dict[str, Any]]
     if job is None:
         return {"missing": "not run"}
     if job.get("error"):
-        return {"missing": "failed: " + job["error"].splitlines()[0][:80], "load": _load(job)}
+        return {"missing": why_failed(job, job.get("_logs", [])), "load": _load(job)}
     res = job["results"]
     st = job.get("status", {})
     row: dict[str, Any] = {"load": _load(job)}
@@ -164,6 +179,7 @@ def throughput_table(results: Path, acc: dict[str, dict[str, Any]]) -> list[str]
     for net, label, run in rows:
         jobs = _jobs(run, "throughput")
         for m, j in jobs.items():
+            j["_logs"] = sorted((results / ("hosts2x2" if label else "") / "work").glob(f"{net}_{m}*.log"))
             if not j.get("error") and "compression_report" not in j.get("results", {}).get("auto", {}):
                 j["_chose_from_log"] = chose_from_log(results / ("hosts2x2" if label else "") / "work" / f"{net}_{m}.log")
         for model in MODELS:
