@@ -283,6 +283,11 @@ def section(results: Path = RESULTS) -> list[str]:
             "1-minute load average at the job's start-end (2 cores, shared). How it was run: "
             "docs/benchmarking.md#trust-table.", "",
             *throughput_table(results, acc), "",
+            "DDP + PowerSGD rank 1 on ResNet-18: its hook's Gloo connection was reset and ended every ResNet-18 job "
+            "it was in (both attempts at each link), so the ResNet-18 jobs that completed ran without it (\"not in "
+            "the job\"). Where `auto` kept every bucket dense its step was well below DDP's; that dense path (the "
+            "sparse reducers' density-1 path over the shared memory) was not profiled here "
+            "(docs/auto-compression.md#measured-trust).", "",
             "Accuracy of each variant (suite time-to-accuracy jobs at 1 Gbit/s; the digits CNN stands for the "
             "deep MLP and ResNet-18, which the suite times on synthetic batches):", "",
             *accuracy_table(acc), "",
