@@ -202,6 +202,9 @@ def variant_kwargs(name: str, steps_per_epoch: int, warmup: int) -> dict:
         "cd_flush": lambda: {"schedule": Schedule.cd(warmup_steps=warmup, batch_size=BATCH,
                                                      flush_residual_on_correction=True)},
         "cocod_warm": lambda: {"schedule": Schedule.cocod(4, warmup_steps=warmup)},
+        # compression="auto" as users get it, and as it chooses on a 100 Mbit/s link's model (sparse)
+        "auto": lambda: {"compression": "auto"},
+        "auto_100mbit": lambda: {"compression": Compression.auto(cost_model=_link_model(1e-4, 8e-8))},
         "od_reference": lambda: {"schedule": Schedule.od(warmup_steps=warmup, local="reference")},
         "ssd_reference": lambda: {"schedule": Schedule.ssd(warmup_steps=warmup, local="reference")},
         "cd_reference": lambda: {"schedule": Schedule.cd(warmup_steps=warmup, batch_size=BATCH,
@@ -210,6 +213,12 @@ def variant_kwargs(name: str, steps_per_epoch: int, warmup: int) -> dict:
     if name not in table:
         raise SystemExit(f"unknown variant {name!r}; choose from {sorted(table)}")
     return table[name]()
+
+
+def _link_model(alpha_s: float, beta_s_per_byte: float):
+    """The cost model of a link of latency ``alpha_s`` and ``beta_s_per_byte`` at this job's ranks."""
+    from hvd_commopt.fusion import AlphaBeta, CostModel
+    return CostModel.from_link(AlphaBeta(alpha_s, beta_s_per_byte), hco.size())
 
 
 DEFAULT_VARIANTS = ["ssgd", "topk", "gtopk", "oktopk", "lags", "dgc", "randomk", "od", "ssd", "ssd_topk", "cd",

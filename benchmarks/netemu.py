@@ -89,12 +89,13 @@ class EmulatedCluster:
 
     def __init__(self, n: int = 2, rate: str | None = "1gbit", *, burst: int | None = None,
                  subnet: str = DEFAULT_SUBNET, fallback: bool = True, force_loopback: bool = False,
-                 mpi: str = "auto", mpich_prefix: str | None = None) -> None:
+                 mpi: str = "auto", mpich_prefix: str | None = None, ranks_per_host: int = 1) -> None:
         if not 1 <= n <= 200:
             raise ValueError(f"n={n}: need 1..200 emulated hosts (one /24)")
         if not re.fullmatch(r"\d{1,3}\.\d{1,3}\.\d{1,3}", subnet):
             raise ValueError(f"subnet={subnet!r}: give the first three octets, e.g. '198.18.0'")
         self.n = n
+        self.ranks_per_host = ranks_per_host  # run_mpi: n x ranks_per_host ranks, dealt to the hosts in turn
         self.rate = None if rate in (None, "", "none") else rate
         self.rate_bps = parse_rate(self.rate) if self.rate else None
         self.burst = burst if burst is not None else (burst_bytes(self.rate_bps) if self.rate_bps else None)
@@ -287,8 +288,9 @@ class EmulatedCluster:
         """
         work = self._require_up()
         inst: MpiInstall = find_mpi(mpi or self.mpi, self.mpich_prefix)
-        argv, notes, launch_env = mpi_argv(inst, self.n, self.hosts if self.netns else None, self.subnet, work,
-                                           list(MALLOC_ENV) + list(env or {}))
+        argv, notes, launch_env = mpi_argv(inst, self.n * self.ranks_per_host, self.hosts if self.netns else None,
+                                           self.subnet, work, list(MALLOC_ENV) + list(env or {}),
+                                           slots=self.ranks_per_host)
         full_env = {**os.environ, **MALLOC_ENV, **inst.env, **launch_env, **(env or {})}
         full_env["PATH"] = f"{inst.bin_dir}{os.pathsep}{full_env.get('PATH', '')}"
         argv += list(mpirun_args) + list(cmd)

@@ -42,6 +42,7 @@ from benchmarks.common import RESULTS, machine_info  # noqa: E402
 from benchmarks.convergence_report import section as convergence_section  # noqa: E402
 from benchmarks.gpu_report import gpu_section  # noqa: E402
 from benchmarks.suite.report import paired_ratio  # noqa: E402
+from benchmarks import trust_table  # noqa: E402
 
 __all__ = ["main", "parse_args", "render", "TARGETS"]
 
@@ -325,6 +326,7 @@ def render(a: argparse.Namespace, out: Path, meta: dict[str, Any], cmd: str) -> 
                      f"{(r['topk_of_compute'] or 0) * 100:.0f} % |")
     if "report_speedup.png" in pngs:
         lines += ["", "![speed-up vs DDP](report_speedup.png)"]
+    lines += trust_table.section()  # the trust table (benchmarks/trust_table.py), from its own runs
     lines += ["", "## A sparse step against the compute-only step", ""]
     if step:
         lines += [f"`python -m benchmarks.compress_step_bench --variants {','.join(STEP_VARIANTS)} --blocks "
@@ -389,6 +391,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {a.report}")
     if a.readme and update_readme(Path(a.readme), readme_block(a, out, meta)):
         print(f"updated the performance table of {a.readme}")
+    if a.readme and trust_table.update_readme(Path(a.readme)):
+        print(f"updated the trust table of {a.readme}")
     return 0 if meta.get("suite_rc") == 0 and meta.get("step_rc") == 0 else 1
 
 

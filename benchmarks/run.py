@@ -49,6 +49,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--net", default="1gbit", help="comma-separated tc rates (100mbit,1gbit,10gbit), 'none' "
                     "(unshaped veth) or 'loopback'")
     ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--ranks-per-host", type=int, default=1, help="ranks on each emulated host (--ranks 4 "
+                    "--ranks-per-host 2: two hosts of two ranks, the ranks dealt to the hosts in turn)")
     ap.add_argument("--quick", action="store_true", help="small models, few steps: a few minutes in all")
     ap.add_argument("--variants", default=None, help=f"comma-separated; known: {','.join(V.VARIANTS)}")
     ap.add_argument("--backend", default="default", choices=["default", "mpi", "gloo", "both"],
@@ -184,6 +186,7 @@ def _run_job(cl: EmulatedCluster, args: argparse.Namespace, argv: list[str], wor
     cmd = [sys.executable, "-m"] + argv + ["--out", str(out), "--progress", str(progress)]
     holder: dict[str, Any] = {}
     done = threading.Event()
+    load0 = os.getloadavg()  # the machine is shared: each figure goes out with its load
 
     def target() -> None:
         try:
@@ -198,6 +201,7 @@ def _run_job(cl: EmulatedCluster, args: argparse.Namespace, argv: list[str], wor
     prog.follow(progress, estimate, desc, done)
     t.join()
     res: RunResult | None = holder.get("res")
+    load = {"start": [round(v, 2) for v in load0], "end": [round(v, 2) for v in os.getloadavg()]}
     if res is not None:  # the ranks' whole output, for diagnosing a failed or odd job (one per attempt)
         log = workdir / f"{name}.log"
         if log.exists():
@@ -207,8 +211,9 @@ def _run_job(cl: EmulatedCluster, args: argparse.Namespace, argv: list[str], wor
         tail = (res.stdout + res.stderr)[-3000:] if res is not None else holder.get("err", "")
         why = "timed out" if res is not None and res.timed_out else f"rc={res.returncode if res else '?'}"
         return {"mode": "tta" if argv[0].startswith("benchmarks.suite.tta") else "throughput", "model": name,
-                "error": f"{why}: {tail.strip()[-1500:]}"}
+                "error": f"{why}: {tail.strip()[-1500:]}", "loadavg": load}
     job = json.loads(out.read_text())
+    job["loadavg"] = load  # 1/5/15-minute load averages at the job's start and end
     job["launcher_version"] = res.launcher_version
     job["elapsed_s"] = res.elapsed_s
     job["link_bytes_tc"] = res.link_bytes
@@ -240,7 +245,12 @@ def run_net(net: str, args: argparse.Namespace, prog: _Progress) -> dict[str, An
     rate = None if net in ("none", "loopback") else net
     run: dict[str, Any] = {"net": net, "ranks": args.ranks, "quick": args.quick, "variants": args.variants.split(","),
                            "started": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine_info(), "jobs": []}
-    with EmulatedCluster(n=args.ranks, rate=rate, mpi=args.mpi, force_loopback=args.loopback or net == "loopback") as cl:
+    rph = args.ranks_per_host
+    if rph < 1 or args.ranks % rph:
+        raise SystemExit(f"--ranks {args.ranks} is not a multiple of --ranks-per-host {rph}")
+    run["ranks_per_host"] = rph
+    with EmulatedCluster(n=args.ranks // rph, rate=rate, mpi=args.mpi, ranks_per_host=rph,
+                         force_loopback=args.loopback or net == "loopback") as cl:
         run["cluster"] = {"network": cl.network, "rate": cl.rate if cl.netns else None,
                           "burst_bytes": cl.burst if cl.netns else None, "fallback_reason": cl.fallback_reason}
         work = out / "work"
@@ -254,6 +264,8 @@ def run_net(net: str, args: argparse.Namespace, prog: _Progress) -> dict[str, An
                     str(args.density), "--timeline-dir", str(tl_dir),
                     "--traced-steps", str(args.traced_steps), "--device", args.device,
                     "--transformer-shape", args.transformer_shape] + (["--quick"] if args.quick else [])
+            if model == "transformer":  # timed with the optimizer it is trained with (--lm-optimizer)
+                argv += ["--optimizer", args.lm_optimizer]
             job = _run_job_retry(cl, args, argv, work, f"{tag}_{model}", nvar * (args.blocks + 1), prog, f"{net} {model}")
             job.setdefault("model", model)
             run["jobs"].append(job)

@@ -165,7 +165,7 @@ def find_mpi(kind: str = "auto", mpich_prefix: str | None = None) -> MpiInstall:
 
 
 def mpi_argv(inst: MpiInstall, n: int, hosts: list[str] | None, subnet: str, workdir: str,
-             export: Sequence[str]) -> tuple[list[str], list[str], dict[str, str]]:
+             export: Sequence[str], slots: int = 1) -> tuple[list[str], list[str], dict[str, str]]:
     """Launcher argv (without the program), notes and extra env for ``n`` ranks.
 
     ``hosts`` = emulated addresses (one rank each, daemons started through the fake ssh copied
@@ -184,7 +184,7 @@ def mpi_argv(inst: MpiInstall, n: int, hosts: list[str] | None, subnet: str, wor
         argv = [inst.launcher, "--allow-run-as-root", "-n", str(n), "--bind-to", "none"]
         if hosts is not None:
             hostfile = Path(workdir) / "hostfile"
-            hostfile.write_text("".join(f"{h} slots=1\n" for h in hosts))
+            hostfile.write_text("".join(f"{h} slots={slots}\n" for h in hosts))  # slots: ranks per host
             net = f"{subnet}.0/24"
             argv += ["--hostfile", str(hostfile), "--map-by", "node", "--prtemca", "plm_ssh_agent", str(rsh),
                      "--prtemca", "oob_tcp_if_include", net, "--mca", "btl", "tcp,self",

@@ -91,9 +91,20 @@ class Runner:
             self.opt.drain()
 
     def tuning(self) -> bool:
-        """True while a planned fusion strategy is still warming up, profiling or settling."""
-        rep = getattr(self.opt, "fusion_report", None) if self.ours else None
-        return bool(rep) and rep.get("phase") in ("warmup", "profile", "settle", "measure")
+        """True while a planned fusion strategy is still warming up, profiling or settling, or
+        ``compression="auto"`` has not yet measured its decision (its report is None until the
+        first decision; its phase is the policy's, "watch" once a decision was measured and kept
+        or reverted): the suite times what a long run gets, not the decision's profiling
+        (docs/auto-compression.md#policy)."""
+        if not self.ours:
+            return False
+        rep = getattr(self.opt, "fusion_report", None)
+        if bool(rep) and rep.get("phase") in ("warmup", "profile", "settle", "measure"):
+            return True
+        if self.name.partition("@")[0] != "auto":
+            return False
+        auto = self.opt.compression_report
+        return auto is None or auto.get("phase") in ("wait", "warmup", "profile", "settle", "measure")
 
     def finalize(self) -> None:
         if self.ours:
@@ -176,12 +187,15 @@ def b_fusion(kind: str) -> Callable[[nn.Module, Ctx], Runner]:
 
 def b_sparse(kind: str, layerwise: bool = False, planner: str | None = None,
              name: str | None = None, selection: str | None = None,
-             schedule: str | None = None, fused: bool = False) -> Callable[[nn.Module, Ctx], Runner]:
+             schedule: str | None = None, fused: bool = False,
+             density: float | None = None) -> Callable[[nn.Module, Ctx], Runner]:
     """A sparse variant; ``selection`` picks the selection mode (docs/selection.md), ``schedule``
     "od"/"ssd" runs it under a delayed schedule (docs/ssd-sgd.md#sparse-delayed). ``layerwise``:
     LAGS's per-layer top-k, sent one bucket per layer, or with ``fused`` in the default buckets
     (``Compression.topk(layerwise=True)``, docs/lags-omgs.md#lags-merged)."""
     def build_(model: nn.Module, ctx: Ctx) -> Runner:
+        if density is not None:  # a fixed density, whatever --density says (the trust table's 1 % rows)
+            ctx = dataclasses.replace(ctx, density=density)
         factory = getattr(_hco().Compression, kind)
         kw: dict[str, Any] = {}
         momentum = None
@@ -309,6 +323,14 @@ VARIANTS: dict[str, tuple[Callable[[nn.Module, Ctx], Runner], str]] = {
     "ssd_topk": (b_sparse("topk", schedule="ssd", name="ssd_topk"), "SSD-SGD (k = 5) with Top-k exchange"),
     "od_topk": (b_sparse("topk", schedule="od", name="od_topk"), "OD-SGD with Top-k exchange"),
     "od_dgc": (b_sparse("dgc", schedule="od", name="od_dgc"), "OD-SGD with DGC exchange"),
+    "topk_1pct": (b_sparse("topk", name="topk_1pct", density=0.01),
+                  "Top-k at density 0.01 (auto's accuracy floor), whatever --density says"),
+    "dgc_1pct": (b_sparse("dgc", name="dgc_1pct", density=0.01),
+                 "DGC at density 0.01 (auto's accuracy floor), whatever --density says"),
+    "topk_01pct": (b_sparse("topk", name="topk_01pct", density=0.001),
+                   "Top-k at density 0.001 (the papers' setting), whatever --density says"),
+    "dgc_01pct": (b_sparse("dgc", name="dgc_01pct", density=0.001),
+                  "DGC at density 0.001 (the papers' setting), whatever --density says"),
     "randomk": (b_sparse("randomk"), "Random-k (shared seed, allreduce of k values)"),
     "od": (b_schedule("od"), "OD-SGD (one-step delayed global update)"),
     "ssd": (b_schedule("ssd"), "SSD-SGD (k = 5 delay, GLU)"),
@@ -326,7 +348,8 @@ VARIANTS: dict[str, tuple[Callable[[nn.Module, Ctx], Runner], str]] = {
 # the _np variants are opt-in as well: an A/B of the native host kernels, not methods of their own.
 NATIVE_AB = ("topk_np", "dgc_np", "lags_fused_np")
 BACKEND_AB = ("topk_ar", "lags_queued")  # opt-in A/Bs of a backend choice, like the _np ones
-DEFAULT = [n for n in VARIANTS if n != "ssgd_gloo" and n not in NATIVE_AB + BACKEND_AB]
+TRUST_ROWS = ("topk_1pct", "dgc_1pct", "topk_01pct", "dgc_01pct")  # opt-in: the trust table's fixed densities
+DEFAULT = [n for n in VARIANTS if n != "ssgd_gloo" and n not in NATIVE_AB + BACKEND_AB + TRUST_ROWS]
 QUICK = ["compute", "ddp", "ddp_bf16", "ddp_powersgd1", "ssgd", "mgwfbp", "fp16", "topk", "gtopk", "dgc", "od", "local_sgd"]
 
 

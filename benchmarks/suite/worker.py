@@ -104,6 +104,7 @@ def run(args: argparse.Namespace) -> dict:
     base = wl.build()
     x, y = wl.batch()
     ctx = V.Ctx(mode="throughput", rank=env.rank, size=env.size, density=args.density, period=args.steps,
+                optimizer=args.optimizer, lr=1e-3 if args.optimizer == "adamw" else 0.01,
                 ddp_group=env.ddp_group, new_ddp_group=env.new_gloo_group, gloo_comm=env.gloo_comm,
                 fresh_comm=env.fresh_comm if env.backend == "gloo" else None,
                 backend_comm=env.backend_comm)
@@ -210,12 +211,16 @@ def run(args: argparse.Namespace) -> dict:
         rep = getattr(runners[name].opt, "fusion_report", None) if runners[name].ours else None
         if rep:
             out[name]["fusion_report"] = json.loads(json.dumps(rep, default=str))
+        auto = runners[name].opt.compression_report if runners[name].ours else None
+        if auto:  # what compression="auto" chose per bucket, and its predicted and measured step
+            out[name]["compression_report"] = json.loads(json.dumps(auto, default=str))
     nparams = sum(p.numel() for p in base.parameters())
     return {"mode": "throughput", "model": args.model, "params": nparams, "batch_per_rank": batch,
             "device": str(wl.device), "tokens_per_sample": wl.tokens_per_sample,
             "ranks": env.size, "blocks": args.blocks, "steps_per_block": args.steps, "warmup_steps": args.warmup,
             "block_warmup_steps": args.block_warmup,
-            "density": args.density, "period": args.steps, "backend": env.backend, "mpi_library": env.mpi_library,
+            "density": args.density, "optimizer": args.optimizer, "period": args.steps, "backend": env.backend,
+            "mpi_library": env.mpi_library,
             "link_iface": env.iface, "link_shared_by_ranks": lo_shared, "job_link_tx_bytes_per_rank": job_tx,
             "torch": torch.__version__, "status": status, "results": out}
 
@@ -231,6 +236,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--block-warmup", type=int, default=1)
     ap.add_argument("--density", type=float, default=0.001)
+    ap.add_argument("--optimizer", default="sgd", choices=["sgd", "adamw"],
+                    help="the wrapped optimizer (SGD with momentum 0.9, or AdamW as transformers are trained)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", required=True)
     ap.add_argument("--progress", default=None)

@@ -26,7 +26,8 @@ def test_refused_variants_are_skips_with_reasons() -> None:
         V.build("ssgd_gloo", model, _ctx())
     with pytest.raises(KeyError, match="unknown variant"):
         V.build("nope", model, _ctx())
-    assert set(V.QUICK) <= set(V.VARIANTS) and set(V.DEFAULT) == set(V.VARIANTS) - {"ssgd_gloo", *V.NATIVE_AB, *V.BACKEND_AB}
+    assert set(V.QUICK) <= set(V.VARIANTS) and set(V.DEFAULT) == set(V.VARIANTS) - {"ssgd_gloo", *V.NATIVE_AB, *V.BACKEND_AB,
+                                                                            *V.TRUST_ROWS}
 
 
 def test_analytic_ddp_and_powersgd_bytes() -> None:

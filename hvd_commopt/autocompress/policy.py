@@ -45,6 +45,11 @@ from .methods import build_method
 from .pricing import SelectFit, bucket_costs
 from .report import format_report
 
+#: The message sizes auto's calibration times (64 KiB, 1 MiB, 4 MiB): about 50 MB on the link. Up to
+#: 2 MiB only, under a load average of 50 the fit at 10 Gbit/s came out as 6.8 ms + 0 s/B: the
+#: scheduling noise swamped the bandwidth term, and every method looked free to send.
+CALIBRATION_SIZES = (1 << 16, 1 << 20, 1 << 22)
+
 __all__ = ["AutoPolicy", "PolicyPort", "Routing"]
 
 
@@ -55,6 +60,7 @@ class Routing(Protocol):
     timing: Any
     like: Any
     memory: Any  # the shared memory (its momentum, for timing each candidate alike)
+    adaptive: bool  # an Adam-type optimizer is wrapped: dense candidates only
 
     def sub(self, method: Method) -> Reducer: ...
     def method_of(self, bucket_name: str) -> Method: ...
@@ -89,6 +95,8 @@ class AutoPolicy:
         self._rank = 0
         self._previous: dict[str, Method] | None = None
         self._banned: set[tuple[str, str]] = set()  # (bucket, kind) measured slower than predicted
+        # a revert awaiting its check: the undone methods, their measured step, the bans it added
+        self._undone: tuple[dict[str, Method], float, set[tuple[str, str]]] | None = None
         self.restart()
 
     def restart(self) -> None:
@@ -171,7 +179,12 @@ class AutoPolicy:
                 raise ConfigError("compression='auto' calibrates the link with the engine's tensors, and no "
                                   "float32 bucket was seen; pass Compression.auto(cost_model=...)")
             kw["make_buffer"] = lambda nbytes: ops.zeros(nbytes // 4, "float32", like=like)
-        return calibrate(comm, **kw)
+        # a light calibration (docs/auto-compression.md#limits): three sizes, four timed runs each,
+        # point-to-point only for the methods priced by it; the fusion tuner's default moves about
+        # 0.35 GB, half a minute of a 100 Mbit/s link at every decision
+        p2p = ("p2p",) if {"gtopk", "oktopk"} & set(self.options.allow) else ()
+        return calibrate(comm, sizes=CALIBRATION_SIZES, repeats=4, warmup=1,
+                         collectives=("allreduce", "allgather") + p2p, **kw)
 
     def _decide(self, port: PolicyPort) -> None:
         comm = port.comm
@@ -227,14 +240,18 @@ class AutoPolicy:
         period = statistics.median(s[0] for s in self._samples)
         warning = None
         notes = []
+        adaptive = self.reducer.adaptive  # docs/auto-compression.md#adaptive
         for b in buckets:
             if b.dtype != "float32":
                 notes.append((False, f"{b.dtype} gradients: the casts and sparse methods here take float32"))
             elif b.dense:
                 notes.append((True, "1-D tensors, sent whole (docs/topk.md#dense-1d)"))
+            elif adaptive:
+                notes.append((True, "Adam-type optimizer: sparse methods are not candidates "
+                                    "(docs/auto-compression.md#adaptive)"))
             else:
                 notes.append((True, ""))
-        cands = {b.name: tuple(m for m in (opts.candidates(sparse_ok=not b.dense) if ok else (DENSE,))
+        cands = {b.name: tuple(m for m in (opts.candidates(sparse_ok=not (b.dense or adaptive)) if ok else (DENSE,))
                                if m == DENSE or (b.name, m.kind) not in self._banned) for b, (ok, _) in zip(buckets, notes)}
         if port.comm.size == 1:
             cands = {b.name: (DENSE,) for b in buckets}
@@ -261,7 +278,7 @@ class AutoPolicy:
                         for i, c in enumerate(choice.buckets)],
             "select_fits": {k: list(v) for k, v in fits.items()},
             "cost_model": cm.to_dict() if cm is not None else None,
-            "allow": list(opts.allow), "min_density": opts.min_density,
+            "allow": list(opts.allow), "min_density": opts.min_density, "adaptive_optimizer": adaptive,
         }
         return {"assignment": {c.name: c.method.key for c in choice.buckets}, "report": report, "warning": warning}
 
@@ -277,6 +294,9 @@ class AutoPolicy:
         rep["measured_s"], rep["measured_steps"] = m, len(self._recent)
         rep["prediction_error"] = rep["predicted_s"] / m - 1 if m > 0 else None
         rep["phase"] = "measured"
+        if self._undone is not None:
+            self._check_revert(port, m)
+            return
         prev, self._previous = self._previous, None
         changed = {k: v for k, v in (prev or {}).items() if self.reducer.method_of(k) != v}
         revert = bool(changed) and m > rep["profiled_period_s"] * (1 + self.options.margin)
@@ -284,17 +304,48 @@ class AutoPolicy:
         if comm.size > 1 and prev is not None:
             revert = bool(comm.broadcast_object(revert, root=0, name="autocompress.revert"))
         if revert:
-            self._banned |= {(k, self.reducer.method_of(k).kind) for k in changed if self.reducer.method_of(k) != DENSE}
+            bans = {(k, self.reducer.method_of(k).kind) for k in changed if self.reducer.method_of(k) != DENSE}
+            self._undone = ({b.name: self.reducer.method_of(b.name) for b in port.buckets}, m, bans)
+            self._banned |= bans
             rep["reverted"] = (f"measured {m * 1e3:.4g} ms against {rep['profiled_period_s'] * 1e3:.4g} ms before: "
                                f"back to the previous methods; not chosen again for these buckets: "
                                + ", ".join(f"{k} {self.reducer.method_of(k).key}" for k in sorted(changed)))
             self._assign(port, prev)
             for b in rep["buckets"]:
                 b["method"] = prev[b["bucket"]].key if b["bucket"] in prev else b["method"]
-            rep["predicted_s"] = rep["profiled_period_s"]
+            rep["undone_predicted_s"], rep["predicted_s"] = rep["predicted_s"], rep["profiled_period_s"]
             rep["phase"] = "reverted"
             self.phase, self._recent = "settle", deque(maxlen=max(self.options.measure_steps, 1))
         if self.options.verbose and self._rank == 0:
+            self.log(format_report(rep))
+
+    def _check_revert(self, port: PolicyPort, m: float) -> None:
+        """The methods a revert brought back are measured (``m``): if they are not faster than the
+        undone decision was, the machine slowed down, not the choice (a load swing between the
+        profile and the measurement), so the decision comes back and its bans are lifted. Rank 0's
+        verdict, broadcast (docs/auto-compression.md#revert)."""
+        undone, m_decision, bans = self._undone
+        self._undone = None
+        rep = self.report
+        restore = m >= m_decision
+        comm = port.comm
+        if comm.size > 1:
+            restore = bool(comm.broadcast_object(restore, root=0, name="autocompress.recheck"))
+        if rep is not None:
+            rep["revert_check"] = (f"the previous methods measured {m * 1e3:.4g} ms against the undone decision's "
+                                   f"{m_decision * 1e3:.4g} ms: " + ("the decision is restored" if restore
+                                                                     else "the revert stands"))
+        if restore:
+            self._banned -= bans
+            self._assign(port, undone)
+            if rep is not None:
+                rep.pop("reverted", None)
+                rep["predicted_s"] = rep.pop("undone_predicted_s", rep["predicted_s"])
+                for b in rep["buckets"]:
+                    b["method"] = undone.get(b["bucket"], Method.parse(b["method"])).key
+                rep["phase"] = "restored"
+            self.phase, self._recent = "settle", deque(maxlen=max(self.options.measure_steps, 1))
+        if self.options.verbose and self._rank == 0 and rep is not None:
             self.log(format_report(rep))
 
     def _watch(self, port: PolicyPort) -> None:

@@ -79,6 +79,7 @@ class AutoReducer(Reducer):
         self._flush_next: set[str] = set()
         self.timing = BucketTiming(clock)
         self.like: Any = None  # a float32 tensor on this engine's device (for timing selections on rank 0)
+        self.adaptive = False  # an Adam-type optimizer is wrapped: dense candidates only (bind_host)
         self.policy = AutoPolicy(self, clock)
 
     def sub(self, method: Method) -> Reducer:
@@ -142,7 +143,11 @@ class AutoReducer(Reducer):
         return self.options.any_sparse and len(spec.shape) <= 1
 
     def bind_host(self, host: ScheduleHost, names: list[str]) -> Any:
-        """The shared memory takes the optimizer's momentum (docs/dgc.md#optimizer-momentum)."""
+        """The shared memory takes the optimizer's momentum (docs/dgc.md#optimizer-momentum). An
+        Adam-type optimizer (its groups have ``betas``) keeps the candidates dense: no sparse
+        method with error feedback has reached S-SGD's loss under AdamW here
+        (docs/auto-compression.md#adaptive)."""
+        self.adaptive = bool(names) and host.holds_weights and host.param_hyper(names[0], "betas", None) is not None
         return bind_momentum_memory(self.memory, host, names)
 
     def relayout(self, ops: TensorOps, old: Sequence[Bucket], new: Sequence[Bucket]) -> None:

@@ -18,6 +18,8 @@ def format_report(rep: dict[str, Any]) -> str:
              f"{_ms(rep.get('measured_s'))}; re-decides beyond {rep['margin']:.0%} after {rep['period']} steps"]
     if rep.get("reverted"):
         lines.append(f"  reverted: {rep['reverted']}")
+    if rep.get("revert_check"):
+        lines.append(f"  revert checked: {rep['revert_check']}")
     for b in rep["buckets"]:
         lines.append(f"  {b['bucket']} ({b['bytes']} B): {b['method']} - {b['why']}")
     return "\n".join(lines)

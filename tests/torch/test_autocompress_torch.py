@@ -42,10 +42,12 @@ def batch(rank, step):
     return x, (x[:, :4].argmax(1))  # a learnable target
 
 
-def train(comm, compression, steps=STEPS, **kw):
+def train(comm, compression, steps=STEPS, adamw=False, **kw):
     torch.set_num_threads(1)
     model = make_model()
-    opt = hco.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+    inner = (torch.optim.AdamW(model.parameters(), lr=1e-3) if adamw
+             else torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
+    opt = hco.DistributedOptimizer(inner,
                                    named_parameters=model.named_parameters(), communicator=comm,
                                    compression=compression, **kw)
     losses = []
@@ -80,6 +82,18 @@ def test_auto_trains_and_reports_its_choice_per_bucket():
     assert rep["phase"] == "watch" and rep["measured_s"] > 0
     assert rep["predicted_s"] < rep["dense_predicted_s"]
     assert all(b["why"] for b in rep["buckets"])
+
+
+def test_auto_under_adamw_keeps_every_bucket_dense_or_cast():
+    """Under an Adam-type optimizer no sparse method is a candidate, even on a link where one
+    would pay (docs/auto-compression.md#adaptive); the report says why."""
+    res = run_ranks(2, lambda comm: train(comm, Compression.auto(cost_model=SLOW, margin=1e3), adamw=True))
+    rep = _check_agreed(res)
+    assert rep["adaptive_optimizer"] is True
+    assert all("@" not in b["method"] for b in rep["buckets"])
+    assert any(b["method"] == "bf16" for b in rep["buckets"])  # the slow link still pays for the cast
+    big = max(rep["buckets"], key=lambda b: b["bytes"])
+    assert "Adam-type optimizer" in big["why"] or big["method"] == "bf16"
 
 
 def test_auto_composes_with_fusion_auto():

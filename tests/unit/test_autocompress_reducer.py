@@ -259,3 +259,32 @@ def test_a_decision_measured_slower_than_before_is_undone_and_not_repeated():
     back = later.index(["none"])                         # ... was undone after its measurement ...
     tried = set(first_sparse) - {"none"}
     assert all((set(k) - {"none"}).isdisjoint(tried) for k in later[back:])  # ... and not repeated
+
+
+def test_a_revert_that_the_machine_caused_is_withdrawn():
+    """The machine slows down (10 ms -> 100 ms a step, whatever the methods) right when the
+    decision starts: the guard undoes it, the previous methods measure no faster, so the decision
+    comes back and is not banned (docs/auto-compression.md#revert)."""
+    def body(comm):
+        clock = StepClock()
+        red = AutoReducer(AutoOptions(cost_model=SLOW, period=1000, margin=0.25), clock=clock)
+        eng = build_engine(comm, NumpyOps(), compression=red, fusion_threshold=0)
+        eng.register(BIG)
+        rng = np.random.default_rng(comm.rank)
+        slow = False
+        kinds_seen = []
+        for _ in range(1 + 3 + 5 + 1 + 5 + 1 + 5 + 1 + 5 + 2):
+            slow = slow or any(m.kind != "none" for m in red.assignment.values())
+            clock.t += 0.1 if slow else 0.01
+            for n in eng.backward_names:
+                eng.grad_ready(n, rng.standard_normal((100, 1000)).astype(np.float32))
+            eng.reduce_step()
+            kinds_seen.append(sorted({m.kind for m in red.assignment.values()}))
+        return kinds_seen, red.policy.report, sorted(red.policy._banned)
+    (k0, rep0, banned0), (k1, _, banned1) = run_ranks(2, body)
+    assert k0 == k1 and banned0 == banned1 == []
+    first_sparse = next(i for i, k in enumerate(k0) if set(k) - {"none"})
+    back = next(i for i in range(first_sparse, len(k0)) if k0[i] == ["none"])  # undone ...
+    assert k0[-1] != ["none"] and k0[-1] == k0[first_sparse]                 # ... and restored
+    assert "the decision is restored" in rep0["revert_check"] and "reverted" not in rep0
+    assert back > first_sparse
