@@ -1,13 +1,12 @@
 """The convergence matrix's section of benchmarks/REPORT.md: the gap table and the curves.
 
 ``benchmarks/report.py`` calls :func:`section`; it reads the matrix's CONV files
-(``benchmarks/results/matrix/*.txt``, written by ``python -m benchmarks.convergence matrix``) or,
-when that folder is gone (a fresh clone), the copy kept in the repository
-(``benchmarks/convergence_matrix.jsonl``, written by ``python -m benchmarks.convergence_report
---keep``), and draws ``report_convergence.png`` beside the report: one panel per (task, optimizer,
-ranks), each algorithm's mean curve over seeds, S-SGD in black.
+(``benchmarks/results/matrix/*.txt``, git-ignored, written by ``python -m benchmarks.convergence
+matrix``), and draws ``report_convergence.png`` beside the report: one panel per (task, optimizer,
+ranks), each algorithm's mean curve over seeds, S-SGD in black. Measured results stay out of the
+repository; what is kept is the generated REPORT.md and its plot.
 
-    python -m benchmarks.convergence_report --keep   # copy the results into the repository, print the section
+    python -m benchmarks.convergence_report   # print the section from benchmarks/results/matrix/
 """
 from __future__ import annotations
 
@@ -20,17 +19,14 @@ from .convergence_matrix import TARGET_PCT, TARGET_PT, gaps, load, table
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "matrix"
-KEPT = ROOT / "benchmarks" / "convergence_matrix.jsonl"
 PNG = "report_convergence.png"
 
 
 def records(results: Path = RESULTS) -> tuple[list[dict], str]:
-    """The matrix's records and where they came from (the results folder, else the kept copy)."""
+    """The matrix's records and where they came from (the results folder)."""
     files = sorted(str(p) for p in results.glob("*.txt")) if results.is_dir() else []
     if files:
         return load(files), str(results.relative_to(ROOT) if results.is_relative_to(ROOT) else results)
-    if KEPT.exists():
-        return [json.loads(ln) for ln in KEPT.read_text().splitlines() if ln.strip()], str(KEPT.relative_to(ROOT))
     return [], ""
 
 
@@ -123,12 +119,8 @@ def section(report_dir: Path, results: Path = RESULTS) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--results", default=str(RESULTS))
-    ap.add_argument("--keep", action="store_true", help=f"copy the results to {KEPT.relative_to(ROOT)}")
     ap.add_argument("--report-dir", default=str(ROOT / "benchmarks"))
     a = ap.parse_args(argv)
-    if a.keep:
-        recs, _ = records(Path(a.results))
-        KEPT.write_text("".join(json.dumps(r) + "\n" for r in recs))
     print("\n".join(section(Path(a.report_dir), Path(a.results))))
     return 0
 
