@@ -31,6 +31,7 @@ from ..compress.topk import TopKSelector
 from ..host import ScheduleHost
 from ..memory.momentum import MomentumCorrection
 from ..reduce.base import Pending, ReduceContext, Reducer, RoundInfo
+from ..reduce.adaptive import is_adaptive
 from ..reduce.momentum import bind_momentum_memory
 from ..reduce.sparse_allgather import SparseAllgather
 from ..tensor_ops import TensorOps
@@ -144,10 +145,11 @@ class AutoReducer(Reducer):
 
     def bind_host(self, host: ScheduleHost, names: list[str]) -> Any:
         """The shared memory takes the optimizer's momentum (docs/dgc.md#optimizer-momentum). An
-        Adam-type optimizer (its groups have ``betas``) keeps the candidates dense: no sparse
+        Adam-type optimizer (the host's typed answer, :func:`~hvd_commopt.reduce.adaptive.is_adaptive`:
+        torch's and Keras's Adam and kin) keeps the candidates dense: no sparse
         method with error feedback has reached S-SGD's loss under AdamW here
         (docs/auto-compression.md#adaptive)."""
-        self.adaptive = bool(names) and host.holds_weights and host.param_hyper(names[0], "betas", None) is not None
+        self.adaptive = bool(names) and is_adaptive(host)
         return bind_momentum_memory(self.memory, host, names)
 
     def relayout(self, ops: TensorOps, old: Sequence[Bucket], new: Sequence[Bucket]) -> None:
