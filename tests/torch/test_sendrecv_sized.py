@@ -26,6 +26,7 @@ class _Reads(TorchDispatchMode):
 
 class _Backend(SizedSendrecv):
     _control = None
+    name = "gloo"  # the backend kind TorchDistBackend sets; CPU tensors are never staged
 
     def __init__(self):
         self._pg = dist.group.WORLD
