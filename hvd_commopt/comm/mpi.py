@@ -83,6 +83,9 @@ class MPIBackend(MPIFailureNotices, Backend):
         self._seq = 0
         self._where: tuple[int, str, str, tuple | None] | None = None  # (seq, op, name, desc) while inside one
         self._last: tuple[int, str, str, tuple | None] | None = None
+        # (seq, op, name) of the last collectives issued, replaced whole (the responder reads it
+        # unlocked): lets the stall check tell a rank behind from one elsewhere (mpi_join.stalled)
+        self._history: tuple[tuple[int, str, str], ...] = ()
         self._broken = False
         self._gone: dict[int, tuple[str, dict, float]] = {}  # peer -> (kind, notice, time heard)
         self._notices: list = []  # our notices' requests (completed before MPI_Finalize)
@@ -114,6 +117,7 @@ class MPIBackend(MPIFailureNotices, Backend):
     def _begin(self, op: str, name: str, desc: tuple | None = None) -> None:
         # desc: what a joined rank needs to take part with zeros (docs/horovod_api.md#join)
         self._where = (self._seq, op, name, desc)
+        self._history = (self._history + ((self._seq, op, name),))[-mpi_join.HISTORY_LEN:]
 
     def _end(self) -> None:
         self._last, self._where = self._where, None
@@ -126,6 +130,7 @@ class MPIBackend(MPIFailureNotices, Backend):
     def enter(self, op: str, name: str, desc: tuple | None = None) -> None:
         with self._marks_lock:
             self._open.append((self._seq + len(self._open), op, name, desc))
+            self._history = (self._history + (self._open[-1][:3],))[-mpi_join.HISTORY_LEN:]
             self._where = self._open[0]
 
     def leave(self) -> None:
@@ -205,7 +210,8 @@ class MPIBackend(MPIFailureNotices, Backend):
                     src, heard = st.Get_source(), True
                     self._status.recv(source=src, tag=_QUERY)
                     self._status.isend({"where": self._where, "last": self._last, "left": self._left,
-                                        "joined": self._joined_at}, dest=src, tag=_REPLY)
+                                        "joined": self._joined_at, "history": self._history},
+                                       dest=src, tag=_REPLY)
                     last_query = time.monotonic()
                 if self._status.Iprobe(source=MPI.ANY_SOURCE, tag=_NOTICE, status=st):
                     src, heard = st.Get_source(), True

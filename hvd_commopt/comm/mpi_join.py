@@ -26,6 +26,12 @@ on a thread that has already waited seconds for a collective.
   point-to-point rounds, which involve only some ranks, are never judged).
   Seen twice, one second apart, with nobody having moved, that is reported at once, naming which
   rank is in which collective, instead of after the collective timeout (300 s by default).
+  A rank behind another is not such a case when the leader's collective at the trailer's number
+  was the trailer's (same kind and name): the leader finished it and the trailer's thread has not
+  yet noticed (a starved progress thread under load). Each rank reports the (number, kind, name)
+  of its last :data:`HISTORY_LEN` collectives for this comparison; only a difference at the same
+  number, or a trailer further behind than the leader's history reaches, is a mismatch
+  (docs/horovod_api.md#one-rank-step).
 """
 from __future__ import annotations
 
@@ -36,13 +42,32 @@ import numpy as np
 
 from ..errors import ConfigError, RankFailedError
 
-__all__ = ["follow", "mirror", "stalled", "MODEL_AVERAGING_TAGS"]
+__all__ = ["follow", "mirror", "stalled", "MODEL_AVERAGING_TAGS", "HISTORY_LEN"]
 
 # Round tags of the schedules that average weights rather than gradients (``bucket@<tag><n>``).
 MODEL_AVERAGING_TAGS = ("local_sgd", "cocod", "diloco")
 _FOLLOW_POLL_S = 0.001
 _STALL_AFTER_S = 1.0  # a wait shorter than this is never examined
 _STALL_CONFIRM_S = 1.0  # the same positions must be seen this far apart
+HISTORY_LEN = 64  # collectives each rank reports for the stall check's same-number comparison
+
+
+def _behind_only(seen: list[tuple[tuple, tuple]]) -> bool:
+    """True when every pair of positions agrees at the same number: each rank's (seq, op, name)
+    equals the (op, name) at that seq in the history of every rank ahead of it (equal seqs:
+    the positions themselves). ``seen``: (position, history) per rank."""
+    for where, _ in seen:
+        for other, history in seen:
+            if other[0] < where[0]:
+                continue
+            if other[0] == where[0]:
+                if tuple(other[1:3]) != tuple(where[1:3]):
+                    return False
+                continue
+            at = [h for h in history if h[0] == where[0]]
+            if not at or tuple(at[-1][1:3]) != tuple(where[1:3]):
+                return False  # a different collective at that number, or too far behind to tell
+    return True
 
 
 def _position(st: dict) -> int:
@@ -160,6 +185,11 @@ def stalled(be: Any, waited_s: float) -> tuple[list[int], str] | None:
         # all in the same collective: slow, not stuck; point-to-point rounds (process sets,
         # gTop-k) legitimately involve only some ranks
         be._stall = None
+        return None
+    histories = {r: st.get("history", ()) for r, st in states.items()}
+    histories[be.rank] = be._history
+    if _behind_only([(w, tuple(histories[r])) for r, w in seen]):
+        be._stall = None  # a rank behind on a collective the others finished: slow, not stuck
         return None
     if be._stall is None or be._stall[0] != seen:
         be._stall = (seen, now)
