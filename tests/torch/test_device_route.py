@@ -196,9 +196,11 @@ def host_then_device(monkeypatch, calls: list, run, warns: bool = False) -> tupl
     return host, once()
 
 
-def recorded_steps(model, opt, comp, data: list) -> tuple[list, list]:
-    """One recorded step per inputs in ``data``: per step the reduced gradients, the weights and
-    the residuals (as int bit patterns), and the step's :class:`Recorder`."""
+def recorded_steps(model, opt, comp, data: list, memory=None, extra=lambda: []) -> tuple[list, list]:
+    """One recorded step per inputs in ``data``: per step the reduced gradients, the weights (and
+    ``extra()``'s tensors) and the residuals of ``memory`` (default ``comp.memory``), as int bit
+    patterns, and the step's :class:`Recorder`."""
+    memory = comp.memory if memory is None else memory
     out, recs = [], []
     for xs in data:
         opt.zero_grad()
@@ -211,8 +213,8 @@ def recorded_steps(model, opt, comp, data: list) -> tuple[list, list]:
         finally:
             _STATE.recording = False
         recs.append(rec)
-        res = {k: _bits(v) for k, v in comp.memory.residuals().items()}
-        out.append(([_bits(p.grad) for p in model.ws], [_bits(p) for p in model.ws], res))
+        res = {k: _bits(v) for k, v in memory.residuals().items()}
+        out.append(([_bits(p.grad) for p in model.ws], [_bits(p) for p in model.ws] + extra(), res))
     return out, recs
 
 

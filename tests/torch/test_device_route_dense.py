@@ -28,8 +28,7 @@ from hvd_commopt.memory.error_feedback import ErrorFeedback  # noqa: E402
 from hvd_commopt.reduce.base import ReduceContext, RoundInfo  # noqa: E402
 from hvd_commopt.reduce.dense import DenseAllreduce  # noqa: E402
 from tests.torch.test_device_route import (  # noqa: E402
-    Direct, Recorder, _bits, _route, host_then_device, record_host_copies)
-from tests.torch.test_device_route import _STATE  # noqa: E402
+    Direct, Recorder, _bits, _route, host_then_device, record_host_copies, recorded_steps)
 
 SHAPES = [(128, 128), (300,), (96, 96)]
 FUSION = 24 << 10  # several buckets per step: the one read covers them all
@@ -70,24 +69,11 @@ def _train(schedule, steps: int, nan_steps: dict, comm=None):
                                    fusion_threshold=FUSION, communicator=comm, schedule=schedule)
     scheduler = opt.comm_engine.scheduler
     assert len(opt.comm_engine.engine._buckets) >= 2  # one read per step covers several buckets
-    memory = scheduler.ternary.memory
-    out, recs = [], []
-    for step in range(steps):
-        xs = _data(step, rng, rank, nan_steps)
-        opt.zero_grad()
-        rec = Recorder()
-        _STATE.recording = True
-        try:
-            with rec:
-                model(xs).backward()
-                opt.step()
-        finally:
-            _STATE.recording = False
-        recs.append(rec)
-        res = {k: _bits(v) for k, v in memory.residuals().items()}
-        replica = [] if scheduler.replica is None else [_bits(w) for _, w in sorted(scheduler.replica.items())]
-        out.append(([_bits(p.grad) for p in model.ws], [_bits(p) for p in model.ws] + replica, res))
-    return out, recs
+    data = [_data(step, rng, rank, nan_steps) for step in range(steps)]
+
+    def replica() -> list:  # the global weights, where the schedule keeps them
+        return [] if scheduler.replica is None else [_bits(w) for _, w in sorted(scheduler.replica.items())]
+    return recorded_steps(model, opt, None, data, memory=scheduler.ternary.memory, extra=replica)
 
 
 NEG_ZERO = -2 ** 31  # the bits of -0.0 as int32
