@@ -339,6 +339,8 @@ VARIANTS: dict[str, tuple[Callable[[nn.Module, Ctx], Runner], str]] = {
     "local_sgd": (b_schedule("local_sgd"), "local SGD (periodic model averaging)"),
     "auto": (lambda m, c: _ours("auto", m, c, compression=_hco().Compression.auto(cost_model=c.cost_model or None, verbose=True)),
              "compression='auto': per bucket, the method the link model predicts fastest (docs/auto-compression.md)"),
+    "auto_dense": (lambda m, c: _ours("auto", m, c, compression=_hco().Compression.auto(allow=["none"])),
+                   "compression='auto' allowed dense fp32 only: its dense path's cost (docs/auto-compression.md#dense-path)"),
 }
 
 # ssgd_gloo is opt-in: with DDP's Gloo group and our Gloo communicator in one process, a ResNet job

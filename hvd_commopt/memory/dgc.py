@@ -221,7 +221,11 @@ class DGCMemory:
         u = self._momentum(ops, name, g)
         if self.nesterov:
             return ops.add(ops.clone(u), g)
-        return ops.clone(u)
+        if device_route(ops, reduced):  # the caller may still pick ``reduced`` by a device flag
+            return ops.clone(u)
+        # host memory: ``reduced`` is this round's own buffer, so u goes into it, a copy into warm
+        # memory instead of a fresh allocation (docs/auto-compression.md#dense-path); same values
+        return ops.copy_(reduced, u)
 
     def residual(self, ops: TensorOps, name: str, like: Any) -> Any | None:
         return self._v.get(ops, name, like)
