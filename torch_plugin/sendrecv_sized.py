@@ -31,56 +31,46 @@ class SizedSendrecv:
 
     @on_collective_stream  # CUDA: issued and waited for on the collective stream (docs/backends.md#cuda-streams)
     def sendrecv(self, send, dest, source, name, deadline):
+        return self._marked(send, dest, source, None, name, deadline)
+
+    @on_collective_stream  # CUDA: issued and waited for on the collective stream (docs/backends.md#cuda-streams)
+    def sendrecv_sized(self, send, dest, source, count, name, deadline):
+        return self._marked(send, dest, source, int(count), name, deadline)
+
+    def _marked(self, send, dest, source, count, name, deadline):
+        """Either exchange, marked on the control plane; ``count`` None: the size is sent first."""
         send, dtype = movable(send)
         c = self._control
         if c is not None:
             c.enter("sendrecv", name)
-        out = self._sendrecv(send, dest, source, name, deadline)
+        if staged(self.name, send):  # pinned host staging (docs/backends.md#cuda-on-gloo)
+            out = self._staged_sendrecv(send, dest, source, count, name, deadline)
+        else:
+            out = self._exchange(send.reshape(-1).contiguous(), self._global(dest), self._global(source), count,
+                                 name, deadline)
         if c is not None:
             c.leave()
         return restore(out, dtype)
 
-    def _sendrecv(self, send, dest, source, name, deadline):
-        if staged(self.name, send):  # pinned host staging (docs/backends.md#cuda-on-gloo)
-            return self._staged_sendrecv(send, dest, source, None, name, deadline)
-        ops, n_in = [], torch.zeros(1, dtype=torch.int64, device=send.device)
-        dest, source = self._global(dest), self._global(source)
-        if dest >= 0:
-            send = send.reshape(-1).contiguous()
-            ops.append(dist.P2POp(dist.isend, torch.tensor([send.numel()], dtype=torch.int64, device=send.device), dest, group=self._pg))
-        if source >= 0:
-            ops.append(dist.P2POp(dist.irecv, n_in, source, group=self._pg))
-        for w in dist.batch_isend_irecv(ops):
-            self._wait(w, "sendrecv", name, deadline)
+    def _exchange(self, send, dest, source, count, name, deadline):
+        """One batched isend/irecv (global ranks, -1: none); ``count`` None: a size message first,
+        read with ``.item()`` (the reason ``sendrecv_sized`` exists)."""
+        if count is None:
+            ops, n_in = [], torch.zeros(1, dtype=torch.int64, device=send.device)
+            if dest >= 0:
+                ops.append(dist.P2POp(dist.isend, torch.tensor([send.numel()], dtype=torch.int64, device=send.device),
+                                      dest, group=self._pg))
+            if source >= 0:
+                ops.append(dist.P2POp(dist.irecv, n_in, source, group=self._pg))
+            for w in dist.batch_isend_irecv(ops):
+                self._wait(w, "sendrecv", name, deadline)
+            count = int(n_in.item()) if source >= 0 else 0
         ops, out = [], None
         if dest >= 0:
             ops.append(dist.P2POp(dist.isend, send, dest, group=self._pg))
         if source >= 0:
-            out = torch.empty(int(n_in.item()), dtype=send.dtype, device=send.device)
+            out = torch.empty(count, dtype=send.dtype, device=send.device)
             ops.append(dist.P2POp(dist.irecv, out, source, group=self._pg))
         for w in dist.batch_isend_irecv(ops):
             self._wait(w, "sendrecv", name, deadline)
         return out
-
-    @on_collective_stream  # CUDA: issued and waited for on the collective stream (docs/backends.md#cuda-streams)
-    def sendrecv_sized(self, send, dest, source, count, name, deadline):
-        send, dtype = movable(send)
-        c = self._control
-        if c is not None:
-            c.enter("sendrecv", name)
-        if staged(self.name, send):  # pinned host staging (docs/backends.md#cuda-on-gloo)
-            out = self._staged_sendrecv(send, dest, source, int(count), name, deadline)
-            if c is not None:
-                c.leave()
-            return restore(out, dtype)
-        p2p, out = [], None
-        if dest >= 0:
-            p2p.append(dist.P2POp(dist.isend, send.reshape(-1).contiguous(), self._global(dest), group=self._pg))
-        if source >= 0:
-            out = torch.empty(int(count), dtype=send.dtype, device=send.device)
-            p2p.append(dist.P2POp(dist.irecv, out, self._global(source), group=self._pg))
-        for w in dist.batch_isend_irecv(p2p):
-            self._wait(w, "sendrecv", name, deadline)
-        if c is not None:
-            c.leave()
-        return restore(out, dtype)
