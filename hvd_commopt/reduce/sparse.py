@@ -41,7 +41,7 @@ from ..select.strategies import folds_finite, fused_with, select_with_memory
 from ..compress.selector import Selector
 from ..errors import ConfigError
 from ..host import ScheduleHost
-from ..memory.base import Memory
+from ..memory.base import Memory, MomentumMemory
 from ..tensor_ops import TensorOps
 from .base import Pending, ReduceContext, Reducer, RoundInfo
 from .momentum import bind_momentum_memory
@@ -125,6 +125,7 @@ class PendingSelection:
     key: str
     out: Any = None  # the round's bucket buffer, free after start (None: a fresh tensor)
     local: bool = False  # one rank: nothing was sent, the result is the selection
+    step: int = -1  # the round (for the momentum of dropped entries, docs/gtopk.md#masking-delivered)
 
 
 def dense_start(memory: Memory, bucket: Bucket, rnd: RoundInfo, flat: Any, ctx: ReduceContext,
@@ -298,6 +299,8 @@ class SparseReducer(Reducer):
         """Give the memory back this rank's selected entries at positions ``dropped`` (of its
         selection) that the exchange did not deliver (docs/gtopk.md#t-gt-5)."""
         self.memory.restore(ops, st.key, ops.gather(st.idx, dropped), ops.gather(st.vals, dropped))
+        if isinstance(self.memory, MomentumMemory):  # and their momentum (docs/gtopk.md#masking-delivered)
+            self.memory.restore_momentum(ops, st.key, st.step, dropped)
 
     def config(self) -> dict:
         return {"reducer": self.name, "compressor": self.compressor.config(), "memory": self.memory.config(),
