@@ -44,6 +44,7 @@ from ..host import ScheduleHost
 from ..memory.base import Memory, MomentumMemory
 from ..tensor_ops import TensorOps
 from .base import Pending, ReduceContext, Reducer, RoundInfo
+from .known_gaps import warn_known_gap
 from .momentum import bind_momentum_memory
 
 __all__ = ["SparseReducer", "PendingSelection", "WholeBucket", "index_dtype_for", "prescaled", "dense_start",
@@ -350,9 +351,16 @@ class SparseReducer(Reducer):
         """The selection's statistics (threshold reuse: per-bucket k drift; docs/selection.md#reuse)."""
         return self.compressor.selection_stats()
 
+    @property
+    def method(self) -> str:
+        """The sparse method as users name it (``Compression.<method>``)."""
+        return self.name
+
     def bind_host(self, host: ScheduleHost, names: list[str]) -> Any:
         """Momentum correction takes the wrapped optimizer's momentum (docs/dgc.md#optimizer-momentum):
-        :func:`~hvd_commopt.reduce.momentum.bind_momentum_memory` on this reducer's memory."""
+        :func:`~hvd_commopt.reduce.momentum.bind_momentum_memory` on this reducer's memory; a
+        measured gap of this method under this optimizer is warned about (docs/convergence-matrix.md#warnings)."""
+        warn_known_gap(self.method, self.compressor.density.constant, host, names)
         return bind_momentum_memory(self.memory, host, names, self.compressor)
 
     def relayout(self, ops: TensorOps, old: Sequence[Bucket], new: Sequence[Bucket]) -> None:
