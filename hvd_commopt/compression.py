@@ -76,7 +76,7 @@ class Compression:
 
     @staticmethod
     def topk(density: Density = 0.001, error_feedback: bool = True, index_dtype: str | None = None,
-             momentum_correction: bool | None = None, momentum_masking: bool = True, min_k: int = 16,
+             momentum_correction: bool | None = None, momentum_masking: bool = False, min_k: int = 16,
              nonfinite: str = "skip", selection: str = "exact", tau: int = 16, band: float = 0.2,
              dense_1d: bool = True, layerwise: bool = False, warmup_steps: int | None = None) -> SparseAllgather:
         """Top-k S-SGD (docs/topk.md#update-rule): exact top-k per bucket, allgather of (values, indices).
@@ -90,7 +90,9 @@ class Compression:
                 selection, as DGC does (docs/topk.md#momentum-correction); the optimizer then runs
                 without momentum. None (default) = on with error feedback.
             momentum_masking: with correction, zero the momentum where values were sent (DGC's
-                factor masking). What it costs and gains, by task: docs/convergence-matrix.md#masking.
+                factor masking). Off by default for Top-k (and LAGS): it cost Top-k points on every
+                task measured, on none gained more than seed noise (docs/convergence-matrix.md#masking);
+                gTop-k, Ok-Topk, random-k and DGC keep it on.
             min_k: the fewest elements any bucket sends (docs/topk.md#density-floor), 16 by
                 default (the reference rule is 1): with one bucket per layer (LAGS) it keeps small
                 layers from starving (docs/lags-omgs.md#lags-starvation).
