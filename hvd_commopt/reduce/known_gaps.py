@@ -63,7 +63,7 @@ class KnownGap:
 
 _SGD_ALT = ("Within the target there: local SGD with a period of 4 (Schedule.local_sgd(4), "
             "a quarter of the syncs; -0.19 / -0.09 points at 2 / 4 ranks). Closer with this method: a dense warm-up, "
-            "warmup_steps=50 (gTop-k -0.31 / -1.00 points at 2 / 4 ranks, Top-k -0.61 / -0.92).")
+            "warmup_steps=50 (gTop-k -0.31 / -1.00 points at 2 / 4 ranks, 10 seeds).")
 _ADAPTIVE_ALT = ("Closer: a longer dense warm-up (warmup_steps=, docs/adaptive-optimizers.md#warmup-steps): "
                  "Top-k with warmup_steps=200 of the 400 steps ended +0.6 % (seed 0); or no compression.")
 
