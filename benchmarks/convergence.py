@@ -47,6 +47,9 @@ import torch.nn.functional as F
 
 import torch_plugin as hco
 from hvd_commopt import Compression, Schedule
+from hvd_commopt.memory.momentum import MomentumCorrection
+from hvd_commopt.reduce import GTopK
+from hvd_commopt.reduce.oktopk import OkTopK
 
 DENSITY = 0.01
 
@@ -153,6 +156,15 @@ def make_optimizer(kind: str, params, lr: float) -> torch.optim.Optimizer:
 
 
 # -- variants -----------------------------------------------------------------------------------
+class MaskSelected(MomentumCorrection):
+    """Momentum correction with the masking rule before docs/gtopk.md#masking-delivered: the
+    momentum of every selected entry is zeroed, also of those the exchange then drops (an A/B
+    variant for the benchmark, not a library option)."""
+
+    def restore_momentum(self, ops, name, step, dropped) -> None:
+        return None
+
+
 def variant_kwargs(name: str, steps_per_epoch: int, warmup: int) -> dict:
     """DistributedOptimizer keyword arguments of a variant: the library's defaults for it."""
     d = DENSITY
@@ -173,6 +185,12 @@ def variant_kwargs(name: str, steps_per_epoch: int, warmup: int) -> dict:
         "dgc_nomask": lambda: {"compression": Compression.dgc(d, steps_per_epoch=steps_per_epoch,
                                                               momentum_masking=False)},
         "gtopk_nocorr": lambda: {"compression": Compression.gtopk(d, momentum_correction=False)},
+        # A/B of docs/gtopk.md#masking-delivered: the rule before it, every selected entry's momentum masked
+        "gtopk_mask_selected": lambda: {"compression": GTopK(d, memory=MaskSelected(), min_k=16)},
+        "oktopk_mask_selected": lambda: {"compression": OkTopK(d, memory=MaskSelected(), min_k=16)},
+        # a dense warm-up under SGD (docs/adaptive-optimizers.md#warmup-steps), the length of OD/SSD/CD's
+        "topk_warm": lambda: {"compression": Compression.topk(d, warmup_steps=warmup)},
+        "gtopk_warm": lambda: {"compression": Compression.gtopk(d, warmup_steps=warmup)},
         "lags": lambda: {"compression": Compression.topk(d), "fusion_threshold": 0},
         "lags_nocorr": lambda: {"compression": Compression.topk(d, momentum_correction=False),
                                 "fusion_threshold": 0},

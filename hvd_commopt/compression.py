@@ -18,7 +18,7 @@ densities (see :class:`hvd_commopt.compress.selector.DensitySpec`).
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Sequence, TypeVar
 
 from .errors import ConfigError
 from .autocompress.options import DEFAULT_ALLOW, DEFAULT_MIN_DENSITY, AutoOptions
@@ -28,12 +28,14 @@ from .compress.dgc import DGCSelector
 from .compress.randomk import RandomKSelector
 from .compress.selector import Density
 from .compress.topk import TopKSelector
+from .compress.warmup import DensityWarmup
 from .memory.dgc import DGCMemory
 from .memory.error_feedback import ErrorFeedback
 from .memory.momentum import MomentumCorrection
 from .reduce.gtopk import GTopK
 from .reduce.oktopk import OkTopK
 from .reduce.quantized import QuantizedAllreduce
+from .reduce.sparse import SparseReducer
 from .reduce.sparse_allgather import SparseAllgather
 
 __all__ = ["Compression"]
@@ -54,6 +56,17 @@ def _memory(error_feedback: bool, momentum_correction: bool | None, momentum_mas
     return MomentumCorrection(momentum_masking=momentum_masking, auto=auto, nonfinite=nonfinite)
 
 
+_R = TypeVar("_R", bound=SparseReducer)
+
+
+def _warm(reducer: _R, warmup_steps: int | None) -> _R:
+    """The factories' ``warmup_steps=`` on the reducer's selector (docs/adaptive-optimizers.md#warmup-steps)."""
+    warmup = DensityWarmup.from_steps(warmup_steps)
+    if warmup is not None:
+        reducer.compressor.warmup = warmup
+    return reducer
+
+
 class Compression:
     """Compression choices for ``DistributedOptimizer(compression=...)``."""
 
@@ -63,9 +76,9 @@ class Compression:
 
     @staticmethod
     def topk(density: Density = 0.001, error_feedback: bool = True, index_dtype: str | None = None,
-             momentum_correction: bool | None = None, momentum_masking: bool = True, min_k: int = 16,
+             momentum_correction: bool | None = None, momentum_masking: bool = False, min_k: int = 16,
              nonfinite: str = "skip", selection: str = "exact", tau: int = 16, band: float = 0.2,
-             dense_1d: bool = True, layerwise: bool = False) -> SparseAllgather:
+             dense_1d: bool = True, layerwise: bool = False, warmup_steps: int | None = None) -> SparseAllgather:
         """Top-k S-SGD (docs/topk.md#update-rule): exact top-k per bucket, allgather of (values, indices).
 
         Args:
@@ -77,7 +90,9 @@ class Compression:
                 selection, as DGC does (docs/topk.md#momentum-correction); the optimizer then runs
                 without momentum. None (default) = on with error feedback.
             momentum_masking: with correction, zero the momentum where values were sent (DGC's
-                factor masking). What it costs and gains, by task: docs/convergence-matrix.md#masking.
+                factor masking). Off by default for Top-k (and LAGS): it cost Top-k points on every
+                task measured, on none gained more than seed noise (docs/convergence-matrix.md#masking);
+                gTop-k, Ok-Topk, random-k and DGC keep it on.
             min_k: the fewest elements any bucket sends (docs/topk.md#density-floor), 16 by
                 default (the reference rule is 1): with one bucket per layer (LAGS) it keeps small
                 layers from starving (docs/lags-omgs.md#lags-starvation).
@@ -93,15 +108,20 @@ class Compression:
             layerwise: the top-k of each tensor, as LAGS-SGD selects, inside fused buckets sent
                 whole (docs/lags-omgs.md#lags-merged); a dict or callable density is then asked by
                 tensor name. Exact selection only.
+            warmup_steps: send every bucket whole for this many optimizer steps first
+                (docs/adaptive-optimizers.md#warmup-steps; every sparse constructor below takes it).
+                None (default): none under SGD, 100 steps under Adam and kin; 0: none at all.
         """
-        return SparseAllgather(TopKSelector(density, selection, tau, band, min_k=min_k, dense_1d=dense_1d,
-                                              layerwise=layerwise),
-                               _memory(error_feedback, momentum_correction, momentum_masking, nonfinite), index_dtype)
+        return _warm(SparseAllgather(TopKSelector(density, selection, tau, band, min_k=min_k, dense_1d=dense_1d,
+                                                  layerwise=layerwise),
+                                     _memory(error_feedback, momentum_correction, momentum_masking, nonfinite),
+                                     index_dtype), warmup_steps)
 
     @staticmethod
     def randomk(density: Density = 0.001, seed: int = 0, error_feedback: bool = True,
                 momentum_correction: bool | None = None, momentum_masking: bool = True, min_k: int = 16,
-                unbiased: bool = False, nonfinite: str = "skip", dense_1d: bool = True) -> SparseAllgather:
+                unbiased: bool = False, nonfinite: str = "skip", dense_1d: bool = True,
+                warmup_steps: int | None = None) -> SparseAllgather:
         """Random-k with a seed shared by all ranks: the same k indices everywhere, so the k
         values are allreduced (no indices sent). ``seed`` must be equal on every rank.
 
@@ -113,8 +133,9 @@ class Compression:
             raise ConfigError("unbiased random-k scales the sent values by n/k, an estimate of the whole "
                               "gradient; error feedback would send the rest again later. Pass "
                               "error_feedback=False with unbiased=True")
-        return SparseAllgather(RandomKSelector(density, seed, min_k, unbiased, dense_1d),
-                               _memory(error_feedback, momentum_correction, momentum_masking, nonfinite))
+        return _warm(SparseAllgather(RandomKSelector(density, seed, min_k, unbiased, dense_1d),
+                                     _memory(error_feedback, momentum_correction, momentum_masking, nonfinite)),
+                     warmup_steps)
 
     @staticmethod
     def dgc(density: Density = 0.001, momentum: float | None = None, nesterov: bool = False,
@@ -122,7 +143,7 @@ class Compression:
             warmup_epochs: int = 0, warmup_coeff: float | Sequence[float] | None = None,
             steps_per_epoch: int | None = None, seed: int = 0,
             index_dtype: str | None = None, nonfinite: str = "skip", selection: str = "sampled", tau: int = 16,
-            band: float = 0.2, dense_1d: bool = True) -> SparseAllgather:
+            band: float = 0.2, dense_1d: bool = True, warmup_steps: int | None = None) -> SparseAllgather:
         """Deep Gradient Compression (docs/dgc.md#update-rule): sampled threshold, momentum correction and
         factor masking, optional local clipping, sparsity warm-up.
 
@@ -132,40 +153,47 @@ class Compression:
         give ``steps_per_epoch`` or call ``set_epoch(e)`` on the returned reducer each epoch;
         ``warmup_coeff=None`` is the reference code's schedule (not the README's, see
         :mod:`hvd_commopt.compress.dgc`). ``selection`` "sampled" is DGC's threshold; "exact" or
-        "threshold" select k = ceil(n·ratio) as :meth:`topk` does (docs/selection.md).
+        "threshold" select k = ceil(n·ratio) as :meth:`topk` does (docs/selection.md). ``warmup_steps``
+        (dense steps, as :meth:`topk`'s) and ``warmup_epochs`` (DGC's exponential schedule) exclude
+        each other.
         """
+        if warmup_steps is not None and warmup_epochs:
+            raise ConfigError(f"pass one warm-up: warmup_steps={warmup_steps} (every bucket sent whole for that "
+                              f"many steps) or warmup_epochs={warmup_epochs} (DGC's exponential schedule per epoch)")
         comp = DGCSelector(density, sample_ratio=sample_ratio, warmup_epochs=warmup_epochs,
                              warmup_coeff=warmup_coeff, steps_per_epoch=steps_per_epoch, seed=seed,
                              selection=selection, tau=tau, band=band, dense_1d=dense_1d)
         mem = DGCMemory(momentum=momentum, nesterov=nesterov, momentum_masking=momentum_masking,
                         clip_norm=clip_norm, nonfinite=nonfinite)
-        return SparseAllgather(comp, mem, index_dtype)
+        return _warm(SparseAllgather(comp, mem, index_dtype), warmup_steps)
 
     @staticmethod
     def gtopk(density: Density = 0.001, error_feedback: bool = True, index_dtype: str | None = None,
               algorithm: str = "recursive_doubling", momentum_correction: bool | None = None,
-              momentum_masking: bool = True, min_k: int = 16, nonfinite: str = "skip", dense_1d: bool = True) -> GTopK:
+              momentum_masking: bool = True, min_k: int = 16, nonfinite: str = "skip", dense_1d: bool = True,
+              warmup_steps: int | None = None) -> GTopK:
         """gTop-k S-SGD (docs/gtopk.md#gtopk): global top-k by recursive doubling, O(k log P) traffic, for
         any number of ranks; dropped local values return to the residual (the velocity, with
-        momentum correction). ``momentum_correction``, ``momentum_masking`` and ``min_k`` as
-        :meth:`topk`'s."""
-        return GTopK(density, error_feedback=error_feedback, index_dtype=index_dtype, algorithm=algorithm,
-                     memory=_memory(error_feedback, momentum_correction, momentum_masking, nonfinite), min_k=min_k,
-                     dense_1d=dense_1d)
+        momentum correction). ``momentum_correction``, ``momentum_masking``, ``min_k`` and
+        ``warmup_steps`` as :meth:`topk`'s."""
+        return _warm(GTopK(density, error_feedback=error_feedback, index_dtype=index_dtype, algorithm=algorithm,
+                           memory=_memory(error_feedback, momentum_correction, momentum_masking, nonfinite),
+                           min_k=min_k, dense_1d=dense_1d), warmup_steps)
 
     @staticmethod
     def oktopk(density: Density = 0.001, error_feedback: bool = True, index_dtype: str | None = None,
                selection: str = "exact", tau: int = 16, band: float = 0.2, rebalance: int = 16,
                momentum_correction: bool | None = None, momentum_masking: bool = True, min_k: int = 16,
-               nonfinite: str = "skip", dense_1d: bool = True) -> OkTopK:
+               nonfinite: str = "skip", dense_1d: bool = True, warmup_steps: int | None = None) -> OkTopK:
         """Ok-Topk (docs/oktopk.md#oktopk): O(k) sparse allreduce, split-and-reduce over P load-balanced
         regions, the exact global top-k, a balanced allgatherv; every rank gets the same k
         entries, dropped local values return to the residual (the velocity, with momentum
         correction). ``rebalance``: steps between recomputations of the region cuts;
         ``selection``/``tau``/``band``: the local selection; the rest as :meth:`topk`'s."""
-        return OkTopK(density, error_feedback=error_feedback, index_dtype=index_dtype, selection=selection,
-                      tau=tau, band=band, rebalance=rebalance, min_k=min_k, dense_1d=dense_1d,
-                      memory=_memory(error_feedback, momentum_correction, momentum_masking, nonfinite))
+        return _warm(OkTopK(density, error_feedback=error_feedback, index_dtype=index_dtype, selection=selection,
+                            tau=tau, band=band, rebalance=rebalance, min_k=min_k, dense_1d=dense_1d,
+                            memory=_memory(error_feedback, momentum_correction, momentum_masking, nonfinite)),
+                     warmup_steps)
 
     @staticmethod
     def auto(min_density: float = DEFAULT_MIN_DENSITY, allow: Sequence[str] = DEFAULT_ALLOW, margin: float = 0.25,

@@ -48,6 +48,26 @@ class DensityWarmup:
         self.steps = int(steps)
         self.exponential = exponential
 
+    @classmethod
+    def none(cls) -> "DensityWarmup":
+        """No warm-up, chosen explicitly (``warmup_steps=0`` on the factories): the density from
+        step 0 also under an adaptive optimizer, whose default warm-up it replaces
+        (docs/adaptive-optimizers.md#warmup)."""
+        w = cls(1)
+        w.steps = 0
+        return w
+
+    @classmethod
+    def from_steps(cls, warmup_steps: int | None) -> "DensityWarmup | None":
+        """The factories' ``warmup_steps=``: None, the default (none; the adaptive optimizers'
+        warm-up under Adam and kin); 0, none at all; n >= 1, n steps sent whole."""
+        if warmup_steps is None:
+            return None
+        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
+            raise ConfigError(f"warmup_steps is a whole number of optimizer steps >= 0 sent whole before the "
+                              f"density applies (0: none, also under Adam; None: the default), got {warmup_steps!r}")
+        return cls.none() if warmup_steps == 0 else cls(warmup_steps)
+
     def density(self, base: float, step: int) -> float:
         """The density at ``step`` for a target density ``base`` (``base`` once the warm-up is over)."""
         if step >= self.steps or base >= 1.0:

@@ -153,3 +153,9 @@ class MomentumMemory(Memory, Protocol):
     def bind_momentum(self, momentum: float, nesterov: bool = False) -> None:
         """Take μ and Nesterov from the wrapped optimizer."""
         ...
+
+    def restore_momentum(self, ops: TensorOps, name: str, step: int, dropped: Tensor) -> None:
+        """The entries of round ``step``'s selection that the exchange dropped (positions, or a
+        bool mask over the selection) get back the momentum that factor masking zeroed: masking
+        is for what was applied (docs/gtopk.md#masking-delivered)."""
+        ...

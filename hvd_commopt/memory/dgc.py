@@ -5,7 +5,9 @@ transcribed from ``dgc/memory.py`` and ``dgc/clip_grad.py`` of synxlin/deep-grad
 (docs/dgc.md#update-rule). The reducer uses it instead of plain error feedback:
 **momentum correction** ``u = μu + g; v = v + u`` (Nesterov: ``u = μ(u+g); v += u + g``),
 optional **local gradient clipping** by L2 norm before it, and after sending ``v[idx] = 0`` and,
-with **momentum factor masking**, ``u[idx] = 0``. What is sent is chosen by a selector
+with **momentum factor masking**, ``u[idx] = 0``; entries an exchange then drops (gTop-k's merge,
+Ok-Topk's) get their momentum back with their value (:meth:`DGCMemory.restore_momentum`,
+docs/gtopk.md#masking-delivered). What is sent is chosen by a selector
 (:class:`~hvd_commopt.compress.dgc.DGCSelector`, or Top-k's for momentum correction).
 
 Buckets whose ratio is 1 go the reference's dense way: allreduce(average) of the plain gradient,
@@ -69,6 +71,10 @@ class DGCMemory:
         self._snaps = (Generations(self._u), Generations(self._v))
         self._skipped: set[str] = set()
         self._warned_no_momentum = False
+        # masking's record of the last round, for the entries an exchange drops later
+        # (docs/gtopk.md#masking-delivered): name -> (round, sent indices, momentum masked there)
+        self._round: dict[str, int] = {}
+        self._masked: dict[str, tuple[int, Any, Any]] = {}
 
     fuses_selection = True  # compensate_select: the fused step of select_with_memory
     auto = False  # set by MomentumCorrection: falls back to error feedback where it cannot switch
@@ -83,6 +89,7 @@ class DGCMemory:
         """Keep ``u`` and ``v`` before round ``step`` (for :meth:`rollback`); no copy: the round
         writes its new ``u`` and ``v`` into second buffers (:class:`Generations`)."""
         self._skipped.discard(name)
+        self._round[name] = step
         for s in self._snaps:
             s.take(ops, name, like, step)
 
@@ -201,6 +208,8 @@ class DGCMemory:
         self._v.set(name, zero_sent(ops, acc, sent_idx))
         if self.momentum_masking:
             u = self._u.get(ops, name, acc)
+            # what masking takes away, kept for :meth:`restore_momentum` (k values, a gather)
+            self._masked[name] = (self._round.get(name, -1), sent_idx, ops.gather(u, sent_idx))
             self._u.set(name, zero_sent(ops, u, sent_idx))
 
     def update_quantized(self, ops: TensorOps, name: str, acc: Any, sent: Any) -> None:
@@ -210,6 +219,24 @@ class DGCMemory:
         """Selected values that were not delivered go back into the velocity."""
         if ops.numel(idx) and name not in self._skipped:
             self._v.set(name, ops.scatter_add(self._v.live(name), idx, vals))
+
+    def restore_momentum(self, ops: TensorOps, name: str, step: int, dropped: Any) -> None:
+        """Masking is for what was applied (docs/gtopk.md#masking-delivered): the entries of round
+        ``step``'s selection that the exchange dropped get back the momentum :meth:`update` zeroed,
+        ``u[idx] = 0 + u_masked``, bit for bit the momentum they had. ``dropped``: positions in the
+        selection (int64, host route) or a bool mask over its k entries (the device route). Nothing
+        happens without masking, for a skipped round, or when a later round of the bucket has
+        already selected (a delayed schedule's late finish: the momentum then stays masked)."""
+        rec = self._masked.get(name)
+        if rec is None or rec[0] != step or self._round.get(name) != step or name in self._skipped:
+            return
+        del self._masked[name]
+        _, idx, u_sent = rec
+        if ops.dtype_name(dropped) == "bool":  # every entry, +0.0 added where it was delivered
+            back = ops.where(dropped, u_sent, ops.zeros(ops.numel(u_sent), ops.dtype_name(u_sent), like=u_sent))
+            self._u.set(name, ops.scatter_add(self._u.live(name), idx, back))
+        elif ops.numel(dropped):
+            self._u.set(name, ops.scatter_add(self._u.live(name), ops.gather(idx, dropped), ops.gather(u_sent, dropped)))
 
     def compensate_dense(self, ops: TensorOps, name: str, flat: Any) -> Any:
         return flat  # the reference sends uncompressed tensors as they are ...
@@ -254,6 +281,7 @@ class DGCMemory:
         return {"momentums": self._u.state_dict(), "velocities": self._v.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
+        self._masked.clear()
         for s in self._snaps:
             s.clear()
         self._u.load_state_dict(dict(state.get("momentums", {})))

@@ -15,6 +15,8 @@ Algorithm (per bucket and step)::
     unfold: rank j sends the final (I, V) and rank m+j's k-byte survival mask to m+j
     result = scatter(I, V)·postscale on every rank (identical (I, V) everywhere, T-GT-1)
     residual[I_local not surviving] += V_local   (the survival mask, docs/gtopk.md#recursive-doubling, docs/gtopk.md#t-gt-5)
+    momentum correction with masking: u[I_local not surviving] = the momentum masking zeroed
+        (masking is for what the merge applied, docs/gtopk.md#masking-delivered)
 
 Merge operator M: the robust form (docs/gtopk.md#merge-robust): union of the two index sets with values
 summed at common indices (``TensorOps.unique_sum``), then the top-k by magnitude with ties to
@@ -57,7 +59,7 @@ from ..compress.selector import Density
 from ..compress.topk import TopKSelector
 from ..errors import ConfigError
 from ..fusion.pricing import Pricing, sparse_pricing
-from ..memory.base import Memory
+from ..memory.base import Memory, MomentumMemory
 from ..memory.error_feedback import ErrorFeedback
 from ..select.fixed import device_route, member_of_sorted, merge_fixed
 from ..tensor_ops import TensorOps
@@ -273,7 +275,7 @@ class GTopK(SparseReducer):
             def fn(link: CountingLink, deadline: float) -> tuple[Any, Any, Any]:
                 return gtopk_exchange(link, ops, idx, vals, k, idt, fixed)
         handle = comm.run_async(fn, name=f"{name}.gtopk", op="gtopk")
-        return Pending(name, PendingSelection(idx, vals, n, bucket.name), (handle,))
+        return Pending(name, PendingSelection(idx, vals, n, bucket.name, step=rnd.step), (handle,))
 
     @staticmethod
     def _allgather_fn(ops: TensorOps, idx: Any, vals: Any, k: int, idt: str, fixed: int | None = None):
@@ -293,6 +295,8 @@ class GTopK(SparseReducer):
             # (the memory zeroed them: +0 + +0 is +0, and 0 + v the dropped value, as the host route)
             kept = ops.where(alive, ops.zeros(ops.numel(st.vals), ops.dtype_name(st.vals), like=st.vals), st.vals)
             self.memory.restore(ops, st.key, st.idx, kept)
+            if isinstance(self.memory, MomentumMemory):  # their momentum too (docs/gtopk.md#masking-delivered)
+                self.memory.restore_momentum(ops, st.key, st.step, ops.compare(ops.cast(alive, "uint8"), "lt", 1))
             return I, V
         # the positions not alive, ascending: a k-entry mask (O(k)), not a sort-based isin
         kept = ops.index_fill(ops.zeros(ops.numel(st.idx), "uint8", like=st.idx), alive, 1)

@@ -40,7 +40,7 @@ from ..compress.topk import TopKSelector
 from ..errors import ConfigError
 from ..fusion.pricing import Pricing, sparse_pricing
 from ..fusion.sparse_scaling import hist_bins
-from ..memory.base import Memory
+from ..memory.base import Memory, MomentumMemory
 from ..memory.error_feedback import ErrorFeedback
 from ..select.fixed import device_route, member_of_sorted
 from ..tensor_ops import TensorOps
@@ -219,7 +219,7 @@ class OkTopK(SparseReducer):
         k = ops.numel(idx)
         idt = index_dtype_for(n, self.index_dtype)
         if device_route(ops, vals):  # docs/oktopk.md#device-route
-            return self._start_device(bucket, name, idx, vals, n, k, idt, flat, ctx)
+            return self._start_device(bucket, name, idx, vals, n, k, idt, flat, ctx, rnd.step)
         I = np.asarray(ops.to_numpy(idx), dtype=np.int64)
         V = np.asarray(ops.to_numpy(vals))
         cuts, age = self._bounds.get(bucket.name, (None, 0))
@@ -230,10 +230,10 @@ class OkTopK(SparseReducer):
         def fn(link: Any, deadline: float):
             return oktopk_exchange(host_link(link, ops), I, V, n, k, cuts, idt)
         handle = comm.run_async(fn, name=f"{name}.oktopk", op="oktopk")
-        return Pending(name, PendingSelection(idx, vals, n, bucket.name, flat), (handle,))
+        return Pending(name, PendingSelection(idx, vals, n, bucket.name, flat, step=rnd.step), (handle,))
 
     def _start_device(self, bucket: Bucket, name: str, idx: Any, vals: Any, n: int, k: int, idt: str,
-                      flat: Any, ctx: ReduceContext) -> Pending:
+                      flat: Any, ctx: ReduceContext, step: int) -> Pending:
         """The device route's exchange (hvd_commopt/reduce/oktopk_device.py): the same result."""
         ops, comm = ctx.ops, ctx.comm
         cuts, age = self._bounds.get(bucket.name, (None, 0))
@@ -246,7 +246,7 @@ class OkTopK(SparseReducer):
         def fn(link: Any, deadline: float):
             return oktopk_exchange_device(link, ops, idx, vals, n, k, cuts, idt)
         handle = comm.run_async(fn, name=f"{name}.oktopk", op="oktopk")
-        return Pending(name, PendingSelection(idx, vals, n, bucket.name, flat), (handle,))
+        return Pending(name, PendingSelection(idx, vals, n, bucket.name, flat, step=step), (handle,))
 
     def exchanged(self, pending: Pending, ctx: ReduceContext) -> tuple[Any, Any]:
         st, ops = pending.state, ctx.ops
@@ -259,6 +259,8 @@ class OkTopK(SparseReducer):
             alive = member_of_sorted(ops, st.idx, gi)
             self.memory.restore(ops, st.key, st.idx,
                                 ops.where(alive, ops.zeros(ops.numel(st.vals), ops.dtype_name(st.vals), like=st.vals), st.vals))
+            if isinstance(self.memory, MomentumMemory):  # their momentum too (docs/gtopk.md#masking-delivered)
+                self.memory.restore_momentum(ops, st.key, st.step, ops.compare(ops.cast(alive, "uint8"), "lt", 1))
             return gi, gv
         li = np.asarray(ops.to_numpy(st.idx), dtype=np.int64)
         dropped = np.flatnonzero(~np.isin(li, gi, assume_unique=True))

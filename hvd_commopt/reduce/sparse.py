@@ -41,9 +41,10 @@ from ..select.strategies import folds_finite, fused_with, select_with_memory
 from ..compress.selector import Selector
 from ..errors import ConfigError
 from ..host import ScheduleHost
-from ..memory.base import Memory
+from ..memory.base import Memory, MomentumMemory
 from ..tensor_ops import TensorOps
 from .base import Pending, ReduceContext, Reducer, RoundInfo
+from .known_gaps import warn_known_gap
 from .momentum import bind_momentum_memory
 
 __all__ = ["SparseReducer", "PendingSelection", "WholeBucket", "index_dtype_for", "prescaled", "dense_start",
@@ -125,6 +126,7 @@ class PendingSelection:
     key: str
     out: Any = None  # the round's bucket buffer, free after start (None: a fresh tensor)
     local: bool = False  # one rank: nothing was sent, the result is the selection
+    step: int = -1  # the round (for the momentum of dropped entries, docs/gtopk.md#masking-delivered)
 
 
 def dense_start(memory: Memory, bucket: Bucket, rnd: RoundInfo, flat: Any, ctx: ReduceContext,
@@ -298,6 +300,8 @@ class SparseReducer(Reducer):
         """Give the memory back this rank's selected entries at positions ``dropped`` (of its
         selection) that the exchange did not deliver (docs/gtopk.md#t-gt-5)."""
         self.memory.restore(ops, st.key, ops.gather(st.idx, dropped), ops.gather(st.vals, dropped))
+        if isinstance(self.memory, MomentumMemory):  # and their momentum (docs/gtopk.md#masking-delivered)
+            self.memory.restore_momentum(ops, st.key, st.step, dropped)
 
     def config(self) -> dict:
         return {"reducer": self.name, "compressor": self.compressor.config(), "memory": self.memory.config(),
@@ -347,9 +351,16 @@ class SparseReducer(Reducer):
         """The selection's statistics (threshold reuse: per-bucket k drift; docs/selection.md#reuse)."""
         return self.compressor.selection_stats()
 
+    @property
+    def method(self) -> str:
+        """The sparse method as users name it (``Compression.<method>``)."""
+        return self.name
+
     def bind_host(self, host: ScheduleHost, names: list[str]) -> Any:
         """Momentum correction takes the wrapped optimizer's momentum (docs/dgc.md#optimizer-momentum):
-        :func:`~hvd_commopt.reduce.momentum.bind_momentum_memory` on this reducer's memory."""
+        :func:`~hvd_commopt.reduce.momentum.bind_momentum_memory` on this reducer's memory; a
+        measured gap of this method under this optimizer is warned about (docs/convergence-matrix.md#warnings)."""
+        warn_known_gap(self.method, self.compressor.density.constant, host, names)
         return bind_momentum_memory(self.memory, host, names, self.compressor)
 
     def relayout(self, ops: TensorOps, old: Sequence[Bucket], new: Sequence[Bucket]) -> None:

@@ -74,6 +74,11 @@ class SparseAllgather(SparseReducer):
 
     name = "sparse_allgather"
 
+    @property
+    def method(self) -> str:
+        """``Compression.topk``, ``randomk`` or ``dgc``: the selector's name."""
+        return self.compressor.name
+
     def __init__(self, compressor: Selector, memory: Memory | None = None, index_dtype: str | None = None,
                  dense_when_full: bool = True):
         if not isinstance(compressor, Selector):

@@ -19,12 +19,14 @@ pytest.importorskip("mpi4py")
 pytest.importorskip("sklearn")
 
 ONE_SEED_MARGIN = 1.5  # points: one seed's gap moves by about this much between seeds on this task
-# the lowest gap (points, vs S-SGD) each algorithm may show; 0 = within target in the matrix
 # the gap (points, vs S-SGD's 97.22 %) each algorithm showed in the matrix at this set-up, seed 0
-# (docs/convergence-matrix.md#measured); random-k at 1 % diverges and is warned about instead
+# (docs/convergence-matrix.md#measured); random-k at 1 % diverges and is warned about instead.
+# 2026-11-26 evening, from measured seed-0 runs only (docs/convergence-matrix.md#ci-guard): gTop-k and
+# Ok-Topk -0.83 (masking only what the merge applied), Top-k -0.28, LAGS -0.28 and SSD + Top-k -0.55
+# (masking off by default for Top-k).
 MEASURED_GAP = {
-    "topk": -0.55, "gtopk": -1.11, "oktopk": -1.11, "lags": -1.11, "dgc": -0.55, "od": -0.28, "ssd": -0.28,
-    "ssd_topk": -0.83, "cd": 0.28, "od_dgc": -1.11, "cocod": 0.56, "local_sgd": 0.28,
+    "topk": -0.28, "gtopk": -0.83, "oktopk": -0.83, "lags": -0.28, "dgc": -0.55, "od": -0.28, "ssd": -0.28,
+    "ssd_topk": -0.55, "cd": 0.28, "od_dgc": -1.11, "cocod": 0.56, "local_sgd": 0.28,
 }
 EPOCHS = 10
 

@@ -5,6 +5,7 @@ momentum=None, one warning naming the fix for a momentum of its own)."""
 from __future__ import annotations
 
 import copy
+import functools
 import warnings
 
 import pytest
@@ -65,6 +66,24 @@ def test_after_the_warmup_the_density_applies():
     for (a, dense_bytes), (b, sparse_bytes) in zip(ref, short):
         assert any(not torch.equal(a[k], b[k]) for k in a)  # steps 2 and 3 were sparse
         assert sparse_bytes < dense_bytes / 2
+
+
+@pytest.mark.parametrize("factory", [lambda: Compression.topk(0.01, warmup_steps=4),
+                                     lambda: Compression.gtopk(0.01, warmup_steps=4),
+                                     lambda: Compression.dgc(0.01, warmup_steps=4)])
+def test_warmup_steps_under_sgd_momentum_is_dense_ssgd_bit_for_bit(factory):
+    """``warmup_steps=`` under SGD with momentum (momentum correction on): the warm-up steps are
+    momentum S-SGD exactly (docs/adaptive-optimizers.md#warmup-steps); the density applies after."""
+    sgd = functools.partial(torch.optim.SGD, momentum=0.9)
+    ref = train(2, None, opt_cls=sgd)
+    got = train(2, factory, opt_cls=sgd)
+    for (a, dense_bytes), (b, bytes_) in zip(ref, got):
+        for k in a:
+            assert torch.equal(a[k], b[k]), k
+        assert bytes_ == dense_bytes
+    ref, got = train(2, None, steps=6, opt_cls=sgd), train(2, factory, steps=6, opt_cls=sgd)
+    for (a, dense_bytes), (b, bytes_) in zip(ref, got):
+        assert any(not torch.equal(a[k], b[k]) for k in a) and bytes_ < dense_bytes / 2
 
 
 def test_host_reports_the_family():

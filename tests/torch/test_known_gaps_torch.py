@@ -1,0 +1,40 @@
+"""Wrapping a torch optimizer warns once for a combination measured short of the target
+(docs/convergence-matrix.md#warnings): a sparse compression and CoCoD-SGD under SGD with momentum."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch_plugin as hco  # noqa: E402
+from hvd_commopt import Compression, Schedule, run_ranks  # noqa: E402
+from hvd_commopt.reduce import known_gaps  # noqa: E402
+from hvd_commopt.reduce.known_gaps import MeasuredGapWarning  # noqa: E402
+
+
+def wrap_warnings(momentum, **kw):
+    def body(comm):
+        known_gaps._warned.clear()
+        m = torch.nn.Linear(4, 2)
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            hco.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1, momentum=momentum),
+                                     named_parameters=m.named_parameters(), communicator=comm, **kw)
+        known_gaps._warned.clear()
+        return [str(x.message) for x in w if issubclass(x.category, MeasuredGapWarning)]
+    return run_ranks(1, body)[0]  # one rank: warnings.catch_warnings is process-wide
+
+
+def test_topk_and_cocod_under_momentum_sgd_warn_once_each():
+    msgs = wrap_warnings(0.9, compression=Compression.topk(0.01))
+    assert len(msgs) == 1 and msgs[0].startswith("Compression.topk at density 0.01 under SGD with momentum")
+    msgs = wrap_warnings(0.9, schedule=Schedule.cocod(4))
+    assert len(msgs) == 1 and msgs[0].startswith("Schedule.cocod under SGD with momentum")
+
+
+def test_plain_sgd_and_dense_do_not_warn():
+    assert wrap_warnings(0.0, compression=Compression.topk(0.01)) == []
+    assert wrap_warnings(0.9) == []
+    assert wrap_warnings(0.9, schedule=Schedule.local_sgd(4)) == []
