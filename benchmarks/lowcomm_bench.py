@@ -46,9 +46,10 @@ def variants(h_small: int, h_mid: int, h_big: int) -> dict:
         # the outer step w - Delta (plain averaging every H steps: local SGD at period H)
         f"diloco_h{h_mid}_plain_outer": (lambda: Schedule.diloco(h_mid, outer_lr=1.0, outer_momentum=0.0),
                                          lambda: None),
-        # SparseLoCo's setting: top-k 1 % + 2-bit with error feedback, outer SGD lr 1 without momentum
+        # SparseLoCo's setting: top-k 1 % per 4096-chunk + 2-bit with decayed error feedback, outer
+        # SGD without momentum (lr 2.5 measured best at H=10, docs/quantize.md#measured)
         f"sparseloco_h{h_mid}": (lambda: Schedule.diloco(h_mid, outer_lr=1.0, outer_momentum=0.0),
-                                 lambda: Compression.quantize(2, density=0.01)),
+                                 lambda: Compression.quantize(2, density=0.01, chunk=4096, ef_decay=0.95)),
         f"diloco_h{h_mid}_int4": (lambda: Schedule.diloco(h_mid), lambda: Compression.quantize(4)),
         "local_sgd_4": (lambda: Schedule.local_sgd(4), lambda: None),
         "cocod_4": (lambda: Schedule.cocod(4), lambda: None),
