@@ -46,28 +46,35 @@ def variants(h_small: int, h_mid: int, h_big: int) -> dict:
         # the outer step w - Delta (plain averaging every H steps: local SGD at period H)
         f"diloco_h{h_mid}_plain_outer": (lambda: Schedule.diloco(h_mid, outer_lr=1.0, outer_momentum=0.0),
                                          lambda: None),
-        # SparseLoCo's setting: top-k 1 % + 2-bit with error feedback, outer SGD lr 1 without momentum
+        # SparseLoCo's setting: top-k 1 % per 4096-chunk + 2-bit with decayed error feedback, outer
+        # SGD without momentum (lr 2.5 measured best at H=10, docs/quantize.md#measured)
         f"sparseloco_h{h_mid}": (lambda: Schedule.diloco(h_mid, outer_lr=1.0, outer_momentum=0.0),
-                                 lambda: Compression.quantize(2, density=0.01)),
+                                 lambda: Compression.quantize(2, density=0.01, chunk=4096, ef_decay=0.95)),
         f"diloco_h{h_mid}_int4": (lambda: Schedule.diloco(h_mid), lambda: Compression.quantize(4)),
         "local_sgd_4": (lambda: Schedule.local_sgd(4), lambda: None),
         "cocod_4": (lambda: Schedule.cocod(4), lambda: None),
     }
 
 
-_RECIPE = re.compile(r"diloco_h(\d+)(?:_olr([\d.]+))?(?:_om([\d.]+))?(?:_topk(\d+)_int(\d))?$")
+_RECIPE = re.compile(r"diloco_h(\d+)(?:_olr([\d.]+))?(?:_om([\d.]+))?"
+                     r"(?:_topk([\d.]+)_int(\d)(?:_c(\d+))?(?:_ef([\d.]+))?(?:_b(\d+))?)?$")
 
 
 def parse_variant(name: str):
-    """A variant outside the table, for sweeps of the outer step: ``diloco_h{H}[_olr{lr}][_om{mu}]
-    [_topk{percent}_int{bits}]`` (Nesterov outer step with lr and momentum; top-k at percent %
-    with bits-bit values and error feedback)."""
+    """A variant outside the table, for sweeps of the outer step and of SparseLoCo's settings:
+    ``diloco_h{H}[_olr{lr}][_om{mu}][_topk{percent}_int{bits}[_c{chunk}][_ef{decay}][_b{block}]]``
+    (Nesterov outer step with lr and momentum; top-k at percent % with bits-bit values and error
+    feedback, chosen per chunk of ``chunk`` elements, the error feedback decayed by ``decay``,
+    one scale per ``block`` values)."""
     m = _RECIPE.match(name)
     if m is None:
         raise SystemExit(f"unknown variant {name!r}")
-    h, lr, mu, pct, bits = m.groups()
+    h, lr, mu, pct, bits, chunk, decay, block = m.groups()
     kw = {"outer_lr": float(lr or 0.7), "outer_momentum": float(mu or 0.9)}
-    comp = (lambda: None) if pct is None else (lambda: Compression.quantize(int(bits), density=int(pct) / 100))
+    ckw = {"chunk": None if chunk is None else int(chunk), "ef_decay": float(decay or 1.0),
+           "block": int(block or 256)}
+    comp = (lambda: None) if pct is None else \
+        (lambda: Compression.quantize(int(bits), density=float(pct) / 100, **ckw))
     return (lambda: Schedule.diloco(int(h), **kw)), comp
 
 
@@ -94,7 +101,7 @@ def train_variant(name, schedule, compression, args, shape, train_tok, val_xy, i
         opt = hco.DistributedOptimizer(inner, named_parameters=model.named_parameters(), communicator=comm,
                                        schedule=schedule(), compression=compression())
         lr_sched = torch.optim.lr_scheduler.LambdaLR(inner, lambda i: inner_lr_factor(i, args))
-        gen = torch.Generator().manual_seed(1000 + comm.rank)
+        gen = torch.Generator().manual_seed(1000 + comm.rank + 100 * args.seed)
         it = batches(train_tok, args.batch, shape.context, gen)
         curve, per_step, compute_s = [], [], 0.0
         sent0, coll0 = comm.traffic.bytes_sent, comm.traffic.collectives
@@ -223,6 +230,7 @@ def main(argv=None) -> None:
     ap.add_argument("--min-lr", type=float, default=0.1, help="the cosine decay's final factor")
     ap.add_argument("--h", type=int, nargs=3, default=[20, 50, 100])
     ap.add_argument("--variants", default="all")
+    ap.add_argument("--seed", type=int, default=0, help="the initial weights' and the batches' seed (0: as before)")
     ap.add_argument("--out", default="benchmarks/results/lowcomm")
     ap.add_argument("--baseline", default=None,
                     help="a JSON of an earlier run with the same arguments: take its results instead of rerunning them")
@@ -237,7 +245,7 @@ def main(argv=None) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     shape = GPTShape(layers=args.layers, heads=4, width=args.width, context=args.context, vocab=256)
-    torch.manual_seed(0)
+    torch.manual_seed(args.seed)
     init_state = GPT(shape).state_dict()
     train_tok = load_text_corpus(shape.context, "train")
     val_xy = eval_windows(load_text_corpus(shape.context, "val"), shape.context, args.eval_windows)

@@ -41,6 +41,7 @@ if str(ROOT) not in sys.path:
 from benchmarks.common import RESULTS, machine_info  # noqa: E402
 from benchmarks.convergence_report import section as convergence_section  # noqa: E402
 from benchmarks.gpu_report import gpu_section  # noqa: E402
+from benchmarks.lowcomm_report import section as lowcomm_section  # noqa: E402
 from benchmarks.suite.report import paired_ratio  # noqa: E402
 from benchmarks import trust_table  # noqa: E402
 
@@ -343,6 +344,7 @@ def render(a: argparse.Namespace, out: Path, meta: dict[str, Any], cmd: str) -> 
         lines.append(f"The job failed (rc {meta.get('step_rc')}); its log is in `{out}/compress_step.log`.")
     lines += gpu_section(Path(a.gpu_results))
     lines += convergence_section(report_dir)
+    lines += lowcomm_section()  # DiLoCo / SparseLoCo tables (benchmarks/lowcomm_report.py)
     where = out.resolve().relative_to(ROOT) if out.resolve().is_relative_to(ROOT) else out
     lines += ["", f"Raw outputs of this run (JSON, per-job logs, timelines) were written to `{where}/` "
               "and are not kept in the repository.", ""]

@@ -6,6 +6,10 @@ epfml/powersgd one. Implements :class:`~hvd_commopt.memory.base.Memory`, for spa
 selections (Top-k, random-k, gTop-k) and for lossy dense encodings (CD-SGD's ternary signs,
 ``residual = acc - theta*s``, MXNet's ``r -= theta`` / ``r += theta``, docs/cd-sgd.md#update-rule).
 
+With ``decay=beta`` (SparseLoCo's error feedback, docs/quantize.md#ef-decay) the residual is
+scaled by beta before it is added: ``acc = flat + beta*r`` (``beta*r`` rounded to float32 first,
+then the sum), the form ``e_t = beta e_(t-1) + Delta_t``; beta = 1 (the default) adds it as it is.
+
 Invariant (docs/topk.md#invariants, docs/lags-omgs.md#invariants), bit-exact: ``scatter(sent_idx, acc[sent_idx]) + residual ==
 acc``. It holds because the residual is a copy of ``acc`` with the sent positions set to zero,
 so the two parts partition the same array; nothing is recomputed.
@@ -31,7 +35,7 @@ from ..tensor_ops import TensorOps
 from .relayout import relayout_flats
 from .sent import zero_sent
 
-__all__ = ["TensorStore", "ErrorFeedback"]
+__all__ = ["TensorStore", "ErrorFeedback", "check_decay"]
 
 
 class TensorStore:
@@ -148,6 +152,14 @@ class Generations:
         self._spare.clear()
 
 
+def check_decay(decay: object) -> float:
+    """``decay`` as a float in (0, 1], or a ConfigError naming the fix."""
+    if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0.0 < float(decay) <= 1.0:
+        raise ConfigError(f"error-feedback decay must be a number in (0, 1] (the factor the residual is scaled "
+                          f"by each round: SparseLoCo uses 0.95; 1 keeps all of it), got {decay!r}")
+    return float(decay)
+
+
 class ErrorFeedback:
     """Residual memory keyed by bucket name (a :class:`~hvd_commopt.memory.base.Memory`).
 
@@ -156,11 +168,15 @@ class ErrorFeedback:
         nonfinite: what a rank does when its bucket holds NaN/Inf: "skip" (default: the residual
             is left as it was and the step is skipped on every rank) or "raise"
             (docs/wrapper.md#nonfinite).
+        decay: the factor beta in (0, 1] the residual is scaled by before each round adds it
+            (SparseLoCo's ``e = beta e + Delta``, beta about 0.95, docs/quantize.md#ef-decay);
+            1 (default) keeps all of it.
     """
 
-    def __init__(self, enabled: bool = True, nonfinite: str = "skip"):
+    def __init__(self, enabled: bool = True, nonfinite: str = "skip", decay: float = 1.0):
         self.enabled = bool(enabled)
         self.nonfinite = check_policy(nonfinite)
+        self.decay = check_decay(decay)
         self._res = TensorStore("residual")
         # Rollback without a copy: the residual before a round stays in its buffer and the
         # round's update writes into a second one, so each bucket has two buffers.
@@ -198,7 +214,13 @@ class ErrorFeedback:
         if not self.enabled:
             return flat
         r = self._res.get(ops, name, flat)
-        return flat if r is None else ops.add(flat, r)
+        return flat if r is None else ops.add(flat, self._decayed(ops, r))
+
+    def _decayed(self, ops: TensorOps, r: Any) -> Any:
+        """``beta * r`` in a new buffer (r stays intact for :meth:`rollback`); r itself at beta = 1."""
+        if self.decay == 1.0:
+            return r
+        return ops.scale_into(ops.empty(ops.numel(r), ops.dtype_name(r), like=r), r, self.decay)
 
     def update(self, ops: TensorOps, name: str, acc: Any, sent_idx: Any) -> None:
         """Residual := ``acc`` with the positions ``sent_idx`` set to zero (bit-exact partition)."""
@@ -222,6 +244,11 @@ class ErrorFeedback:
         if r is None:
             vals, idx, acc = select(flat, None)
             self.update(ops, name, acc, idx)
+            return vals, idx
+        if self.decay != 1.0:  # beta*r is a new buffer: the sum goes into it
+            d = self._decayed(ops, r)
+            vals, idx, acc = select(d, flat)
+            self._res.set(name, zero_sent(ops, acc, idx))
             return vals, idx
         buf = self._gen.free(ops, name, flat)
         if buf is r:  # no snapshot holds r: accumulate in place
@@ -282,7 +309,7 @@ class ErrorFeedback:
             self.load_state_dict({"residuals": moved})
 
     def config(self) -> dict:
-        return {"name": "error_feedback", "enabled": self.enabled, "nonfinite": self.nonfinite}
+        return {"name": "error_feedback", "enabled": self.enabled, "nonfinite": self.nonfinite, "decay": self.decay}
 
     def state_dict(self) -> dict:
         return {"residuals": self._res.state_dict()} if self.enabled else {}
@@ -292,4 +319,5 @@ class ErrorFeedback:
         self._res.load_state_dict(dict(state.get("residuals", {})))
 
     def __repr__(self) -> str:
-        return f"ErrorFeedback(enabled={self.enabled}, nonfinite={self.nonfinite!r})"
+        dec = "" if self.decay == 1.0 else f", decay={self.decay!r}"
+        return f"ErrorFeedback(enabled={self.enabled}, nonfinite={self.nonfinite!r}{dec})"

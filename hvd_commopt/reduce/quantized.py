@@ -18,6 +18,11 @@ selected): ``sent + r == acc`` exactly (docs/quantize.md#invariants). The owner'
 of a sum is not fed back (it is a different vector on each owner; the bound above covers it).
 Everything runs through the tensor ops (:mod:`hvd_commopt.compress.quantize`): a CUDA bucket is
 selected, quantised, packed, decoded and summed on its device (docs/quantize.md#device).
+
+SparseLoCo's own settings are options: ``chunk=C`` picks the top-k per chunk of C elements of
+each tensor (:mod:`hvd_commopt.compress.chunked`; positions travel as int16 offsets inside their
+chunk, docs/quantize.md#chunked) and ``ef_decay=beta`` scales the residual by beta before it is
+added (``e = beta e + Delta``, docs/quantize.md#ef-decay).
 """
 from __future__ import annotations
 
@@ -28,6 +33,7 @@ import math
 
 from ..buckets import Bucket
 from ..compress import nonfinite
+from ..compress.chunked import check_chunk, chunk_plan, chunk_starts, chunked_topk, member_sizes
 from ..compress.quantize import check_bits, decode, encode, encoded_bytes
 from ..compress.selector import check_density
 from ..errors import ConfigError
@@ -51,6 +57,7 @@ class _Quant:
     like: Any          # the bucket's flat: where the result is placed
     post: float
     local: Any = None  # one rank: the decoded contribution is the result
+    plan: list | None = None  # chunk-wise top-k: (start, stop, k) of every chunk
 
 
 class QuantizedAllreduce(Reducer):
@@ -62,16 +69,24 @@ class QuantizedAllreduce(Reducer):
         block: elements per float32 scale.
         error_feedback: keep what quantisation (and selection) dropped for the next round.
         nonfinite: "skip" or "raise" (docs/wrapper.md#nonfinite).
+        chunk: with ``density``, the top-k of every chunk of this many elements of each tensor
+            (SparseLoCo: 4096) instead of the whole bucket's; None (default) the whole bucket's.
+        ef_decay: the error feedback's decay beta in (0, 1] (SparseLoCo: 0.95); 1 (default) none.
     """
 
     name = "quantize"
     holds_rank_state = True
 
     def __init__(self, bits: int, density: float | None = None, block: int = 256, error_feedback: bool = True,
-                 nonfinite: str = "skip"):
+                 nonfinite: str = "skip", chunk: int | None = None, ef_decay: float = 1.0):
         self.bits, self.block = check_bits(bits, block)
         self.rho = None if density is None else float(check_density(density))
-        self.memory = ErrorFeedback(error_feedback, nonfinite)
+        self.chunk = check_chunk(chunk)
+        if self.chunk is not None and self.rho is None:
+            raise ConfigError(f"chunk={chunk} chooses the top-k per chunk, so it needs a density: pass e.g. "
+                              f"Compression.quantize({bits}, density=0.01, chunk={chunk}), or drop chunk for the "
+                              f"dense quantised exchange")
+        self.memory = ErrorFeedback(error_feedback, nonfinite, decay=ef_decay)
 
     @property
     def density(self) -> float | None:
@@ -98,7 +113,15 @@ class QuantizedAllreduce(Reducer):
         x = ops.flatten(acc)
         n, size = ops.numel(x), comm.size
         st = _Quant(n, [], flat, ctx.postscale)
-        if self.rho is not None:
+        if self.rho is not None and self.chunk is not None:
+            st.plan = chunk_plan(member_sizes(bucket, n), self.chunk, self.rho)
+            idx, local = chunked_topk(ops, x, st.plan)
+            payload, dec = encode(ops, ops.gather(x, idx), self.bits, self.block)
+            sent = ops.index_copy(ops.zeros(n, "float32", like=x), idx, dec)
+            offs = ops.as_bytes(ops.cast(local, "int16"))
+            pad = [ops.zeros(_pad16(ops.numel(local)), "uint8", like=offs)] if ops.numel(local) % 2 else []
+            msg = ops.cat([offs, *pad, payload])  # offsets padded to 4 bytes: the scales stay aligned
+        elif self.rho is not None:
             k = self._k(n)
             idx = ops.topk_abs(x, k)[1] if k < n else ops.arange(n, like=x)  # ascending, ties to the lower index
             payload, dec = encode(ops, ops.gather(x, idx), self.bits, self.block)
@@ -141,12 +164,19 @@ class QuantizedAllreduce(Reducer):
         return out
 
     def _sum_sparse(self, ops: TensorOps, buf: Any, st: _Quant, size: int) -> Any:
-        n, k = st.n, self._k(st.n)
-        per = 4 * k + encoded_bytes(k, self.bits, self.block)
+        n = st.n
+        k = self._k(n) if st.plan is None else sum(c for _, _, c in st.plan)
+        ib = 4 * k if st.plan is None else 2 * k + _pad16(k)  # index bytes per rank
+        per = ib + encoded_bytes(k, self.bits, self.block)
         out = ops.zeros(n, "float32", like=st.like)
+        starts = None if st.plan is None else ops.from_numpy(chunk_starts(st.plan), like=st.like)
         for r in range(size):  # rank order: the same sum everywhere
-            idx = ops.cast(ops.from_bytes(ops.slice(buf, r * per, r * per + 4 * k), "int32"), "int64")
-            vals = decode(ops, ops.slice(buf, r * per + 4 * k, (r + 1) * per), k, self.bits, self.block)
+            if starts is None:
+                idx = ops.cast(ops.from_bytes(ops.slice(buf, r * per, r * per + 4 * k), "int32"), "int64")
+            else:
+                idx = ops.add(ops.cast(ops.from_bytes(ops.slice(buf, r * per, r * per + 2 * k), "int16"), "int64"),
+                              starts)
+            vals = decode(ops, ops.slice(buf, r * per + ib, (r + 1) * per), k, self.bits, self.block)
             out = ops.scatter_add(out, idx, vals)
         return out
 
@@ -182,12 +212,12 @@ class QuantizedAllreduce(Reducer):
 
     def config(self) -> dict:
         return {"reducer": self.name, "bits": self.bits, "block": self.block, "density": self.rho,
-                "memory": self.memory.config()}
+                "chunk": self.chunk, "memory": self.memory.config()}
 
     def price(self, cost: Any, select_s: float | None = None, select_c0: float = 0.0) -> Pricing:
         ratio = (self.bits / 8 + 4 / self.block) / 4
         if self.rho is not None:  # indices and codes of k entries from every rank (an allgather)
-            ratio = self.rho * (4 + self.bits / 8 + 4 / self.block) / 4
+            ratio = self.rho * ((4 if self.chunk is None else 2) + self.bits / 8 + 4 / self.block) / 4
         return dense_pricing(cost, ratio, f"quantised {self.bits}-bit exchange ({ratio:.3g} of the bytes)")
 
     def state_dict(self) -> dict:
@@ -197,4 +227,11 @@ class QuantizedAllreduce(Reducer):
         self.memory.load_state_dict(dict(state.get("memory", {})))
 
     def __repr__(self) -> str:
-        return f"QuantizedAllreduce(bits={self.bits}, density={self.rho}, block={self.block})"
+        extra = ("" if self.chunk is None else f", chunk={self.chunk}") + \
+            ("" if self.memory.decay == 1.0 else f", ef_decay={self.memory.decay}")
+        return f"QuantizedAllreduce(bits={self.bits}, density={self.rho}, block={self.block}{extra})"
+
+
+def _pad16(k: int) -> int:
+    """Bytes after k int16 offsets that bring them to a multiple of 4."""
+    return 2 * (k % 2)

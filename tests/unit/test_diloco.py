@@ -181,6 +181,7 @@ COMPRESSORS = {
     "int8": lambda: Compression.quantize(8),
     "int4": lambda: Compression.quantize(4, block=4),
     "sparseloco": lambda: Compression.quantize(2, density=0.3),
+    "sparseloco_chunked": lambda: Compression.quantize(2, density=0.3, chunk=4, ef_decay=0.95),
 }
 AVERAGING = {"local_sgd": lambda: Schedule.local_sgd(2), "cocod": lambda: Schedule.cocod(2),
              "diloco": lambda: Schedule.diloco(2), "streaming": lambda: Schedule.diloco(2, fragments=2, overlap=1)}
@@ -216,6 +217,8 @@ SCHEDULES = {
     "diloco": (Schedule.diloco(3), None),
     "streaming": (Schedule.diloco(4, fragments=2, overlap=2), None),
     "diloco_topk_int4": (Schedule.diloco(3), lambda: Compression.quantize(4, density=0.5)),
+    "sparseloco_chunked_decay": (Schedule.diloco(3, outer_lr=1.0, outer_momentum=0.0),
+                                 lambda: Compression.quantize(2, density=0.3, chunk=4, ef_decay=0.95)),
     "diloco_dgc": (Schedule.diloco(2, warmup_steps=1), lambda: Compression.dgc(0.3, selection="exact", momentum=0.9)),  # inner SGD without momentum
     "local_sgd_topk": (Schedule.local_sgd(2), lambda: Compression.topk(0.3, min_k=1)),
     "cocod_int8": (Schedule.cocod(3, warmup_steps=1), lambda: Compression.quantize(8)),

@@ -1,0 +1,164 @@
+"""SparseLoCo's settings of the quantiser (docs/quantize.md#chunked, docs/quantize.md#ef-decay):
+chunk-wise top-k, int16 offsets on the wire, and error feedback with decay; exact values."""
+import numpy as np
+import pytest
+
+from hvd_commopt import Compression, run_ranks
+from hvd_commopt.buckets import Bucket, TensorSpec
+from hvd_commopt.compress.chunked import chunk_plan, chunk_starts, chunked_topk
+from hvd_commopt.compress.quantize import encoded_bytes
+from hvd_commopt.errors import ConfigError
+from hvd_commopt.memory.error_feedback import ErrorFeedback
+from hvd_commopt.reduce import QuantizedAllreduce, ReduceContext, RoundInfo
+from tests.unit.schedule_helpers import OPS
+from tests.unit.test_quantize import reference_encode
+
+# a bucket of three tensors: 3000 elements (chunks 1024, 1024, 952), 50x30 = 1500 (1024, 476), 7
+BUCKET = Bucket.of(0, [TensorSpec("a", (3000,), "float32"), TensorSpec("b", (50, 30), "float32"),
+                       TensorSpec("c", (7,), "float32")], name="g")
+N = BUCKET.numel
+
+
+def vec(rank, n=N, seed=0):
+    return (np.random.RandomState(seed * 100 + rank).randn(n) * (1 + rank)).astype(np.float32)
+
+
+def reference_chunked(x, plan):
+    """Per chunk, the k largest |x| (stable: ties to the lower index), ascending positions."""
+    out = []
+    for s, e, k in plan:
+        out.append(s + np.sort(np.argsort(-np.abs(x[s:e]), kind="stable")[:k]))
+    return np.concatenate(out).astype(np.int64)
+
+
+def test_chunk_plan_cuts_inside_each_tensor_and_keeps_ceil_density_per_chunk():
+    plan = chunk_plan([3000, 1500, 7], 1024, 0.01)
+    assert plan == [(0, 1024, 11), (1024, 2048, 11), (2048, 3000, 10), (3000, 4024, 11), (4024, 4500, 5),
+                    (4500, 4507, 1)]
+    assert chunk_plan([8], 4, 1.0) == [(0, 4, 4), (4, 8, 4)]  # density 1: every element
+    assert chunk_starts([(0, 4, 2), (4, 6, 1)]).tolist() == [0, 0, 4]
+
+
+def test_chunked_topk_picks_exactly_k_per_chunk_the_largest_of_each():
+    x = vec(0)
+    x[100:140] = 0.5  # ties inside a chunk: the lower indices win
+    x[3000:4024] *= 1e-3  # a chunk of small values still sends its k
+    plan = chunk_plan([3000, 1500, 7], 1024, 0.01)
+    idx, local = chunked_topk(OPS, x, plan)
+    np.testing.assert_array_equal(idx, reference_chunked(x, plan))
+    np.testing.assert_array_equal(idx - local, chunk_starts(plan))
+    for s, e, k in plan:
+        inside = idx[(idx >= s) & (idx < e)]
+        assert inside.size == k
+        assert np.abs(x[inside]).min() >= np.abs(np.delete(x[s:e], inside - s)).max(initial=0)
+
+
+@pytest.mark.parametrize("P", [1, 2, 3])
+def test_chunked_reducer_sums_each_ranks_quantised_chunk_topk_exactly(P):
+    rho, chunk = 0.01, 1024
+
+    def body(comm):
+        red = Compression.quantize(2, density=rho, chunk=chunk, block=16)
+        ctx = ReduceContext(comm, OPS, prescale=1.0, postscale=1.0)
+        out = red.reduce(BUCKET, RoundInfo(0), vec(comm.rank), ctx)
+        return out, red.memory.residual(OPS, "g", out)
+    outs = run_ranks(P, body)
+    plan = chunk_plan([3000, 1500, 7], chunk, rho)
+    want = np.zeros(N, np.float32)
+    for r in range(P):
+        x = vec(r)
+        idx = reference_chunked(x, plan)
+        _, dec = reference_encode(x[idx], 2, 16)
+        want[idx] += dec
+        # sent + residual == input, bit for bit
+        sent = np.zeros(N, np.float32)
+        sent[idx] = dec
+        np.testing.assert_array_equal(sent + outs[r][1], x)
+    for out, _ in outs:
+        np.testing.assert_array_equal(out, want)
+
+
+def test_chunked_wire_bytes_are_int16_offsets_then_the_codes():
+    """Per rank and round: 2 bytes per offset (padded to 4), then the scales and the codes;
+    without chunks 4 bytes per index."""
+    rho = 0.01
+
+    def body(comm, chunk):
+        red = QuantizedAllreduce(2, density=rho, chunk=chunk, block=16)
+        ctx = ReduceContext(comm, OPS)
+        before = comm.traffic.bytes_sent
+        red.reduce(BUCKET, RoundInfo(0), vec(comm.rank), ctx)
+        return comm.traffic.bytes_sent - before
+    k = sum(c for _, _, c in chunk_plan([3000, 1500, 7], 1024, rho))  # 49: odd, so 2 bytes of padding
+    assert k == 49
+    chunked = run_ranks(2, body, 1024)[0]
+    whole = run_ranks(2, body, None)[0]
+    kw = int(np.ceil(rho * N))
+    assert chunked == 2 * k + 2 + encoded_bytes(k, 2, 16)
+    assert whole == 4 * kw + encoded_bytes(kw, 2, 16)
+
+
+def test_error_feedback_decay_scales_the_residual_exactly():
+    """acc = flat + float32(beta * r): the residual decays by beta before it is added."""
+    beta = np.float32(0.95)
+
+    def body(comm):
+        red = QuantizedAllreduce(2, density=0.05, chunk=256, block=8, ef_decay=0.95)
+        ctx = ReduceContext(comm, OPS)
+        x1, x2, x3 = vec(1), vec(2), vec(3)
+        out1 = red.reduce(BUCKET, RoundInfo(0), x1.copy(), ctx)
+        r1 = red.memory.residual(OPS, "g", x1).copy()
+        np.testing.assert_array_equal(out1 + r1, x1)  # nothing to decay in the first round
+        out2 = red.reduce(BUCKET, RoundInfo(1), x2.copy(), ctx)
+        r2 = red.memory.residual(OPS, "g", x2).copy()
+        np.testing.assert_array_equal(out2 + r2, x2 + (r1 * beta).astype(np.float32))
+        out3 = red.reduce(BUCKET, RoundInfo(2), x3.copy(), ctx)
+        np.testing.assert_array_equal(out3 + red.memory.residual(OPS, "g", x3), x3 + r2 * beta)
+    run_ranks(1, body)
+
+
+def test_decay_one_is_the_plain_error_feedback_bit_for_bit():
+    def body(comm, kw):
+        red = QuantizedAllreduce(4, density=0.05, block=8, **kw)
+        ctx = ReduceContext(comm, OPS)
+        return [red.reduce(BUCKET, RoundInfo(t), vec(comm.rank, seed=t), ctx) for t in range(4)]
+    for a, b in zip(run_ranks(2, body, {"ef_decay": 1.0})[0], run_ranks(2, body, {})[0]):
+        np.testing.assert_array_equal(a, b)
+    plain = QuantizedAllreduce(4, density=0.05)
+    assert plain.memory.decay == 1.0 and "ef_decay" not in repr(plain)
+
+
+def test_fused_compensate_select_decays_like_compensate():
+    """The sparse reducers' fused path (compensate + select + update) with a decay gives what
+    compensate, a selection and update give."""
+    beta, n = 0.9, 64
+    r0 = vec(0, n)
+
+    def select(acc, addend, out=None):  # the top 8 of acc + addend
+        s = acc + addend if addend is not None else acc
+        idx = np.sort(np.argsort(-np.abs(s), kind="stable")[:8])
+        return s[idx], idx, s
+    fused, split = ErrorFeedback(decay=beta), ErrorFeedback(decay=beta)
+    for m in (fused, split):
+        m.load_state_dict({"residuals": {"g": r0.copy()}})
+    g = vec(1, n)
+    vals, idx = fused.compensate_select(OPS, "g", g.copy(), select)
+    acc = split.compensate(OPS, "g", g.copy())
+    np.testing.assert_array_equal(acc, g + (r0 * np.float32(beta)).astype(np.float32))
+    split.update(OPS, "g", acc, idx)
+    np.testing.assert_array_equal(vals, acc[idx])
+    np.testing.assert_array_equal(fused.residual(OPS, "g", g), split.residual(OPS, "g", g))
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: Compression.quantize(2, density=0.01, chunk=0), "chunk must be"),
+    (lambda: Compression.quantize(2, density=0.01, chunk=40000), "int16"),
+    (lambda: Compression.quantize(2, density=0.01, chunk=True), "chunk must be"),
+    (lambda: Compression.quantize(2, chunk=4096), "needs a density"),
+    (lambda: Compression.quantize(2, density=0.01, ef_decay=0), r"\(0, 1\]"),
+    (lambda: Compression.quantize(2, density=0.01, ef_decay=1.5), "0.95"),
+    (lambda: ErrorFeedback(decay=True), "decay"),
+])
+def test_bad_sparseloco_settings_get_one_clear_error(make, match):
+    with pytest.raises(ConfigError, match=match):
+        make()
