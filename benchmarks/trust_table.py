@@ -66,6 +66,12 @@ def _load(j: dict[str, Any]) -> str:
     return f"{la['start'][0]:.0f}-{la['end'][0]:.0f}" if la else "?"
 
 
+def _ran(j: dict[str, Any]) -> str:
+    """When a throughput job ran (its jobs are merged from several runs), its blocks x steps and load."""
+    when = str(j.get("started", "?"))[5:16]
+    return f"{when}, {j.get('blocks', '?')}x{j.get('steps_per_block', '?')}, {_load(j)}"
+
+
 def accuracy(results: Path) -> dict[str, dict[str, Any]]:
     """Per fixed variant and model family: reached the target (True/False/None) and the figure."""
     out: dict[str, dict[str, Any]] = {}
@@ -125,10 +131,10 @@ def cells(job: dict[str, Any] | None, model: str, acc: dict[str, dict[str, Any]]
     if job is None:
         return {"missing": "not run"}
     if job.get("error"):
-        return {"missing": why_failed(job, job.get("_logs", [])), "load": _load(job)}
+        return {"missing": why_failed(job, job.get("_logs", [])), "load": _ran(job)}
     res = job["results"]
     st = job.get("status", {})
-    row: dict[str, Any] = {"load": _load(job)}
+    row: dict[str, Any] = {"load": _ran(job)}
     for v in ("ddp_bf16", "ddp_powersgd1", "auto"):
         row[v] = _fmt(_speed(res, v)) if v in res else f"not run ({st.get(v, 'not in the job')[:60]})"
     fixed = {v: _speed(res, v) for v in FIXED if v in res}
@@ -172,7 +178,8 @@ def _mark(x: float | None, bound: float) -> str:
 
 def throughput_table(results: Path, acc: dict[str, dict[str, Any]]) -> list[str]:
     lines = ["| link | model | DDP | DDP + bf16 hook | DDP + PowerSGD r1 | best fixed reaching accuracy | `auto` | "
-             "auto / max(DDP, bf16) >= 0.97 | auto / best fixed >= 0.9 | auto chose (per bucket) | load |",
+             "auto / max(DDP, bf16) >= 0.97 | auto / best fixed >= 0.9 | auto chose (per bucket) | "
+             "ran (UTC), blocks x steps, load |",
              "|---|---|---:|---:|---:|---|---:|---|---|---|---|"]
     rows = [(net, None, _json(results / f"bench_{net}.json")) for net in LINKS]
     rows.append(("1gbit", "2 x 2 hosts", _json(results / "hosts2x2" / "bench_1gbit.json")))
@@ -277,17 +284,18 @@ def section(results: Path = RESULTS) -> list[str]:
     acc = accuracy(results)
     return ["", "## The trust table: `auto` against the fair baselines", "",
             "Throughput relative to `DDP(model)` in the same job (paired ratio in brackets), 2 ranks unless "
-            "stated, emulated links, 3 interleaved blocks of 3 steps, the slowest rank's median block; the "
-            "transformer with AdamW, the others SGD with momentum 0.9. \"Best fixed\" is the fastest of Top-k "
-            "and DGC at densities 0.1 % and 1 % *that reaches the accuracy target* (next table); load is the "
-            "1-minute load average at the job's start-end (2 cores, shared). How it was run: "
+            "stated, emulated links, interleaved blocks (the last column: when the job ran, its blocks x steps), "
+            "the slowest rank's median block; the transformer with AdamW, the others SGD with momentum 0.9. "
+            "\"Best fixed\" is the fastest of Top-k and DGC at densities 0.1 % and 1 % *that reaches the accuracy "
+            "target* (next table); load is the 1-minute load average at the job's start-end (2 cores, shared; "
+            "from 21:40 on 2026-11-26 the other sessions' jobs ran at nice 19). How it was run: "
             "docs/benchmarking.md#trust-table.", "",
             *throughput_table(results, acc), "",
             "DDP + PowerSGD rank 1 on ResNet-18: its hook's Gloo connection was reset and ended every ResNet-18 job "
             "it was in (both attempts at each link), so the ResNet-18 jobs that completed ran without it (\"not in "
-            "the job\"). Where `auto` kept every bucket dense its step was well below DDP's; that dense path (the "
-            "sparse reducers' density-1 path over the shared memory) was not profiled here "
-            "(docs/auto-compression.md#measured-trust).", "",
+            "the job\"). The runs before 21:40 on 2026-11-26 had `auto`'s dense fp32 on the sparse reducers' "
+            "density-1 path (two finiteness passes, the momentum and a copy per bucket and step); the later runs "
+            "have S-SGD's allreduce with the momentum in one pass (docs/auto-compression.md#dense-path).", "",
             "Accuracy of each variant (suite time-to-accuracy jobs at 1 Gbit/s; the digits CNN stands for the "
             "deep MLP and ResNet-18, which the suite times on synthetic batches):", "",
             *accuracy_table(acc), "",

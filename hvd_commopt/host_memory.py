@@ -17,7 +17,7 @@ import numpy as np
 from .select import host_native
 
 __all__ = ["stream_store", "sparse_axpy", "take", "scatter_add", "zero_at", "scale_add", "RANDOM_ACCESS_MIN",
-           "native_on"]
+           "native_on", "momentum_average"]
 
 # Below this many positions an index operation stays the framework's: the call costs more than the
 # cache misses it overlaps (docs/selection.md#random-access)
@@ -121,3 +121,14 @@ def scale_add(out: np.ndarray, t: np.ndarray, s: float, g: np.ndarray) -> np.nda
     with np.errstate(invalid="ignore", over="ignore"):  # Inf*0 and overflow are values here, as in torch
         np.multiply(t, t.dtype.type(s), out=out)
         return np.add(out, g, out=out)
+
+
+def momentum_average(x: np.ndarray, post: float, u: np.ndarray, mu: float, uo: np.ndarray) -> bool | None:
+    """``uo = u*mu + x*post``, written to ``uo`` and to ``x`` (``post`` and ``mu`` rounded to x's
+    dtype, no multiply when ``post`` is 1; the roundings of torch's ``mul_`` then ``add_``), and
+    whether every ``x*post`` is finite, in one native pass: the momentum of a bucket reduced dense
+    (docs/auto-compression.md#dense-path). ``uo`` must not overlap ``x``. None, nothing done, where
+    the native kernels do not apply."""
+    if not host_native.native_for(x, u, uo):
+        return None
+    return bool(host_native.native().momentum_average(x, float(post), u, float(mu), uo))

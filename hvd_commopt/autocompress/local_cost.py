@@ -21,9 +21,9 @@ from ..buckets import Bucket, TensorSpec
 from ..comm.communicator import Communicator
 from ..comm.inproc import InProcBackend, InProcWorld
 from ..errors import ConfigError
-from ..memory.momentum import MomentumCorrection
 from ..reduce.base import ReduceContext, RoundInfo
 from .choose import DENSE
+from .dense import AutoMemory
 from .options import Method
 from .pricing import SelectFit
 
@@ -48,7 +48,7 @@ def _fit(xs: Sequence[int], ts: Sequence[float]) -> SelectFit:
 
 
 def measure_local_costs(ops: Any, like: Any, methods: Sequence[Method], max_numel: int, momentum: float,
-                        nesterov: bool, build: Callable[[Method, MomentumCorrection], Any],
+                        nesterov: bool, build: Callable[[Method, AutoMemory], Any],
                         clock: Callable[[], float] = time.perf_counter, repeats: int = 3) -> dict[str, SelectFit]:
     """``{method.key: (s, c0)}``: the compute ``method`` adds to a bucket of x elements over dense
     fp32, ``c0 + s·x`` seconds (module docstring). A method that cannot run on one rank is left out."""
@@ -60,7 +60,7 @@ def measure_local_costs(ops: Any, like: Any, methods: Sequence[Method], max_nume
         data = {n: rng.standard_normal(n).astype(np.float32) for n in sizes}
 
         def timed(m: Method) -> list[float] | None:
-            mem = MomentumCorrection(momentum_masking=True, auto=True)
+            mem = AutoMemory()
             mem.bind_momentum(momentum, nesterov)
             red = build(m, mem)
             out = []

@@ -6,7 +6,7 @@ change: this reducer routes each bucket to the sub-reducer of its assigned metho
 (docs/auto-compression.md#per-bucket). Sub-reducers are made on first use, one per method.
 
 Shared memory (docs/auto-compression.md#shared-memory): every sub-reducer holds the *same*
-:class:`~hvd_commopt.memory.momentum.MomentumCorrection` (error feedback; DGC's momentum
+:class:`~hvd_commopt.autocompress.dense.AutoMemory` (error feedback; DGC's momentum
 correction when the wrapped optimizer has momentum, as ``Compression.topk``'s default), keyed by
 bucket name. A bucket that changes from one sparse method or density to another keeps its
 residual (velocity) and momentum as they are: nothing to move. A bucket that changes from a
@@ -15,10 +15,10 @@ element (``_flush``: Top-k at density 1 through the sparse path, which clears th
 exactly as a sparse round does), and only the round after that is dense. No gradient mass is lost
 (tests/unit/test_autocompress_reducer.py proves it exactly).
 
-Dense fp32 is the sparse reducers' density-1 path (``dense_start``/``finish_dense``): with
-momentum correction the momentum is applied to the average, S-SGD with momentum bit for bit
-(docs/topk.md#momentum-correction). bf16/fp16 are that path with the payload cast
-(:class:`~hvd_commopt.autocompress.methods.CastWithMemory`).
+Dense fp32 is S-SGD's allreduce with the momentum of momentum correction applied to the average
+in one pass (:class:`~hvd_commopt.autocompress.dense.DenseMomentum`, docs/auto-compression.md#dense-path):
+S-SGD with momentum bit for bit, at no more passes than the optimizer's momentum. bf16/fp16 are
+that round with the payload cast (:class:`~hvd_commopt.autocompress.methods.CastWithMemory`).
 """
 from __future__ import annotations
 
@@ -29,14 +29,14 @@ from typing import Any, Callable, Sequence
 from ..buckets import Bucket
 from ..compress.topk import TopKSelector
 from ..host import ScheduleHost
-from ..memory.momentum import MomentumCorrection
 from ..reduce.base import Pending, ReduceContext, Reducer, RoundInfo
 from ..reduce.adaptive import is_adaptive
 from ..reduce.momentum import bind_momentum_memory
 from ..reduce.sparse_allgather import SparseAllgather
 from ..tensor_ops import TensorOps
 from .choose import DENSE
-from .methods import build_method
+from .dense import AutoMemory, DenseMomentum
+from .methods import CastWithMemory, build_method
 from .options import AutoOptions, Method
 from .policy import AutoPolicy
 
@@ -73,7 +73,7 @@ class AutoReducer(Reducer):
 
     def __init__(self, options: AutoOptions | None = None, clock: Callable[[], float] = time.perf_counter):
         self.options = options if options is not None else AutoOptions()
-        self.memory = MomentumCorrection(momentum_masking=True, auto=True)
+        self.memory = AutoMemory()
         self._subs: dict[Method, Reducer] = {}
         self._flush = SparseAllgather(TopKSelector(1.0, min_k=1), self.memory, dense_when_full=False)
         self.assignment: dict[str, Method] = {}
@@ -87,7 +87,17 @@ class AutoReducer(Reducer):
         r = self._subs.get(method)
         if r is None:
             r = self._subs[method] = build_method(method, self.memory)
+            self._tell_verdict()
         return r
+
+    def _tell_verdict(self) -> None:
+        """The dense rounds need a NaN/Inf verdict without momentum only while another bucket holds a
+        memory (a sparse method, a flush pending), so that the step is skipped in every bucket
+        (docs/wrapper.md#nonfinite-step); with every bucket dense, S-SGD's round checks nothing."""
+        need = bool(self._flush_next) or any(m.sparse for m in self.assignment.values())
+        for r in self._subs.values():
+            if isinstance(r, (DenseMomentum, CastWithMemory)):
+                r.verdict = need
 
     def method_of(self, bucket_name: str) -> Method:
         return self.assignment.get(bucket_name, DENSE)
@@ -102,6 +112,7 @@ class AutoReducer(Reducer):
             elif new.sparse:
                 self._flush_next.discard(name)
         self.assignment = dict(methods)
+        self._tell_verdict()
 
     # -- the Reducer interface, routed per bucket ----------------------------------------------
     def start(self, bucket: Bucket, rnd: RoundInfo, flat: Any, ctx: ReduceContext) -> Pending:
@@ -160,6 +171,7 @@ class AutoReducer(Reducer):
         moved = {t for b in old if self.method_of(b.name).sparse for t in b.names}
         self.assignment = {}
         self._flush_next = {b.name for b in new if moved.intersection(b.names)}
+        self._tell_verdict()
         self.policy.restart()
 
     def config(self) -> dict:
@@ -173,6 +185,7 @@ class AutoReducer(Reducer):
         self.memory.load_state_dict(dict(state.get("memory", {})))
         self.assignment = {k: Method.parse(v) for k, v in dict(state.get("assignment", {})).items()}
         self._flush_next = set(state.get("flush", ()))
+        self._tell_verdict()
 
     def __repr__(self) -> str:
         return f"Compression.auto({self.options.config()})"

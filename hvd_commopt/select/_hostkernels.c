@@ -335,6 +335,8 @@ done:
 static PyMethodDef methods[] = {
     {"sweep", sweep, METH_VARARGS, "sweep(x, g, y, op, key, idx, val, start) -> (count, stop)"},
     {"scale_add", scale_add, METH_VARARGS, "scale_add(t, s, g, out): out = t*s + g"},
+    {"momentum_average", momentum_average, METH_VARARGS,
+     "momentum_average(x, post, u, mu, uo) -> finite: uo = u*mu + x*post, and whether x*post is finite"},
     {"stream_store", stream_store, METH_VARARGS, "stream_store(dst, src_or_None): dst = src (or zeros)"},
     {"sparse_axpy", sparse_axpy, METH_VARARGS, "sparse_axpy(idx, vals, alpha, starts, params, tmp): p[idx] += alpha*vals"},
     {"scattered", scattered, METH_VARARGS,

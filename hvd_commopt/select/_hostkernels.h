@@ -74,6 +74,7 @@ PyObject *topk(PyObject *self, PyObject *args);
 /* _hostkernels_store.c */
 PyObject *scale_add(PyObject *self, PyObject *args);
 PyObject *stream_store(PyObject *self, PyObject *args);
+PyObject *momentum_average(PyObject *self, PyObject *args);
 PyObject *hco_set_stream_min(PyObject *self, PyObject *arg);
 PyObject *hco_set_sums_first_max(PyObject *self, PyObject *arg);
 PyObject *hco_set_simd(PyObject *self, PyObject *arg);

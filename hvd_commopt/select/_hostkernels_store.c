@@ -148,3 +148,79 @@ PyObject *hco_set_simd(PyObject *self, PyObject *arg) {
 #endif
     return PyUnicode_FromString(hco_use_avx2 ? "avx2" : "portable");
 }
+
+
+/* momentum_average(x, post, u, mu, uo) -> finite: the momentum of a bucket reduced dense
+ * (docs/auto-compression.md#dense-path), in one pass: g = x*post (post rounded to x's dtype; no
+ * multiply when post is 1), u' = u*mu + g (two roundings, as torch's mul_ then add_) written to
+ * uo and handed back in x, and whether every g is finite (no NaN/Inf: an exponent of all ones,
+ * tested on the bits, which vectorises). Where g is not finite the caller keeps u as it was (uo
+ * is a second buffer) and x holds what S-SGD's optimizer would step with, u' (non-finite where g
+ * is). uo must not overlap x. */
+#define HCO_MOMENTUM_LOOP(FT, BT, EXP, G)                                                         \
+    for (int64_t i = 0; i < n; i++) {                                                           \
+        FT g = G;                                                                               \
+        BT b;                                                                                   \
+        memcpy(&b, &g, sizeof b);                                                               \
+        bad |= (BT)((b & EXP) == EXP);                                                          \
+        FT p = u[i] * mu;                                                                       \
+        p = p + g;                                                                              \
+        uo[i] = p;                                                                              \
+        x[i] = p;                                                                               \
+    }
+#define HCO_MOMENTUM_AVERAGE(NAME, ATTR, FT, BT, EXP)                                             \
+    ATTR static int NAME(FT *x, FT post, int scale, const FT *u, FT mu, FT *uo, int64_t n) { \
+        BT bad = 0;                                                                             \
+        if (scale) {                                                                            \
+            HCO_MOMENTUM_LOOP(FT, BT, EXP, x[i] * post)                                         \
+        } else {                                                                                \
+            HCO_MOMENTUM_LOOP(FT, BT, EXP, x[i])                                                \
+        }                                                                                       \
+        return bad == 0;                                                                        \
+    }
+HCO_MOMENTUM_AVERAGE(momentum_average_f32, , float, uint32_t, UINT32_C(0x7f800000))
+HCO_MOMENTUM_AVERAGE(momentum_average_f64, , double, uint64_t, UINT64_C(0x7ff0000000000000))
+#ifdef HCO_X86
+/* the same loops compiled for AVX2 (chosen at run time; no FMA: the target adds none, and
+   -ffp-contract=off forbids contraction anyway) */
+HCO_MOMENTUM_AVERAGE(momentum_average_f32_avx2, __attribute__((target("avx2"))), float, uint32_t, UINT32_C(0x7f800000))
+HCO_MOMENTUM_AVERAGE(momentum_average_f64_avx2, __attribute__((target("avx2"))), double, uint64_t,
+                     UINT64_C(0x7ff0000000000000))
+#endif
+
+PyObject *momentum_average(PyObject *self, PyObject *args) {
+    Py_buffer x, u, uo;
+    double post, mu;
+    if (!PyArg_ParseTuple(args, "w*dy*dw*", &x, &post, &u, &mu, &uo)) return NULL;
+    PyObject *res = NULL;
+    Py_ssize_t item = x.itemsize, n = item ? x.len / item : 0;
+    if ((item != 4 && item != 8) || hco_check(&x, "momentum_average", "x", item, -1, "") ||
+        hco_check(&u, "momentum_average", "u", item, n, AS_X) ||
+        hco_check(&uo, "momentum_average", "uo", item, n, AS_X)) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "momentum_average: float32 or float64 buffers expected");
+        goto done;
+    }
+    int ok, scale = post != 1.0;
+    Py_BEGIN_ALLOW_THREADS
+#ifdef HCO_X86
+    if (hco_use_avx2 && item == 4)
+        ok = momentum_average_f32_avx2((float *)x.buf, (float)post, scale, (const float *)u.buf, (float)mu,
+                                       (float *)uo.buf, n);
+    else if (hco_use_avx2)
+        ok = momentum_average_f64_avx2((double *)x.buf, post, scale, (const double *)u.buf, mu,
+                                       (double *)uo.buf, n);
+    else
+#endif
+    if (item == 4)
+        ok = momentum_average_f32((float *)x.buf, (float)post, scale, (const float *)u.buf, (float)mu,
+                                  (float *)uo.buf, n);
+    else
+        ok = momentum_average_f64((double *)x.buf, post, scale, (const double *)u.buf, mu, (double *)uo.buf, n);
+    Py_END_ALLOW_THREADS
+    res = PyBool_FromLong(ok);
+done:
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&u);
+    PyBuffer_Release(&uo);
+    return res;
+}

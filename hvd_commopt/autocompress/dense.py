@@ -1,0 +1,147 @@
+"""Dense fp32 under ``compression="auto"``: S-SGD's allreduce with the momentum applied once, at
+the optimizer's cost (docs/auto-compression.md#dense-path).
+
+Under ``auto`` the wrapped optimizer runs without its momentum and the shared memory
+(:class:`AutoMemory`, DGC's momentum correction) applies it, so that a bucket can switch between
+dense and sparse methods and keep its momentum exactly (docs/auto-compression.md#shared-memory).
+A bucket kept dense has no residual (a switch from a sparse method sends it first), so its round
+is S-SGD's: the bucket is allreduced as it is (:class:`DenseMomentum`, ``DenseAllreduce``'s wire:
+no finiteness pass before sending, since nothing of it enters a memory there), and the reduced
+average ``g`` takes the momentum ``u' = mu*u + g`` in one pass that also tells whether ``g`` is
+finite (:meth:`AutoMemory.finish_average`; the native ``momentum_average`` on host memory). The
+optimizer then adds ``-lr*u'``: the same operations, in the same order, as ``torch.optim.SGD``'s
+``buf.mul_(mu).add_(g)`` and ``p.add_(buf, alpha=-lr)``, so the values are S-SGD with momentum bit
+for bit; the passes are fewer (one fused pass, which also writes ``u'`` back into the round's
+buffer, against the postscale, the ``mul_`` and the ``add_``).
+
+A NaN/Inf reaches the reduced average on every rank alike; the momentum then keeps its value (the
+new one was written into the memory's second buffer), the bucket hands back a non-finite gradient
+(on host memory ``mu*u + g``, what S-SGD's optimizer would step with) and the step is skipped as before
+(docs/wrapper.md#nonfinite). What is not done on this path: the warning naming the rank whose
+gradient was not finite (S-SGD gives none either; the sparse methods still do).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .. import host_memory
+from ..buckets import Bucket
+from ..memory.momentum import MomentumCorrection
+from ..reduce.base import Pending, ReduceContext, Reducer, RoundInfo
+from ..reduce.dense import DenseRound
+from ..reduce.sparse import prescaled
+from ..select.kernels import device_route
+from ..tensor_ops import TensorOps
+
+__all__ = ["AutoMemory", "DenseMomentum", "average_flags", "settle_average"]
+
+
+class AutoMemory(MomentumCorrection):
+    """The memory every method of ``compression="auto"`` shares: momentum correction
+    (:class:`~hvd_commopt.memory.momentum.MomentumCorrection`, with momentum factor masking), plus
+    :meth:`finish_average`, the momentum of a bucket reduced dense in one pass."""
+
+    def __init__(self) -> None:
+        super().__init__(momentum_masking=True, auto=True)
+
+    def finish_average(self, ops: TensorOps, name: str, x: Any, post: float, verdict: bool = True) -> tuple[Any, Any]:
+        """``(out, finite)`` of a bucket whose reduced sum is ``x`` (``x`` is written): ``out`` is
+        ``u' = mu*u + x*post``, the momentum applied as :meth:`finish_dense` applies it, and what
+        S-SGD's optimizer steps with; the memory keeps ``u'`` where every ``x*post`` is finite, else
+        its ``u`` as it was (``out`` is then not finite either, ``u'`` on host memory and ``x*post``
+        elsewhere: the step is skipped on every rank).
+        ``finite`` is a bool, a device flag on the device route (the momentum then chosen by
+        ``where``, as ``dense_finish`` does), or None where nothing was checked: with no momentum the
+        memory is not written, and ``verdict`` False says that no other bucket needs to know."""
+        self._check_bound()
+        mu = self.momentum
+        if mu == 0.0 and self.clip_norm is None:  # error feedback only: nothing to remember
+            x = ops.scale(x, post) if post != 1.0 else x
+            return x, (ops.all_finite(x) if verdict else None)
+        if device_route(ops, x):  # the verdict stays a device flag (docs/selection.md#device-route)
+            x = ops.scale(x, post) if post != 1.0 else x
+            flag = ops.finite_flag(x)
+            return ops.where(flag, self.finish_dense(ops, name, x), x), flag
+        if not (self.nesterov or self.clip_norm is not None):
+            u_old = self._buffer(self._u, ops, name, x)
+            buf = self._snaps[0].free(ops, name, u_old)
+            if buf is None:
+                buf = ops.empty(ops.numel(u_old), ops.dtype_name(u_old), like=u_old)
+            xv, uv, bv = ops.host_view(x), ops.host_view(u_old), ops.host_view(buf)
+            ok = None if xv is None or uv is None or bv is None else host_memory.momentum_average(xv, post, uv, mu, bv)
+            if ok is not None:
+                if ok:
+                    self._u.set(name, buf)
+                return x, ok
+        x = ops.scale(x, post) if post != 1.0 else x  # the framework's ops: a pass each
+        if not ops.all_finite(x):
+            return x, False
+        return self.finish_dense(ops, name, x), True
+
+
+@dataclass
+class _DenseRound(DenseRound):
+    key: str  # the bucket whose momentum finish applies
+
+
+class DenseMomentum(Reducer):
+    """``compression="auto"``'s dense fp32 (module docstring): allreduce(sum) of the bucket, then
+    :meth:`AutoMemory.finish_average`."""
+
+    name = "auto-dense"
+
+    def __init__(self, memory: AutoMemory):
+        self.memory = memory
+        # another bucket holds a memory (a sparse method, a flush pending): a NaN/Inf here must be
+        # known even with no momentum, so that the step is skipped in every bucket (set by AutoReducer)
+        self.verdict = True
+
+    def start(self, bucket: Bucket, rnd: RoundInfo, flat: Any, ctx: ReduceContext) -> Pending:
+        ops, comm = ctx.ops, ctx.comm
+        flat = prescaled(flat, ctx)
+        self.memory.snapshot(ops, bucket.name, flat, rnd.step)  # no copy: for a rollback of the momentum
+        name = rnd.wire(bucket)
+        st = _DenseRound(flat, None, ctx.postscale, bucket.name)
+        if comm.size == 1:
+            return Pending(name, st)
+        return Pending(name, st, (comm.allreduce_tensor_async(ops, flat, "sum", name),))
+
+    def finish(self, pending: Pending, ctx: ReduceContext) -> Any:
+        st: _DenseRound = pending.state
+        x = ctx.comm.wait(pending.handles[0]) if pending.handles else st.payload
+        out, pending.finite = self.memory.finish_average(ctx.ops, st.key, x, st.post, self.verdict)
+        return out
+
+    def device_flags(self, bucket: Bucket, rnd: RoundInfo, pending: Pending) -> tuple[Any, ...] | None:
+        return average_flags(pending)
+
+    def settle(self, bucket: Bucket, rnd: RoundInfo, out: Any, ctx: ReduceContext,
+               pending: Pending | None = None, flags: tuple[bool, ...] | None = None) -> bool:
+        return settle_average(self.memory, bucket, rnd, out, ctx, pending, flags)
+
+    def rollback(self, bucket: Bucket, rnd: RoundInfo, ctx: ReduceContext) -> None:
+        self.memory.rollback(ctx.ops, bucket.name, rnd.step)
+
+
+def average_flags(pending: Pending) -> tuple[Any, ...] | None:
+    """The device route's flag of a round finished by :meth:`AutoMemory.finish_average`."""
+    flag = pending.finite
+    return None if flag is None or isinstance(flag, bool) else (flag,)
+
+
+def settle_average(memory: AutoMemory, bucket: Bucket, rnd: RoundInfo, out: Any, ctx: ReduceContext,
+                   pending: Pending | None, flags: tuple[bool, ...] | None) -> bool:
+    """A non-finite reduced bucket (the same on every rank) keeps the momentum as it was
+    (docs/wrapper.md#nonfinite): the finish decided it, or the device flag read with the step's
+    others (``flags``, else read here)."""
+    if pending is None:
+        finite = ctx.ops.all_finite(out)
+    elif flags is not None:
+        finite = bool(flags[0])
+    else:
+        dev = average_flags(pending)
+        finite = bool(ctx.ops.read_flags(list(dev))[0]) if dev is not None else pending.finite is not False
+    if not finite:
+        memory.rollback(ctx.ops, bucket.name, rnd.step)
+    return finite
