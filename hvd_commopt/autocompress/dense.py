@@ -34,7 +34,7 @@ from ..reduce.sparse import prescaled
 from ..select.kernels import device_route
 from ..tensor_ops import TensorOps
 
-__all__ = ["AutoMemory", "DenseMomentum", "average_flags", "settle_average"]
+__all__ = ["AutoMemory", "DenseMomentum", "MomentumAverage", "average_flags", "settle_average"]
 
 
 class AutoMemory(MomentumCorrection):
@@ -85,7 +85,24 @@ class _DenseRound(DenseRound):
     key: str  # the bucket whose momentum finish applies
 
 
-class DenseMomentum(Reducer):
+class MomentumAverage(Reducer):
+    """A sub-reducer of ``compression="auto"`` whose rounds end in :meth:`AutoMemory.finish_average`
+    (dense fp32, the casts): the device flag, the settle and the rollback they share."""
+
+    memory: AutoMemory
+
+    def device_flags(self, bucket: Bucket, rnd: RoundInfo, pending: Pending) -> tuple[Any, ...] | None:
+        return average_flags(pending)
+
+    def settle(self, bucket: Bucket, rnd: RoundInfo, out: Any, ctx: ReduceContext,
+               pending: Pending | None = None, flags: tuple[bool, ...] | None = None) -> bool:
+        return settle_average(self.memory, bucket, rnd, out, ctx, pending, flags)
+
+    def rollback(self, bucket: Bucket, rnd: RoundInfo, ctx: ReduceContext) -> None:
+        self.memory.rollback(ctx.ops, bucket.name, rnd.step)
+
+
+class DenseMomentum(MomentumAverage):
     """``compression="auto"``'s dense fp32 (module docstring): allreduce(sum) of the bucket, then
     :meth:`AutoMemory.finish_average`."""
 
@@ -113,15 +130,6 @@ class DenseMomentum(Reducer):
         out, pending.finite = self.memory.finish_average(ctx.ops, st.key, x, st.post, self.verdict)
         return out
 
-    def device_flags(self, bucket: Bucket, rnd: RoundInfo, pending: Pending) -> tuple[Any, ...] | None:
-        return average_flags(pending)
-
-    def settle(self, bucket: Bucket, rnd: RoundInfo, out: Any, ctx: ReduceContext,
-               pending: Pending | None = None, flags: tuple[bool, ...] | None = None) -> bool:
-        return settle_average(self.memory, bucket, rnd, out, ctx, pending, flags)
-
-    def rollback(self, bucket: Bucket, rnd: RoundInfo, ctx: ReduceContext) -> None:
-        self.memory.rollback(ctx.ops, bucket.name, rnd.step)
 
 
 def average_flags(pending: Pending) -> tuple[Any, ...] | None:

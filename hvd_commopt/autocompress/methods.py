@@ -16,7 +16,7 @@ from ..reduce.gtopk import GTopK
 from ..reduce.oktopk import OkTopK
 from ..reduce.sparse import prescaled
 from ..reduce.sparse_allgather import SparseAllgather
-from .dense import AutoMemory, DenseMomentum, average_flags, settle_average
+from .dense import AutoMemory, DenseMomentum, MomentumAverage
 from .options import Method
 
 __all__ = ["CastWithMemory", "build_method", "MIN_K"]
@@ -30,7 +30,7 @@ class _Cast(DenseRound):
     key: str  # the bucket whose momentum finish applies
 
 
-class CastWithMemory(Reducer):
+class CastWithMemory(MomentumAverage):
     """Dense fp32's round (:class:`~hvd_commopt.autocompress.dense.DenseMomentum`) with the payload
     cast to 16 bits: the bucket cast, allreduced, cast back, then the momentum of momentum correction
     applied to the average (:meth:`AutoMemory.finish_average`). Like DDP's bf16 hook, the cast's
@@ -62,15 +62,6 @@ class CastWithMemory(Reducer):
         out, pending.finite = self.memory.finish_average(ctx.ops, st.key, out, 1.0, self.verdict)
         return out
 
-    def device_flags(self, bucket: Bucket, rnd: RoundInfo, pending: Pending) -> tuple[Any, ...] | None:
-        return average_flags(pending)
-
-    def settle(self, bucket: Bucket, rnd: RoundInfo, out: Any, ctx: ReduceContext,
-               pending: Pending | None = None, flags: tuple[bool, ...] | None = None) -> bool:
-        return settle_average(self.memory, bucket, rnd, out, ctx, pending, flags)
-
-    def rollback(self, bucket: Bucket, rnd: RoundInfo, ctx: ReduceContext) -> None:
-        self.memory.rollback(ctx.ops, bucket.name, rnd.step)
 
 
 def build_method(method: Method, memory: AutoMemory) -> Reducer:
