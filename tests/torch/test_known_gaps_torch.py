@@ -14,13 +14,15 @@ from hvd_commopt.reduce import known_gaps  # noqa: E402
 from hvd_commopt.reduce.known_gaps import MeasuredGapWarning  # noqa: E402
 
 
-def wrap_warnings(momentum, **kw):
+def wrap_warnings(momentum, adamw=False, **kw):
     def body(comm):
         known_gaps._warned.clear()
         m = torch.nn.Linear(4, 2)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-3) if adamw else \
+            torch.optim.SGD(m.parameters(), lr=0.1, momentum=momentum)
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
-            hco.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1, momentum=momentum),
+            hco.DistributedOptimizer(opt,
                                      named_parameters=m.named_parameters(), communicator=comm, **kw)
         known_gaps._warned.clear()
         return [str(x.message) for x in w if issubclass(x.category, MeasuredGapWarning)]
@@ -38,3 +40,10 @@ def test_plain_sgd_and_dense_do_not_warn():
     assert wrap_warnings(0.0, compression=Compression.topk(0.01)) == []
     assert wrap_warnings(0.9) == []
     assert wrap_warnings(0.9, schedule=Schedule.local_sgd(4)) == []
+
+
+def test_local_sgd_under_adamw_warns_and_names_diloco():
+    msgs = wrap_warnings(0.0, adamw=True, schedule=Schedule.local_sgd(50))
+    assert len(msgs) == 1 and msgs[0].startswith("Schedule.local_sgd under an adaptive optimizer")
+    assert "Schedule.diloco(50, outer_lr=1.0, outer_momentum=0.5)" in msgs[0]
+    assert wrap_warnings(0.0, adamw=True, schedule=Schedule.diloco(50)) == []  # not measured short at 2 ranks

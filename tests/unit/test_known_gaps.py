@@ -51,7 +51,7 @@ def test_each_measured_combination_warns_once_with_its_gap_and_alternative(metho
 
 def test_the_table_covers_exactly_the_measured_combinations():
     assert sorted(KNOWN_GAPS) == sorted([(m, f) for m in ("topk", "gtopk", "oktopk", "dgc") for f in ("sgd", ADAPTIVE)]
-                                        + [("cocod", "sgd")])
+                                        + [("cocod", "sgd"), ("local_sgd", ADAPTIVE)])
     for gap in KNOWN_GAPS.values():  # each names its set-up: the seeds and the date measured
         assert "seed" in gap.measured and "2026-11-26" in gap.measured
 
@@ -89,3 +89,11 @@ def test_cocod_is_a_schedule_entry():
         assert warn_known_gap("cocod", None, host, ["w"], "Schedule") is KNOWN_GAPS["cocod", "sgd"]
     assert warn_known_gap("cocod", None, host, ["w"]) is None  # not a compression
     assert warn_known_gap("topk", 0.01, host, ["w"], "Schedule") is None  # not a schedule
+
+
+def test_local_sgd_under_adaptive_is_a_schedule_entry():
+    host = Host(ADAPTIVE, momentum=0.0)
+    with pytest.warns(MeasuredGapWarning, match=r"^Schedule.local_sgd under an adaptive optimizer .* \+5.9 % .*"
+                                                r"Schedule.diloco\(50, outer_lr=1.0, outer_momentum=0.5\)"):
+        assert warn_known_gap("local_sgd", None, host, ["w"], "Schedule") is KNOWN_GAPS["local_sgd", ADAPTIVE]
+    assert warn_known_gap("local_sgd", None, Host("sgd", 0.9), ["w"], "Schedule") is None  # within target under SGD
