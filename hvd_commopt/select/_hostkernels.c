@@ -360,5 +360,12 @@ PyMODINIT_FUNC PyInit__hostkernels(void) {
     __builtin_cpu_init();
     hco_use_avx2 = __builtin_cpu_supports("avx2");
 #endif
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    /* the Python side refuses a build whose functions are not the ones it calls
+       (hvd_commopt/select/host_native.py: KERNELS_VERSION); raise it with every added entry */
+    if (m != NULL && PyModule_AddIntConstant(m, "KERNELS_VERSION", 2) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

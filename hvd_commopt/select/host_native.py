@@ -11,11 +11,24 @@ NumPy kernels in the same process); set it through a fixture or ``monkeypatch.se
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
+
+#: the version of the extension's function table this source calls (``KERNELS_VERSION`` in
+#: _hostkernels.c): an editable install whose extension was built from older sources lacks the
+#: newer kernels, so it is not used (the NumPy kernels stand in) and one warning says to rebuild
+KERNELS_VERSION = 2
 
 try:  # built by setup.py when a C compiler is there (optional: the NumPy kernels stand in)
     from . import _hostkernels as _native  # type: ignore[attr-defined]  # the C extension: no stub
 except ImportError:  # pragma: no cover - an install without the compiled extension
+    _native = None
+if _native is not None and getattr(_native, "KERNELS_VERSION", 0) != KERNELS_VERSION:  # pragma: no cover
+    warnings.warn(f"hvd_commopt's compiled host kernels ({_native.__file__}) were built from other sources "
+                  f"than this checkout's (version {getattr(_native, 'KERNELS_VERSION', 0)}, expected "
+                  f"{KERNELS_VERSION}); the NumPy kernels run instead. Rebuild them: pip install -e . "
+                  f"(or python setup.py build_ext --inplace)", RuntimeWarning, stacklevel=2)
     _native = None
 
 __all__ = ["USE_NATIVE", "native", "native_sweep", "native_for", "parts_for", "native_run", "np_scatter_sum",

@@ -275,3 +275,10 @@ def test_zero_at_writes_positive_zeros_and_the_index_kernels_check_bounds(restor
                  lambda: native.scattered(2, x, -bad)):
         with pytest.raises(IndexError, match="outside"):
             call()
+
+
+def test_the_extension_in_use_is_built_from_these_sources():
+    """An extension built from older sources (an editable install not rebuilt) lacks the newer
+    kernels: it is refused at import with a warning naming the rebuild; this build is in use."""
+    assert native.KERNELS_VERSION == host_native.KERNELS_VERSION
+    assert host_native._native is native
