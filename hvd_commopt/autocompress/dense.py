@@ -90,6 +90,9 @@ class MomentumAverage(Reducer):
     (dense fp32, the casts): the device flag, the settle and the rollback they share."""
 
     memory: AutoMemory
+    # another bucket holds a memory (a sparse method, a flush pending): a NaN/Inf here must be
+    # known even with no momentum, so that the step is skipped in every bucket (set by AutoReducer)
+    verdict: bool = True
 
     def device_flags(self, bucket: Bucket, rnd: RoundInfo, pending: Pending) -> tuple[Any, ...] | None:
         return average_flags(pending)
@@ -110,8 +113,6 @@ class DenseMomentum(MomentumAverage):
 
     def __init__(self, memory: AutoMemory):
         self.memory = memory
-        # another bucket holds a memory (a sparse method, a flush pending): a NaN/Inf here must be
-        # known even with no momentum, so that the step is skipped in every bucket (set by AutoReducer)
         self.verdict = True
 
     def start(self, bucket: Bucket, rnd: RoundInfo, flat: Any, ctx: ReduceContext) -> Pending:

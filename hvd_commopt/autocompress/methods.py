@@ -40,7 +40,7 @@ class CastWithMemory(MomentumAverage):
     def __init__(self, compressor: Compressor, memory: AutoMemory):
         self.compressor, self.memory = compressor, memory
         self.name = f"auto-{compressor.name}"
-        self.verdict = True  # as DenseMomentum's (set by AutoReducer)
+        self.verdict = True
 
     def start(self, bucket: Bucket, rnd: RoundInfo, flat: Any, ctx: ReduceContext) -> Pending:
         ops, comm = ctx.ops, ctx.comm

@@ -35,8 +35,8 @@ from ..reduce.momentum import bind_momentum_memory
 from ..reduce.sparse_allgather import SparseAllgather
 from ..tensor_ops import TensorOps
 from .choose import DENSE
-from .dense import AutoMemory, DenseMomentum
-from .methods import CastWithMemory, build_method
+from .dense import AutoMemory, MomentumAverage
+from .methods import build_method
 from .options import AutoOptions, Method
 from .policy import AutoPolicy
 
@@ -96,7 +96,7 @@ class AutoReducer(Reducer):
         (docs/wrapper.md#nonfinite-step); with every bucket dense, S-SGD's round checks nothing."""
         need = bool(self._flush_next) or any(m.sparse for m in self.assignment.values())
         for r in self._subs.values():
-            if isinstance(r, (DenseMomentum, CastWithMemory)):
+            if isinstance(r, MomentumAverage):
                 r.verdict = need
 
     def method_of(self, bucket_name: str) -> Method:

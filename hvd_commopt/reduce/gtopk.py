@@ -59,7 +59,7 @@ from ..compress.selector import Density
 from ..compress.topk import TopKSelector
 from ..errors import ConfigError
 from ..fusion.pricing import Pricing, sparse_pricing
-from ..memory.base import Memory, MomentumMemory
+from ..memory.base import Memory
 from ..memory.error_feedback import ErrorFeedback
 from ..select.fixed import device_route, member_of_sorted, merge_fixed
 from ..tensor_ops import TensorOps
@@ -292,11 +292,7 @@ class GTopK(SparseReducer):
         st, ops = pending.state, ctx.ops
         I, V, alive = ctx.comm.wait(pending.handles[0])
         if ops.dtype_name(alive) == "bool":  # the device route's mask: restore all k, +0.0 where alive
-            # (the memory zeroed them: +0 + +0 is +0, and 0 + v the dropped value, as the host route)
-            kept = ops.where(alive, ops.zeros(ops.numel(st.vals), ops.dtype_name(st.vals), like=st.vals), st.vals)
-            self.memory.restore(ops, st.key, st.idx, kept)
-            if isinstance(self.memory, MomentumMemory):  # their momentum too (docs/gtopk.md#masking-delivered)
-                self.memory.restore_momentum(ops, st.key, st.step, ops.compare(ops.cast(alive, "uint8"), "lt", 1))
+            self.restore_not_alive(ops, st, alive)
             return I, V
         # the positions not alive, ascending: a k-entry mask (O(k)), not a sort-based isin
         kept = ops.index_fill(ops.zeros(ops.numel(st.idx), "uint8", like=st.idx), alive, 1)

@@ -40,7 +40,7 @@ from ..compress.topk import TopKSelector
 from ..errors import ConfigError
 from ..fusion.pricing import Pricing, sparse_pricing
 from ..fusion.sparse_scaling import hist_bins
-from ..memory.base import Memory, MomentumMemory
+from ..memory.base import Memory
 from ..memory.error_feedback import ErrorFeedback
 from ..select.fixed import device_route, member_of_sorted
 from ..tensor_ops import TensorOps
@@ -256,11 +256,7 @@ class OkTopK(SparseReducer):
         if self.last_info[st.key].get("device"):
             # the device route: restore all k, +0.0 where the entry made the global top-k (the
             # memory zeroed it: +0 + +0 = +0), as gTop-k does (docs/gtopk.md#merge-fixed)
-            alive = member_of_sorted(ops, st.idx, gi)
-            self.memory.restore(ops, st.key, st.idx,
-                                ops.where(alive, ops.zeros(ops.numel(st.vals), ops.dtype_name(st.vals), like=st.vals), st.vals))
-            if isinstance(self.memory, MomentumMemory):  # their momentum too (docs/gtopk.md#masking-delivered)
-                self.memory.restore_momentum(ops, st.key, st.step, ops.compare(ops.cast(alive, "uint8"), "lt", 1))
+            self.restore_not_alive(ops, st, member_of_sorted(ops, st.idx, gi))
             return gi, gv
         li = np.asarray(ops.to_numpy(st.idx), dtype=np.int64)
         dropped = np.flatnonzero(~np.isin(li, gi, assume_unique=True))

@@ -303,6 +303,16 @@ class SparseReducer(Reducer):
         if isinstance(self.memory, MomentumMemory):  # and their momentum (docs/gtopk.md#masking-delivered)
             self.memory.restore_momentum(ops, st.key, st.step, dropped)
 
+    def restore_not_alive(self, ops: Any, st: PendingSelection, alive: Any) -> None:
+        """:meth:`restore_dropped` on the device route, where the exchange hands back a bool mask
+        ``alive`` over this rank's k entries: all k are restored, +0.0 where the entry was delivered
+        (the memory zeroed it: +0 + +0 is +0, and 0 + v the dropped value, as the host route;
+        docs/gtopk.md#merge-fixed), and the momentum of the rest (docs/gtopk.md#masking-delivered)."""
+        kept = ops.where(alive, ops.zeros(ops.numel(st.vals), ops.dtype_name(st.vals), like=st.vals), st.vals)
+        self.memory.restore(ops, st.key, st.idx, kept)
+        if isinstance(self.memory, MomentumMemory):
+            self.memory.restore_momentum(ops, st.key, st.step, ops.compare(ops.cast(alive, "uint8"), "lt", 1))
+
     def config(self) -> dict:
         return {"reducer": self.name, "compressor": self.compressor.config(), "memory": self.memory.config(),
                 "index_dtype": self.index_dtype, "dense_when_full": self.dense_when_full}
