@@ -45,7 +45,10 @@ class DensityWarmup:
                               f"e.g. DensityWarmup(100); for none, set the selector's warmup to None")
         if not isinstance(exponential, bool):
             raise ConfigError(f"exponential must be True (DGC's decay) or False (dense), got {exponential!r}")
-        self.steps = int(steps)
+        self._set(int(steps), exponential)
+
+    def _set(self, steps: int, exponential: bool) -> None:
+        self.steps = steps
         self.exponential = exponential
 
     @classmethod
@@ -53,8 +56,8 @@ class DensityWarmup:
         """No warm-up, chosen explicitly (``warmup_steps=0`` on the factories): the density from
         step 0 also under an adaptive optimizer, whose default warm-up it replaces
         (docs/adaptive-optimizers.md#warmup)."""
-        w = cls(1)
-        w.steps = 0
+        w = cls.__new__(cls)  # steps 0 is not a warm-up a user builds, so not the constructor's
+        w._set(0, False)
         return w
 
     @classmethod
