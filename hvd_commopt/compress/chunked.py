@@ -15,9 +15,14 @@ Choices:
   small values is not starved by one of large values, as a whole-bucket top-k starves it.
 * Inside a chunk the selection is :meth:`TensorOps.topk_abs` (ties to the lower index), and the
   positions come out ascending over the bucket.
-* Wire form: a position is sent as its offset inside its chunk, an int16 (``chunk`` is at most
-  32 768): half of an int32 index (SparseLoCo sends 12 bits for 4 096). The receiver adds each
-  chunk's start, which every rank knows from the bucket's layout (:func:`chunk_plan`).
+* Wire form: a position is sent as its offset inside its chunk in ``b`` bits, ``b`` the bit
+  length of the longest chunk's last offset (:func:`offset_bits`: 12 for 4 096, 0 for chunks of
+  one element), packed end to end: ``ceil(k*b/8)`` bytes for k offsets, 1.5 bytes each at 4 096
+  where an int32 index takes 4 (:func:`pack_offsets`; docs/quantize.md#offsets). SparseLoCo's code
+  (templar's ``pack_12bit_indices``) packs the same 12 bits two to three bytes; its newer codec
+  Rice-codes the sorted offsets, variable-length, about 8 bits each at 1 % (not built: the
+  message size would depend on the values). The receiver adds each chunk's start, which every
+  rank knows from the bucket's layout (:func:`chunk_plan`).
 * A pure function of the layout and the density; no state, no communication.
 """
 from __future__ import annotations
@@ -31,10 +36,11 @@ from ..buckets import Bucket
 from ..errors import ConfigError
 from ..tensor_ops import TensorOps
 
-__all__ = ["MAX_CHUNK", "check_chunk", "member_sizes", "chunk_plan", "chunk_starts", "chunked_topk"]
+__all__ = ["MAX_CHUNK", "check_chunk", "member_sizes", "chunk_plan", "chunk_starts", "chunked_topk",
+           "offset_bits", "offset_bytes", "pack_offsets", "unpack_offsets"]
 
 Tensor = Any
-MAX_CHUNK = 1 << 15  # an offset inside a chunk fits an int16
+MAX_CHUNK = 1 << 15  # an offset inside a chunk takes at most 15 bits
 
 
 def check_chunk(chunk: object) -> int | None:
@@ -43,8 +49,8 @@ def check_chunk(chunk: object) -> int | None:
         return None
     if isinstance(chunk, bool) or not isinstance(chunk, int) or not 1 <= chunk <= MAX_CHUNK:
         raise ConfigError(f"chunk must be None (top-k of the whole bucket) or the elements per chunk, an integer "
-                          f"from 1 to {MAX_CHUNK} (an offset inside a chunk travels as an int16; SparseLoCo uses "
-                          f"4096), got {chunk!r}")
+                          f"from 1 to {MAX_CHUNK} (an offset inside a chunk travels in at most 15 bits; SparseLoCo "
+                          f"uses 4096), got {chunk!r}")
     return chunk
 
 
@@ -70,7 +76,7 @@ def chunk_plan(sizes: Sequence[int], chunk: int, density: float) -> list[tuple[i
 
 def chunk_starts(plan: Sequence[tuple[int, int, int]]) -> np.ndarray:
     """The start of the chunk of every selected entry, in the order :func:`chunked_topk` lists
-    them (int64, host): what a receiver adds to the int16 offsets."""
+    them (int64, host): what a receiver adds to the offsets."""
     return np.repeat(np.array([s for s, _, _ in plan], dtype=np.int64), [k for _, _, k in plan])
 
 
@@ -83,3 +89,43 @@ def chunked_topk(ops: TensorOps, x: Tensor, plan: Sequence[tuple[int, int, int]]
         offs.append(ops.topk_abs(part, k)[1] if k < e - s else ops.arange(e - s, like=x))
     local = offs[0] if len(offs) == 1 else ops.cat(offs)
     return ops.add(ops.from_numpy(chunk_starts(plan), like=local), local), local
+
+
+def offset_bits(plan: Sequence[tuple[int, int, int]]) -> int:
+    """Bits per offset on the wire for the chunks of ``plan``: the bit length of the longest
+    chunk's last offset (12 for chunks of 4 096, 0 when every chunk holds one element: its offset
+    is always 0). Every rank computes it from the layout, so nothing about it travels."""
+    return (max((e - s for s, e, _ in plan), default=1) - 1).bit_length()
+
+
+def offset_bytes(k: int, bits: int) -> int:
+    """Bytes of :func:`pack_offsets` for k offsets of ``bits`` bits: ``ceil(k*bits/8)``."""
+    return (k * bits + 7) // 8
+
+
+def pack_offsets(ops: TensorOps, offs: Tensor, bits: int) -> Tensor:
+    """k int64 offsets (each below ``2**bits``, bits <= 16) as :func:`offset_bytes` uint8 bytes
+    (docs/quantize.md#offsets): up to 8 bits one stream of ``bits`` bits each (:meth:`TensorOps.pack_bits`,
+    least significant bit first); above 8 the k low bytes, then the high ``bits - 8`` bits of each
+    as one such stream. ``k + ceil(k*(bits-8)/8) = ceil(k*bits/8)``: no bit is wasted but the last
+    byte's. Only ``trunc_divide``, ``scale``, ``sub``, ``cast`` and the bit packing, so every
+    adapter sends the same bytes from any device. ``offs`` is left intact."""
+    if bits == 0:
+        return ops.zeros(0, "uint8", like=offs)
+    if bits <= 8:
+        return ops.pack_bits(ops.cast(offs, "uint8"), bits)
+    hi = ops.trunc_divide(ops.clone(offs), 256)
+    lo = ops.sub(ops.clone(offs), ops.scale(ops.clone(hi), 256))
+    return ops.cat([ops.cast(lo, "uint8"), ops.pack_bits(ops.cast(hi, "uint8"), bits - 8)])
+
+
+def unpack_offsets(ops: TensorOps, buf: Tensor, k: int, bits: int, like: Tensor) -> Tensor:
+    """The k int64 offsets of a :func:`pack_offsets` payload (``like``: where zeros are placed
+    when ``bits`` is 0)."""
+    if bits == 0:
+        return ops.zeros(k, "int64", like=like)
+    if bits <= 8:
+        return ops.cast(ops.unpack_bits(buf, k, bits), "int64")
+    lo = ops.cast(ops.slice(buf, 0, k), "int64")
+    hi = ops.cast(ops.unpack_bits(ops.slice(buf, k, ops.numel(buf)), k, bits - 8), "int64")
+    return ops.add(ops.scale(hi, 256), lo)

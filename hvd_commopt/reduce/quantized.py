@@ -33,7 +33,8 @@ import math
 
 from ..buckets import Bucket
 from ..compress import nonfinite
-from ..compress.chunked import check_chunk, chunk_plan, chunk_starts, chunked_topk, member_sizes
+from ..compress.chunked import (check_chunk, chunk_plan, chunk_starts, chunked_topk, member_sizes, offset_bits,
+                                offset_bytes, pack_offsets, unpack_offsets)
 from ..compress.quantize import check_bits, decode, encode, encoded_bytes
 from ..compress.selector import check_density
 from ..errors import ConfigError
@@ -118,9 +119,7 @@ class QuantizedAllreduce(Reducer):
             idx, local = chunked_topk(ops, x, st.plan)
             payload, dec = encode(ops, ops.gather(x, idx), self.bits, self.block)
             sent = ops.index_copy(ops.zeros(n, "float32", like=x), idx, dec)
-            offs = ops.as_bytes(ops.cast(local, "int16"))
-            pad = [ops.zeros(_pad16(ops.numel(local)), "uint8", like=offs)] if ops.numel(local) % 2 else []
-            msg = ops.cat([offs, *pad, payload])  # offsets padded to 4 bytes: the scales stay aligned
+            msg = ops.cat([pack_offsets(ops, local, offset_bits(st.plan)), payload])
         elif self.rho is not None:
             k = self._k(n)
             idx = ops.topk_abs(x, k)[1] if k < n else ops.arange(n, like=x)  # ascending, ties to the lower index
@@ -166,7 +165,8 @@ class QuantizedAllreduce(Reducer):
     def _sum_sparse(self, ops: TensorOps, buf: Any, st: _Quant, size: int) -> Any:
         n = st.n
         k = self._k(n) if st.plan is None else sum(c for _, _, c in st.plan)
-        ib = 4 * k if st.plan is None else 2 * k + _pad16(k)  # index bytes per rank
+        bits = 0 if st.plan is None else offset_bits(st.plan)
+        ib = 4 * k if st.plan is None else offset_bytes(k, bits)  # index bytes per rank
         per = ib + encoded_bytes(k, self.bits, self.block)
         out = ops.zeros(n, "float32", like=st.like)
         starts = None if st.plan is None else ops.from_numpy(chunk_starts(st.plan), like=st.like)
@@ -174,8 +174,7 @@ class QuantizedAllreduce(Reducer):
             if starts is None:
                 idx = ops.cast(ops.from_bytes(ops.slice(buf, r * per, r * per + 4 * k), "int32"), "int64")
             else:
-                idx = ops.add(ops.cast(ops.from_bytes(ops.slice(buf, r * per, r * per + 2 * k), "int16"), "int64"),
-                              starts)
+                idx = ops.add(unpack_offsets(ops, ops.slice(buf, r * per, r * per + ib), k, bits, starts), starts)
             vals = decode(ops, ops.slice(buf, r * per + ib, (r + 1) * per), k, self.bits, self.block)
             out = ops.scatter_add(out, idx, vals)
         return out
@@ -217,7 +216,8 @@ class QuantizedAllreduce(Reducer):
     def price(self, cost: Any, select_s: float | None = None, select_c0: float = 0.0) -> Pricing:
         ratio = (self.bits / 8 + 4 / self.block) / 4
         if self.rho is not None:  # indices and codes of k entries from every rank (an allgather)
-            ratio = self.rho * ((4 if self.chunk is None else 2) + self.bits / 8 + 4 / self.block) / 4
+            index = 4 if self.chunk is None else (self.chunk - 1).bit_length() / 8
+            ratio = self.rho * (index + self.bits / 8 + 4 / self.block) / 4
         return dense_pricing(cost, ratio, f"quantised {self.bits}-bit exchange ({ratio:.3g} of the bytes)")
 
     def state_dict(self) -> dict:
@@ -230,8 +230,3 @@ class QuantizedAllreduce(Reducer):
         extra = ("" if self.chunk is None else f", chunk={self.chunk}") + \
             ("" if self.memory.decay == 1.0 else f", ef_decay={self.memory.decay}")
         return f"QuantizedAllreduce(bits={self.bits}, density={self.rho}, block={self.block}{extra})"
-
-
-def _pad16(k: int) -> int:
-    """Bytes after k int16 offsets that bring them to a multiple of 4."""
-    return 2 * (k % 2)

@@ -9,6 +9,7 @@ torch = pytest.importorskip("torch")
 import torch_plugin as hco  # noqa: E402,F401  (registers the adapter)
 from hvd_commopt import Compression, run_ranks  # noqa: E402
 from hvd_commopt.buckets import Bucket  # noqa: E402
+from hvd_commopt.compress.chunked import offset_bytes, pack_offsets, unpack_offsets  # noqa: E402
 from hvd_commopt.compress.quantize import decode, encode  # noqa: E402
 from hvd_commopt.numpy_ops import NumpyOps  # noqa: E402
 from hvd_commopt.reduce import ReduceContext, RoundInfo  # noqa: E402
@@ -33,11 +34,24 @@ def test_torch_kernels_give_the_reference_bytes_and_values(bits, n, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("density", [None, 0.05])
+@pytest.mark.parametrize("bits", [0, 1, 5, 8, 9, 12, 15, 16])
+@pytest.mark.parametrize("k", [0, 1, 3, 41, 1001])
+def test_torch_offset_packing_gives_the_numpy_bytes(k, bits, device):
+    offs = np.random.RandomState(k + bits).randint(0, 1 << bits, size=k).astype(np.int64)
+    ref = pack_offsets(NOPS, offs, bits)
+    t = torch.from_numpy(offs).to(device)
+    buf = pack_offsets(TOPS, t, bits)
+    assert buf.device.type == device and buf.dtype == torch.uint8 and buf.numel() == offset_bytes(k, bits)
+    np.testing.assert_array_equal(buf.cpu().numpy(), ref)
+    np.testing.assert_array_equal(unpack_offsets(TOPS, buf, k, bits, like=t).cpu().numpy(), offs)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("density, chunk", [(None, None), (0.05, None), (0.05, 256)])
 @pytest.mark.parametrize("P", [1, 2, 3])
-def test_the_exchange_equals_the_numpy_route_bit_for_bit(P, density, device):
+def test_the_exchange_equals_the_numpy_route_bit_for_bit(P, density, chunk, device):
     def body(comm, ops, wrap):
-        red = Compression.quantize(4, density=density, block=32)
+        red = Compression.quantize(4, density=density, block=32, chunk=chunk)
         ctx = ReduceContext(comm, ops)
         outs, res = [], []
         for t in range(3):  # error feedback carried across rounds

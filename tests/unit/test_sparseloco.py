@@ -1,11 +1,13 @@
 """SparseLoCo's settings of the quantiser (docs/quantize.md#chunked, docs/quantize.md#ef-decay):
-chunk-wise top-k, int16 offsets on the wire, and error feedback with decay; exact values."""
+chunk-wise top-k, offsets packed in as few bits as the chunk needs (docs/quantize.md#offsets), and
+error feedback with decay; exact values."""
 import numpy as np
 import pytest
 
 from hvd_commopt import Compression, run_ranks
 from hvd_commopt.buckets import Bucket, TensorSpec
-from hvd_commopt.compress.chunked import chunk_plan, chunk_starts, chunked_topk
+from hvd_commopt.compress.chunked import (chunk_plan, chunk_starts, chunked_topk, offset_bits, offset_bytes,
+                                         pack_offsets, unpack_offsets)
 from hvd_commopt.compress.quantize import encoded_bytes
 from hvd_commopt.errors import ConfigError
 from hvd_commopt.memory.error_feedback import ErrorFeedback
@@ -78,9 +80,55 @@ def test_chunked_reducer_sums_each_ranks_quantised_chunk_topk_exactly(P):
         np.testing.assert_array_equal(out, want)
 
 
-def test_chunked_wire_bytes_are_int16_offsets_then_the_codes():
-    """Per rank and round: 2 bytes per offset (padded to 4), then the scales and the codes;
-    without chunks 4 bytes per index."""
+def reference_pack(offs, bits):
+    """The packing's specification in plain Python: ``bits`` <= 8 one little-endian bit stream
+    (offset i at bit i*bits); above 8 the low bytes, then the high ``bits - 8`` bits as such a stream."""
+    def stream(vals, b):
+        acc = 0
+        for i, v in enumerate(vals):
+            acc |= int(v) << (i * b)
+        return acc.to_bytes((len(vals) * b + 7) // 8, "little")
+    if bits <= 8:
+        return stream(offs, bits)
+    return bytes(int(v) & 255 for v in offs) + stream([int(v) >> 8 for v in offs], bits - 8)
+
+
+@pytest.mark.parametrize("bits", range(0, 17))
+@pytest.mark.parametrize("k", [0, 1, 2, 3, 4, 5, 7, 8, 9, 41, 1000, 1001])
+def test_pack_offsets_round_trips_every_width_and_count_in_exactly_ceil_k_bits_bytes(bits, k):
+    rng = np.random.RandomState(bits * 1000 + k)
+    offs = rng.randint(0, 1 << bits, size=k).astype(np.int64)
+    if k >= 2:  # both edges of the range
+        offs[0], offs[-1] = 0, (1 << bits) - 1
+    keep = offs.copy()
+    buf = pack_offsets(OPS, offs, bits)
+    np.testing.assert_array_equal(offs, keep)  # the input is left intact
+    assert buf.dtype == np.uint8 and buf.size == offset_bytes(k, bits) == -(-k * bits // 8)
+    assert buf.tobytes() == reference_pack(offs, bits)
+    back = unpack_offsets(OPS, buf, k, bits, like=offs)
+    assert back.dtype == np.int64
+    np.testing.assert_array_equal(back, offs)
+
+
+def test_offset_bits_is_the_bit_length_of_the_longest_chunks_last_offset():
+    assert offset_bits(chunk_plan([10_000], 4096, 0.01)) == 12
+    assert offset_bits(chunk_plan([4096], 4096, 0.01)) == 12
+    assert offset_bits(chunk_plan([4097], 4096, 0.01)) == 12
+    assert offset_bits(chunk_plan([3000, 1500, 7], 1024, 0.01)) == 10
+    assert offset_bits(chunk_plan([64, 30], 4096, 0.01)) == 6  # tensors shorter than a chunk
+    assert offset_bits(chunk_plan([65], 4096, 0.01)) == 7
+    assert offset_bits(chunk_plan([256, 3], 4096, 0.5)) == 8
+    assert offset_bits(chunk_plan([257], 4096, 0.5)) == 9
+    assert offset_bits(chunk_plan([5, 3], 1, 1.0)) == 0  # chunks of one element: the offset is always 0
+    assert offset_bits(chunk_plan([2], 1, 1.0)) == 0
+    assert offset_bits(chunk_plan([2], 2, 1.0)) == 1
+    assert offset_bits(chunk_plan([1 << 15], 1 << 15, 0.01)) == 15
+    assert offset_bits([]) == 0
+
+
+def test_chunked_wire_bytes_are_packed_offsets_then_the_codes():
+    """Per rank and round: ceil(k*b/8) bytes of offsets (b = 10 bits for chunks of 1024), then the
+    scales and the codes, nothing else; without chunks 4 bytes per index."""
     rho = 0.01
 
     def body(comm, chunk):
@@ -89,13 +137,55 @@ def test_chunked_wire_bytes_are_int16_offsets_then_the_codes():
         before = comm.traffic.bytes_sent
         red.reduce(BUCKET, RoundInfo(0), vec(comm.rank), ctx)
         return comm.traffic.bytes_sent - before
-    k = sum(c for _, _, c in chunk_plan([3000, 1500, 7], 1024, rho))  # 49: odd, so 2 bytes of padding
+    k = sum(c for _, _, c in chunk_plan([3000, 1500, 7], 1024, rho))
     assert k == 49
-    chunked = run_ranks(2, body, 1024)[0]
+    chunked_bytes = run_ranks(2, body, 1024)[0]
     whole = run_ranks(2, body, None)[0]
     kw = int(np.ceil(rho * N))
-    assert chunked == 2 * k + 2 + encoded_bytes(k, 2, 16)
+    assert chunked_bytes == 62 + encoded_bytes(k, 2, 16) == (49 * 10 + 7) // 8 + encoded_bytes(k, 2, 16)
     assert whole == 4 * kw + encoded_bytes(kw, 2, 16)
+
+
+@pytest.mark.parametrize("P", [1, 2, 3])
+def test_sparseloco_wire_at_chunk_4096_is_12_bits_per_offset(P):
+    """SparseLoCo's setting: 1.5 bytes per offset, 2-bit codes, a scale per 256; the bytes a rank
+    sends per round, exactly: its message to each of the P - 1 others (the allgather)."""
+    bucket = Bucket.of(0, [TensorSpec("w", (5000,), "float32"), TensorSpec("b", (300,), "float32")], name="g")
+    plan = chunk_plan([5000, 300], 4096, 0.01)
+    k = sum(c for _, _, c in plan)
+    assert (k, offset_bits(plan)) == (41 + 10 + 3, 12)
+
+    def body(comm):
+        red = Compression.quantize(2, density=0.01, chunk=4096, ef_decay=0.95)
+        before = comm.traffic.bytes_sent
+        red.reduce(bucket, RoundInfo(0), vec(comm.rank, bucket.numel), ReduceContext(comm, OPS))
+        return comm.traffic.bytes_sent - before
+    per_rank = 81 + encoded_bytes(k, 2, 256)
+    assert per_rank == 81 + 4 + 14
+    for sent in run_ranks(P, body):
+        assert sent == (P - 1) * per_rank
+
+
+@pytest.mark.parametrize("P", [1, 2, 3])
+@pytest.mark.parametrize("chunk, rho", [(1024, 0.01), (4096, 0.03), (1, 1.0), (2, 0.5), (300, 1.0)])
+def test_packed_offsets_give_the_int16_wires_results_bit_for_bit(P, chunk, rho, monkeypatch):
+    """The packing is lossless: over several rounds (error feedback carried) the results and the
+    residuals equal those of 16-bit offsets (the int16 wire's width) bit for bit, at every width."""
+    def body(comm):
+        red = QuantizedAllreduce(2, density=rho, chunk=chunk, block=16, ef_decay=0.95)
+        ctx = ReduceContext(comm, OPS, postscale=1.0 / comm.size)
+        outs = []
+        for t in range(3):
+            x = vec(comm.rank, seed=t)
+            outs.append(red.reduce(BUCKET, RoundInfo(t), x.copy(), ctx).copy())
+            outs.append(red.memory.residual(OPS, "g", x).copy())
+        return outs
+    packed = run_ranks(P, body)
+    monkeypatch.setattr("hvd_commopt.reduce.quantized.offset_bits", lambda plan: 16)
+    wide = run_ranks(P, body)
+    for a, b in zip(packed, wide):
+        for x, y in zip(a, b):
+            np.testing.assert_array_equal(x, y)
 
 
 def test_error_feedback_decay_scales_the_residual_exactly():
@@ -152,7 +242,7 @@ def test_fused_compensate_select_decays_like_compensate():
 
 @pytest.mark.parametrize("make, match", [
     (lambda: Compression.quantize(2, density=0.01, chunk=0), "chunk must be"),
-    (lambda: Compression.quantize(2, density=0.01, chunk=40000), "int16"),
+    (lambda: Compression.quantize(2, density=0.01, chunk=40000), "15 bits"),
     (lambda: Compression.quantize(2, density=0.01, chunk=True), "chunk must be"),
     (lambda: Compression.quantize(2, chunk=4096), "needs a density"),
     (lambda: Compression.quantize(2, density=0.01, ef_decay=0), r"\(0, 1\]"),
