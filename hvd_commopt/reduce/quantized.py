@@ -22,7 +22,10 @@ selected, quantised, packed, decoded and summed on its device (docs/quantize.md#
 SparseLoCo's own settings are options: ``chunk=C`` picks the top-k per chunk of C elements of
 each tensor (:mod:`hvd_commopt.compress.chunked`; positions travel as int16 offsets inside their
 chunk, docs/quantize.md#chunked) and ``ef_decay=beta`` scales the residual by beta before it is
-added (``e = beta e + Delta``, docs/quantize.md#ef-decay).
+added (``e = beta e + Delta``, docs/quantize.md#ef-decay). ``mean_over="senders"`` averages each
+coordinate over the ranks whose selection holds it, not over all P, the rule of SparseLoCo's code
+(DeMo's and templar's ``scatter_reduce(..., "mean", include_self=False)``;
+docs/quantize.md#mean-over-senders).
 """
 from __future__ import annotations
 
@@ -30,6 +33,8 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import math
+
+import numpy as np
 
 from ..buckets import Bucket
 from ..compress import nonfinite
@@ -43,7 +48,9 @@ from ..memory.error_feedback import ErrorFeedback
 from ..tensor_ops import TensorOps
 from .base import Pending, ReduceContext, Reducer, RoundInfo
 
-__all__ = ["QuantizedAllreduce", "split_counts"]
+__all__ = ["QuantizedAllreduce", "split_counts", "MEAN_OVER"]
+
+MEAN_OVER = ("ranks", "senders")
 
 
 def split_counts(n: int, parts: int) -> list[int]:
@@ -73,13 +80,18 @@ class QuantizedAllreduce(Reducer):
         chunk: with ``density``, the top-k of every chunk of this many elements of each tensor
             (SparseLoCo: 4096) instead of the whole bucket's; None (default) the whole bucket's.
         ef_decay: the error feedback's decay beta in (0, 1] (SparseLoCo: 0.95); 1 (default) none.
+        mean_over: with ``density``, "ranks" (default) scales the sum of the P contributions by
+            the context's postscale (1/P for an average); "senders" scales each coordinate by
+            ``postscale * P / c`` instead, c the number of ranks that sent it (for an average: the
+            mean over the senders, SparseLoCo's rule).
     """
 
     name = "quantize"
     holds_rank_state = True
 
     def __init__(self, bits: int, density: float | None = None, block: int = 256, error_feedback: bool = True,
-                 nonfinite: str = "skip", chunk: int | None = None, ef_decay: float = 1.0):
+                 nonfinite: str = "skip", chunk: int | None = None, ef_decay: float = 1.0,
+                 mean_over: str = "ranks"):
         self.bits, self.block = check_bits(bits, block)
         self.rho = None if density is None else float(check_density(density))
         self.chunk = check_chunk(chunk)
@@ -87,6 +99,14 @@ class QuantizedAllreduce(Reducer):
             raise ConfigError(f"chunk={chunk} chooses the top-k per chunk, so it needs a density: pass e.g. "
                               f"Compression.quantize({bits}, density=0.01, chunk={chunk}), or drop chunk for the "
                               f"dense quantised exchange")
+        if mean_over not in MEAN_OVER:
+            raise ConfigError(f"mean_over must be 'ranks' (the sum over all P ranks, scaled as the op asks) or "
+                              f"'senders' (each coordinate averaged over the ranks that sent it), got {mean_over!r}")
+        if mean_over == "senders" and self.rho is None:
+            raise ConfigError(f"mean_over='senders' averages a sparse exchange over the ranks that sent each value, "
+                              f"so it needs a density: pass e.g. Compression.quantize({bits}, density=0.01, "
+                              f"mean_over='senders'); the dense exchange has every rank send every value")
+        self.mean_over = mean_over
         self.memory = ErrorFeedback(error_feedback, nonfinite, decay=ef_decay)
 
     @property
@@ -155,20 +175,26 @@ class QuantizedAllreduce(Reducer):
             out = st.local
         elif self.rho is not None:
             buf, _ = comm.wait(pending.handles[0])
-            out = self._sum_sparse(ops, buf, st, comm.size)
+            out, counts = self._sum_sparse(ops, buf, st, comm.size)
+            if counts is not None:  # each coordinate times post * P / (ranks that sent it), one rounding
+                return ops.mul(out, ops.gather(ops.from_numpy(_senders_scale(st.post, comm.size), like=out), counts))
         else:
             out = self._reduce_scatter_allgather(pending, ctx, st)
         if st.post != 1.0:
             out = ops.scale(out, st.post)
         return out
 
-    def _sum_sparse(self, ops: TensorOps, buf: Any, st: _Quant, size: int) -> Any:
+    def _sum_sparse(self, ops: TensorOps, buf: Any, st: _Quant, size: int) -> tuple[Any, Any]:
+        """The sum of the P decoded contributions in rank order, and (``mean_over="senders"``) how
+        many ranks sent each coordinate (int64), else None."""
         n = st.n
         k = self._k(n) if st.plan is None else sum(c for _, _, c in st.plan)
         bits = 0 if st.plan is None else offset_bits(st.plan)
         ib = 4 * k if st.plan is None else offset_bytes(k, bits)  # index bytes per rank
         per = ib + encoded_bytes(k, self.bits, self.block)
         out = ops.zeros(n, "float32", like=st.like)
+        counts = None if self.mean_over == "ranks" else ops.zeros(n, "int64", like=st.like)
+        ones = None if counts is None else ops.shift(ops.zeros(k, "int64", like=st.like), 1)
         starts = None if st.plan is None else ops.from_numpy(chunk_starts(st.plan), like=st.like)
         for r in range(size):  # rank order: the same sum everywhere
             if starts is None:
@@ -177,7 +203,9 @@ class QuantizedAllreduce(Reducer):
                 idx = ops.add(unpack_offsets(ops, ops.slice(buf, r * per, r * per + ib), k, bits, starts), starts)
             vals = decode(ops, ops.slice(buf, r * per + ib, (r + 1) * per), k, self.bits, self.block)
             out = ops.scatter_add(out, idx, vals)
-        return out
+            if counts is not None:
+                counts = ops.scatter_add(counts, idx, ones)
+        return out, counts
 
     def _reduce_scatter_allgather(self, pending: Pending, ctx: ReduceContext, st: _Quant) -> Any:
         ops, comm = ctx.ops, ctx.comm
@@ -211,7 +239,7 @@ class QuantizedAllreduce(Reducer):
 
     def config(self) -> dict:
         return {"reducer": self.name, "bits": self.bits, "block": self.block, "density": self.rho,
-                "chunk": self.chunk, "memory": self.memory.config()}
+                "chunk": self.chunk, "mean_over": self.mean_over, "memory": self.memory.config()}
 
     def price(self, cost: Any, select_s: float | None = None, select_c0: float = 0.0) -> Pricing:
         ratio = (self.bits / 8 + 4 / self.block) / 4
@@ -228,5 +256,12 @@ class QuantizedAllreduce(Reducer):
 
     def __repr__(self) -> str:
         extra = ("" if self.chunk is None else f", chunk={self.chunk}") + \
-            ("" if self.memory.decay == 1.0 else f", ef_decay={self.memory.decay}")
+            ("" if self.memory.decay == 1.0 else f", ef_decay={self.memory.decay}") + \
+            ("" if self.mean_over == "ranks" else f", mean_over={self.mean_over!r}")
         return f"QuantizedAllreduce(bits={self.bits}, density={self.rho}, block={self.block}{extra})"
+
+
+def _senders_scale(post: float, size: int) -> np.ndarray:
+    """float32 ``post * size / c`` for c = 0..size senders (0 where none sent): the factor of the
+    senders' mean, rounded once (for an average, post = 1/size: ``1/c``)."""
+    return np.array([0.0] + [post * size / c for c in range(1, size + 1)], dtype=np.float64).astype(np.float32)

@@ -47,12 +47,13 @@ def test_torch_offset_packing_gives_the_numpy_bytes(k, bits, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("density, chunk", [(None, None), (0.05, None), (0.05, 256)])
+@pytest.mark.parametrize("density, chunk, mean_over", [(None, None, "ranks"), (0.05, None, "ranks"),
+                                                       (0.05, 256, "ranks"), (0.05, 256, "senders")])
 @pytest.mark.parametrize("P", [1, 2, 3])
-def test_the_exchange_equals_the_numpy_route_bit_for_bit(P, density, chunk, device):
+def test_the_exchange_equals_the_numpy_route_bit_for_bit(P, density, chunk, mean_over, device):
     def body(comm, ops, wrap):
-        red = Compression.quantize(4, density=density, block=32, chunk=chunk)
-        ctx = ReduceContext(comm, ops)
+        red = Compression.quantize(4, density=density, block=32, chunk=chunk, mean_over=mean_over)
+        ctx = ReduceContext(comm, ops, postscale=1.0 / comm.size)
         outs, res = [], []
         for t in range(3):  # error feedback carried across rounds
             x = vec(comm.rank, 1000, seed=t)

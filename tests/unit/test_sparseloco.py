@@ -188,6 +188,56 @@ def test_packed_offsets_give_the_int16_wires_results_bit_for_bit(P, chunk, rho, 
             np.testing.assert_array_equal(x, y)
 
 
+@pytest.mark.parametrize("P", [1, 2, 3, 4])
+@pytest.mark.parametrize("chunk", [None, 1024])
+@pytest.mark.parametrize("post", ["average", 1.0])
+def test_mean_over_senders_divides_each_coordinate_by_the_ranks_that_sent_it(P, chunk, post):
+    """SparseLoCo's rule: the sum of the decoded contributions at a coordinate, times
+    float32(postscale * P / c), c the number of ranks that selected it (0 where none did); for an
+    average (postscale 1/P) the mean over the senders. The residuals are the sender's own: the
+    rule changes what is received, not what is sent."""
+    rho = 0.05
+    scale = 1.0 / P if post == "average" else post
+
+    def body(comm, rule):
+        red = QuantizedAllreduce(2, density=rho, chunk=chunk, block=16, mean_over=rule)
+        ctx = ReduceContext(comm, OPS, postscale=scale)
+        x = vec(comm.rank)
+        out = red.reduce(BUCKET, RoundInfo(0), x.copy(), ctx)
+        return out, red.memory.residual(OPS, "g", x).copy()
+    got = run_ranks(P, body, "senders")
+    plain = run_ranks(P, body, "ranks")
+    total = np.zeros(N, np.float32)
+    count = np.zeros(N, np.int64)
+    for r in range(P):
+        x = vec(r)
+        if chunk is None:
+            k = int(np.ceil(rho * N))
+            idx = np.sort(np.argsort(-np.abs(x), kind="stable")[:k])
+        else:
+            idx = reference_chunked(x, chunk_plan([3000, 1500, 7], chunk, rho))
+        _, dec = reference_encode(x[idx], 2, 16)
+        total[idx] += dec
+        count[idx] += 1
+    factor = np.zeros(N, np.float32)
+    factor[count > 0] = (scale * P / count[count > 0]).astype(np.float32)
+    want = total * factor
+    if P == 1:  # one rank: its own decoded selection, scaled as the op asks
+        want = total * np.float32(scale) if scale != 1.0 else total
+    for (out, res), (_, res_plain) in zip(got, plain):
+        np.testing.assert_array_equal(out, want)
+        np.testing.assert_array_equal(res, res_plain)
+    if P > 1:
+        assert (count == P).sum() < (count > 0).sum()  # some coordinates were sent by fewer than P ranks
+
+
+def test_mean_over_is_in_the_config_and_the_repr():
+    red = Compression.quantize(2, density=0.01, chunk=4096, mean_over="senders")
+    assert red.config()["mean_over"] == "senders" and "mean_over='senders'" in repr(red)
+    plain = Compression.quantize(2, density=0.01)
+    assert plain.config()["mean_over"] == "ranks" and "mean_over" not in repr(plain)
+
+
 def test_error_feedback_decay_scales_the_residual_exactly():
     """acc = flat + float32(beta * r): the residual decays by beta before it is added."""
     beta = np.float32(0.95)
@@ -248,6 +298,8 @@ def test_fused_compensate_select_decays_like_compensate():
     (lambda: Compression.quantize(2, density=0.01, ef_decay=0), r"\(0, 1\]"),
     (lambda: Compression.quantize(2, density=0.01, ef_decay=1.5), "0.95"),
     (lambda: ErrorFeedback(decay=True), "decay"),
+    (lambda: Compression.quantize(2, density=0.01, mean_over="all"), "'ranks'.*'senders'"),
+    (lambda: Compression.quantize(2, mean_over="senders"), "needs a density"),
 ])
 def test_bad_sparseloco_settings_get_one_clear_error(make, match):
     with pytest.raises(ConfigError, match=match):
