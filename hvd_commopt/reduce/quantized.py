@@ -38,8 +38,8 @@ import numpy as np
 
 from ..buckets import Bucket
 from ..compress import nonfinite
-from ..compress.chunked import (check_chunk, chunk_plan, chunk_starts, chunked_topk, member_sizes, offset_bits,
-                                offset_bytes, pack_offsets, unpack_offsets)
+from ..compress.chunked import (ChunkLayout, check_chunk, chunk_plan, member_sizes, offset_bytes, pack_offsets,
+                                unpack_offsets)
 from ..compress.quantize import check_bits, decode, encode, encoded_bytes
 from ..compress.selector import check_density
 from ..errors import ConfigError
@@ -65,7 +65,7 @@ class _Quant:
     like: Any          # the bucket's flat: where the result is placed
     post: float
     local: Any = None  # one rank: the decoded contribution is the result
-    plan: list | None = None  # chunk-wise top-k: (start, stop, k) of every chunk
+    layout: ChunkLayout | None = None  # chunk-wise top-k: the bucket's chunks and their maps
 
 
 class QuantizedAllreduce(Reducer):
@@ -108,6 +108,7 @@ class QuantizedAllreduce(Reducer):
                               f"mean_over='senders'); the dense exchange has every rank send every value")
         self.mean_over = mean_over
         self.memory = ErrorFeedback(error_feedback, nonfinite, decay=ef_decay)
+        self._layouts: dict[tuple[int, ...], ChunkLayout] = {}  # planned once per bucket layout
 
     @property
     def density(self) -> float | None:
@@ -116,6 +117,14 @@ class QuantizedAllreduce(Reducer):
     def _k(self, n: int) -> int:
         assert self.rho is not None
         return min(n, max(1, int(math.ceil(self.rho * n))))
+
+    def _layout(self, bucket: Bucket, n: int) -> ChunkLayout:
+        """The chunk-wise top-k's plan for this bucket's layout, made once (docs/quantize.md#batched-topk)."""
+        assert self.chunk is not None and self.rho is not None
+        sizes = tuple(member_sizes(bucket, n))
+        if sizes not in self._layouts:
+            self._layouts[sizes] = ChunkLayout(chunk_plan(sizes, self.chunk, self.rho))
+        return self._layouts[sizes]
 
     def start(self, bucket: Bucket, rnd: RoundInfo, flat: Any, ctx: ReduceContext) -> Pending:
         ops, comm = ctx.ops, ctx.comm
@@ -135,11 +144,11 @@ class QuantizedAllreduce(Reducer):
         n, size = ops.numel(x), comm.size
         st = _Quant(n, [], flat, ctx.postscale)
         if self.rho is not None and self.chunk is not None:
-            st.plan = chunk_plan(member_sizes(bucket, n), self.chunk, self.rho)
-            idx, local = chunked_topk(ops, x, st.plan)
+            st.layout = self._layout(bucket, n)
+            idx, local = st.layout.select(ops, x)
             payload, dec = encode(ops, ops.gather(x, idx), self.bits, self.block)
             sent = ops.index_copy(ops.zeros(n, "float32", like=x), idx, dec)
-            msg = ops.cat([pack_offsets(ops, local, offset_bits(st.plan)), payload])
+            msg = ops.cat([pack_offsets(ops, local, st.layout.bits), payload])
         elif self.rho is not None:
             k = self._k(n)
             idx = ops.topk_abs(x, k)[1] if k < n else ops.arange(n, like=x)  # ascending, ties to the lower index
@@ -188,19 +197,19 @@ class QuantizedAllreduce(Reducer):
         """The sum of the P decoded contributions in rank order, and (``mean_over="senders"``) how
         many ranks sent each coordinate (int64), else None."""
         n = st.n
-        k = self._k(n) if st.plan is None else sum(c for _, _, c in st.plan)
-        bits = 0 if st.plan is None else offset_bits(st.plan)
-        ib = 4 * k if st.plan is None else offset_bytes(k, bits)  # index bytes per rank
+        lay = st.layout
+        k = self._k(n) if lay is None else lay.k
+        ib = 4 * k if lay is None else offset_bytes(k, lay.bits)  # index bytes per rank
         per = ib + encoded_bytes(k, self.bits, self.block)
         out = ops.zeros(n, "float32", like=st.like)
         counts = None if self.mean_over == "ranks" else ops.zeros(n, "int64", like=st.like)
         ones = None if counts is None else ops.shift(ops.zeros(k, "int64", like=st.like), 1)
-        starts = None if st.plan is None else ops.from_numpy(chunk_starts(st.plan), like=st.like)
+        starts = None if lay is None else lay.starts_on(ops, st.like)
         for r in range(size):  # rank order: the same sum everywhere
             if starts is None:
                 idx = ops.cast(ops.from_bytes(ops.slice(buf, r * per, r * per + 4 * k), "int32"), "int64")
             else:
-                idx = ops.add(unpack_offsets(ops, ops.slice(buf, r * per, r * per + ib), k, bits, starts), starts)
+                idx = ops.add(unpack_offsets(ops, ops.slice(buf, r * per, r * per + ib), k, lay.bits, starts), starts)
             vals = decode(ops, ops.slice(buf, r * per + ib, (r + 1) * per), k, self.bits, self.block)
             out = ops.scatter_add(out, idx, vals)
             if counts is not None:

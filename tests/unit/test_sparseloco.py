@@ -6,8 +6,8 @@ import pytest
 
 from hvd_commopt import Compression, run_ranks
 from hvd_commopt.buckets import Bucket, TensorSpec
-from hvd_commopt.compress.chunked import (chunk_plan, chunk_starts, chunked_topk, offset_bits, offset_bytes,
-                                         pack_offsets, unpack_offsets)
+from hvd_commopt.compress.chunked import (ChunkLayout, chunk_plan, chunk_starts, chunked_topk, offset_bits,
+                                         offset_bytes, pack_offsets, unpack_offsets)
 from hvd_commopt.compress.quantize import encoded_bytes
 from hvd_commopt.errors import ConfigError
 from hvd_commopt.memory.error_feedback import ErrorFeedback
@@ -181,7 +181,7 @@ def test_packed_offsets_give_the_int16_wires_results_bit_for_bit(P, chunk, rho, 
             outs.append(red.memory.residual(OPS, "g", x).copy())
         return outs
     packed = run_ranks(P, body)
-    monkeypatch.setattr("hvd_commopt.reduce.quantized.offset_bits", lambda plan: 16)
+    monkeypatch.setattr("hvd_commopt.compress.chunked.offset_bits", lambda plan: 16)
     wide = run_ranks(P, body)
     for a, b in zip(packed, wide):
         for x, y in zip(a, b):
@@ -236,6 +236,74 @@ def test_mean_over_is_in_the_config_and_the_repr():
     assert red.config()["mean_over"] == "senders" and "mean_over='senders'" in repr(red)
     plain = Compression.quantize(2, density=0.01)
     assert plain.config()["mean_over"] == "ranks" and "mean_over" not in repr(plain)
+
+
+def per_chunk_topk(ops, x, plan):
+    """The chunk-wise top-k as it was built first: one ``topk_abs`` per chunk (the batched
+    selection's reference, bit for bit)."""
+    offs = [ops.topk_abs(ops.slice(x, s, e), k)[1] if k < e - s else ops.arange(e - s, like=x) for s, e, k in plan]
+    local = offs[0] if len(offs) == 1 else ops.cat(offs)
+    return ops.add(ops.from_numpy(chunk_starts(plan), like=local), local), local
+
+
+LAYOUTS = [  # (tensor sizes, chunk, density): tails, tensors shorter than a chunk, one-element chunks
+    ([3000, 1500, 7], 1024, 0.01), ([4096, 4096], 4096, 0.01), ([10000, 64, 64, 300, 1], 4096, 0.01),
+    ([5, 3, 9], 1, 1.0), ([33, 17], 8, 0.5), ([2048, 100, 2048], 1024, 0.03), ([1000], 4096, 1.0), ([7, 1, 2], 2, 0.3),
+]
+
+
+def awkward(n, seed):
+    """Values with ties (repeated magnitudes of both signs), +0 and -0, and a spread of scales."""
+    rng = np.random.RandomState(seed)
+    x = (rng.randn(n) * 10.0 ** rng.randint(-3, 3, size=n)).astype(np.float32)
+    x[rng.randint(0, n, size=n // 5)] = 0.5
+    x[rng.randint(0, n, size=n // 5)] = -0.5
+    x[rng.randint(0, n, size=n // 7)] = 0.0
+    x[rng.randint(0, n, size=n // 7)] = -0.0
+    return x
+
+
+@pytest.mark.parametrize("sizes, chunk, rho", LAYOUTS)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_batched_chunk_topk_equals_one_topk_per_chunk_bit_for_bit(sizes, chunk, rho, seed):
+    plan = chunk_plan(sizes, chunk, rho)
+    x = awkward(sum(sizes), seed)
+    layout = ChunkLayout(plan)
+    want_idx, want_local = per_chunk_topk(OPS, x, plan)
+    for _ in range(2):  # the second call reuses the layout's maps
+        idx, local = layout.select(OPS, x)
+        np.testing.assert_array_equal(idx, want_idx)
+        np.testing.assert_array_equal(local, want_local)
+        assert idx.dtype == local.dtype == np.int64
+    np.testing.assert_array_equal(idx, reference_chunked(x, plan))
+    assert layout.k == idx.size and layout.bits == offset_bits(plan)
+
+
+def test_batched_chunk_topk_groups_rows_by_width_and_never_selects_a_pad():
+    """A chunk of zeros beside pads: its k entries are its own first positions (a pad ranks after a
+    zero); the groups are the full chunks and the power-of-two widths of the short ones."""
+    plan = chunk_plan([4096, 4096, 3000, 64, 5], 4096, 0.01)
+    layout = ChunkLayout(plan)
+    assert [(g.full, g.width, len(g.rows)) for g in layout.groups] == [(False, 8, 1), (False, 64, 1),
+                                                                       (False, 4096, 1), (True, 4096, 2)]
+    assert layout.groups[-1].runs == [(0, 8192)]  # two full chunks of one buffer: one slice
+    x = np.zeros(sum([4096, 4096, 3000, 64, 5]), np.float32)
+    idx, _ = layout.select(OPS, x)
+    np.testing.assert_array_equal(idx, reference_chunked(x, plan))
+    assert idx[-1] == 4096 * 2 + 3000 + 64  # the 5-element tensor's first entry, not a pad
+
+
+def test_the_reducer_plans_each_bucket_layout_once(monkeypatch):
+    calls = []
+    real = chunk_plan
+    monkeypatch.setattr("hvd_commopt.reduce.quantized.chunk_plan", lambda *a: calls.append(a) or real(*a))
+    red = QuantizedAllreduce(2, density=0.01, chunk=1024, block=16)
+
+    def body(comm):
+        for t in range(3):
+            red.reduce(BUCKET, RoundInfo(t), vec(0, seed=t), ReduceContext(comm, OPS))
+    run_ranks(1, body)
+    assert len(calls) == 1
 
 
 def test_error_feedback_decay_scales_the_residual_exactly():
