@@ -50,6 +50,11 @@ def variants(h_small: int, h_mid: int, h_big: int) -> dict:
         # SGD without momentum (lr 2.5 measured best at H=10, docs/quantize.md#measured)
         f"sparseloco_h{h_mid}": (lambda: Schedule.diloco(h_mid, outer_lr=1.0, outer_momentum=0.0),
                                  lambda: Compression.quantize(2, density=0.01, chunk=4096, ef_decay=0.95)),
+        # SparseLoCo as its code runs it: H=10, each value averaged over the ranks that sent it
+        # (mean_over="senders"), outer SGD lr 1 (docs/quantize.md#measured-senders)
+        "sparseloco_h10_senders": (lambda: Schedule.diloco(10, outer_lr=1.0, outer_momentum=0.0),
+                                   lambda: Compression.quantize(2, density=0.01, chunk=4096, ef_decay=0.95,
+                                                                mean_over="senders")),
         f"diloco_h{h_mid}_int4": (lambda: Schedule.diloco(h_mid), lambda: Compression.quantize(4)),
         "local_sgd_4": (lambda: Schedule.local_sgd(4), lambda: None),
         "cocod_4": (lambda: Schedule.cocod(4), lambda: None),
