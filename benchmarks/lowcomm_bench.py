@@ -50,6 +50,11 @@ def variants(h_small: int, h_mid: int, h_big: int) -> dict:
         # SGD without momentum (lr 2.5 measured best at H=10, docs/quantize.md#measured)
         f"sparseloco_h{h_mid}": (lambda: Schedule.diloco(h_mid, outer_lr=1.0, outer_momentum=0.0),
                                  lambda: Compression.quantize(2, density=0.01, chunk=4096, ef_decay=0.95)),
+        # SparseLoCo as its code runs it: H=10, each value averaged over the ranks that sent it
+        # (mean_over="senders"), outer SGD lr 1 (docs/quantize.md#measured-senders)
+        "sparseloco_h10_senders": (lambda: Schedule.diloco(10, outer_lr=1.0, outer_momentum=0.0),
+                                   lambda: Compression.quantize(2, density=0.01, chunk=4096, ef_decay=0.95,
+                                                                mean_over="senders")),
         f"diloco_h{h_mid}_int4": (lambda: Schedule.diloco(h_mid), lambda: Compression.quantize(4)),
         "local_sgd_4": (lambda: Schedule.local_sgd(4), lambda: None),
         "cocod_4": (lambda: Schedule.cocod(4), lambda: None),
@@ -57,22 +62,22 @@ def variants(h_small: int, h_mid: int, h_big: int) -> dict:
 
 
 _RECIPE = re.compile(r"diloco_h(\d+)(?:_olr([\d.]+))?(?:_om([\d.]+))?"
-                     r"(?:_topk([\d.]+)_int(\d)(?:_c(\d+))?(?:_ef([\d.]+))?(?:_b(\d+))?)?$")
+                     r"(?:_topk([\d.]+)_int(\d)(?:_c(\d+))?(?:_ef([\d.]+))?(?:_b(\d+))?(_snd)?)?$")
 
 
 def parse_variant(name: str):
     """A variant outside the table, for sweeps of the outer step and of SparseLoCo's settings:
-    ``diloco_h{H}[_olr{lr}][_om{mu}][_topk{percent}_int{bits}[_c{chunk}][_ef{decay}][_b{block}]]``
+    ``diloco_h{H}[_olr{lr}][_om{mu}][_topk{percent}_int{bits}[_c{chunk}][_ef{decay}][_b{block}][_snd]]``
     (Nesterov outer step with lr and momentum; top-k at percent % with bits-bit values and error
     feedback, chosen per chunk of ``chunk`` elements, the error feedback decayed by ``decay``,
-    one scale per ``block`` values)."""
+    one scale per ``block`` values, ``_snd``: each value averaged over the ranks that sent it)."""
     m = _RECIPE.match(name)
     if m is None:
         raise SystemExit(f"unknown variant {name!r}")
-    h, lr, mu, pct, bits, chunk, decay, block = m.groups()
+    h, lr, mu, pct, bits, chunk, decay, block, snd = m.groups()
     kw = {"outer_lr": float(lr or 0.7), "outer_momentum": float(mu or 0.9)}
     ckw = {"chunk": None if chunk is None else int(chunk), "ef_decay": float(decay or 1.0),
-           "block": int(block or 256)}
+           "block": int(block or 256), "mean_over": "senders" if snd else "ranks"}
     comp = (lambda: None) if pct is None else \
         (lambda: Compression.quantize(int(bits), density=float(pct) / 100, **ckw))
     return (lambda: Schedule.diloco(int(h), **kw)), comp

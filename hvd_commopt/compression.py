@@ -228,7 +228,8 @@ class Compression:
 
     @staticmethod
     def quantize(bits: int, density: float | None = None, block: int = 256, error_feedback: bool = True,
-                 nonfinite: str = "skip", chunk: int | None = None, ef_decay: float = 1.0) -> QuantizedAllreduce:
+                 nonfinite: str = "skip", chunk: int | None = None, ef_decay: float = 1.0,
+                 mean_over: str = "ranks") -> QuantizedAllreduce:
         """Low-bit quantisation with a float32 scale per ``block`` elements and error feedback
         (docs/quantize.md#exchange): ``bits`` 8 (int8), 2-4 (int4 ... ternary), exchanged as a
         quantised reduce-scatter then all-gather, so the error is at most two quantisations.
@@ -236,6 +237,9 @@ class Compression:
         SparseLoCo's recipe is ``Compression.quantize(2, density=0.01)`` (docs/quantize.md#sparseloco).
         Composes with every schedule: gradients under S-SGD and OD/SSD, pseudo-gradients under
         local SGD, CoCoD and DiLoCo. ``chunk=4096`` takes the top-k per chunk of each tensor and
-        ``ef_decay=0.95`` decays the error feedback, as SparseLoCo does (docs/quantize.md#chunked)."""
+        ``ef_decay=0.95`` decays the error feedback, as SparseLoCo does (docs/quantize.md#chunked).
+        ``mean_over="senders"`` averages each value over the ranks that sent it, as SparseLoCo's code
+        does (docs/quantize.md#mean-over-senders)."""
         return QuantizedAllreduce(bits, density=density, block=block, error_feedback=error_feedback,
-                                  nonfinite=nonfinite, chunk=chunk, ef_decay=ef_decay)
+                                  nonfinite=nonfinite, chunk=chunk, ef_decay=ef_decay,
+                                  mean_over=mean_over)

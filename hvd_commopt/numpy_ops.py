@@ -231,6 +231,15 @@ class NumpyOps:
         planes = np.unpackbits(codes[:, None], axis=1, bitorder="little")[:, :bits]  # 3, 5, 6, 7 bits
         return np.packbits(planes.reshape(-1), bitorder="little")
 
+    def topk_abs_rows(self, t, width, k):
+        comp = _row_keys(np.asarray(t).reshape(-1, width), width)
+        if k >= width:
+            part = np.broadcast_to(np.arange(width, dtype=np.int64), comp.shape)
+        else:  # the k largest of each row (unique keys: no ties left), then ranked
+            part = np.argpartition(-comp, k - 1, axis=1)[:, :k]
+        order = np.argsort(-np.take_along_axis(comp, part, axis=1), axis=1)
+        return np.take_along_axis(part, order, axis=1).astype(np.int64).reshape(-1)
+
     def unpack_bits(self, buf, n, bits):
         if bits == 8:
             return buf[:n]
@@ -257,6 +266,15 @@ def topk_ranked_np(a: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     keys = np.minimum(np.bitwise_and(bits.astype(np.int64), mask), inf + 1)
     order = np.argsort(-keys, kind="stable")[:int(k)].astype(np.int64)
     return order, keys[order]
+
+
+def _row_keys(rows: np.ndarray, width: int) -> np.ndarray:
+    """Unique int64 keys of float32 rows: the canonical magnitude key (every NaN one above +Inf)
+    times ``width`` plus ``width - 1 - column``, so a larger key is a larger magnitude or, at equal
+    magnitudes, a lower column (``TensorOps.topk_abs_rows``)."""
+    keys = np.minimum(np.bitwise_and(np.ascontiguousarray(rows).view(np.int32), 0x7FFFFFFF).astype(np.int64),
+                      0x7F800001)
+    return keys * width + np.arange(width - 1, -1, -1, dtype=np.int64)
 
 
 def topk_index_np(a: np.ndarray, k: int) -> np.ndarray:

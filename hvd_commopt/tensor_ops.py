@@ -239,6 +239,12 @@ class TensorOps(Protocol):
     def unpack_bits(self, buf: Tensor, n: int, bits: int) -> Tensor:
         """The n uint8 codes of a :meth:`pack_bits` stream."""
         ...
+    def topk_abs_rows(self, t: Tensor, width: int, k: int) -> Tensor:
+        """The float32 ``t`` read as rows of ``width`` elements: for every row the column positions
+        (int64, 0..width-1) of its k largest ``|t|``, ranked (largest first; equal magnitudes
+        lower column first; +0 == -0, every NaN one key above +Inf), ``rows * k`` values, row by
+        row: the chunk-wise top-k's one batched call (docs/quantize.md#batched-topk)."""
+        ...
 
     # -- host exchange (communicators that need host buffers) ---------------------------------
     def host_view(self, t: Tensor):

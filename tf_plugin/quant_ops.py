@@ -64,3 +64,10 @@ class QuantKernels:
         stream = tf.bitwise.bitwise_and(tf.bitwise.right_shift(tf.cast(buf, tf.int32)[:, None], tf.range(8, dtype=tf.int32)), 1)
         planes = tf.reshape(tf.reshape(stream, [-1])[:n * bits], [n, bits])
         return tf.cast(tf.reduce_sum(tf.bitwise.left_shift(planes, tf.range(bits, dtype=tf.int32)), axis=1), tf.uint8)
+
+    def topk_abs_rows(self, t, width, k):
+        t = self.flatten(t)
+        rows = int(t.shape[0]) // width
+        keys = tf.minimum(tf.cast(tf.bitcast(tf.abs(t), tf.int32), tf.int64), 0x7F800001)
+        comp = tf.reshape(keys, [rows, width]) * width + tf.range(width - 1, -1, -1, dtype=tf.int64)
+        return tf.reshape(tf.cast(tf.math.top_k(comp, k=k, sorted=True).indices, tf.int64), [-1])  # unique keys

@@ -67,3 +67,12 @@ class QuantKernels:
         stream = ((buf.to(torch.int32)[:, None] >> torch.arange(8, device=dev, dtype=torch.int32)) & 1).reshape(-1)
         planes = stream[:n * bits].view(n, bits)
         return (planes << torch.arange(bits, device=dev, dtype=torch.int32)).sum(dim=1, dtype=torch.int32).to(torch.uint8)
+
+    @torch.no_grad()
+    def topk_abs_rows(self, t, width, k):
+        rows = t.numel() // width
+        if k == 0 or rows == 0:
+            return torch.zeros(0, dtype=torch.int64, device=t.device)
+        comp = t.detach().reshape(rows, width).abs().view(torch.int32).to(torch.int64)  # one new buffer, then in place
+        comp.clamp_(max=0x7F800001).mul_(width).add_(torch.arange(width - 1, -1, -1, device=t.device, dtype=torch.int64))
+        return torch.topk(comp, k, dim=1, largest=True, sorted=True).indices.reshape(-1)  # unique keys: no ties

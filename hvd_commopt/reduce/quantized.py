@@ -22,7 +22,10 @@ selected, quantised, packed, decoded and summed on its device (docs/quantize.md#
 SparseLoCo's own settings are options: ``chunk=C`` picks the top-k per chunk of C elements of
 each tensor (:mod:`hvd_commopt.compress.chunked`; positions travel as int16 offsets inside their
 chunk, docs/quantize.md#chunked) and ``ef_decay=beta`` scales the residual by beta before it is
-added (``e = beta e + Delta``, docs/quantize.md#ef-decay).
+added (``e = beta e + Delta``, docs/quantize.md#ef-decay). ``mean_over="senders"`` averages each
+coordinate over the ranks whose selection holds it, not over all P, the rule of SparseLoCo's code
+(DeMo's and templar's ``scatter_reduce(..., "mean", include_self=False)``;
+docs/quantize.md#mean-over-senders).
 """
 from __future__ import annotations
 
@@ -31,9 +34,12 @@ from typing import Any, Sequence
 
 import math
 
+import numpy as np
+
 from ..buckets import Bucket
 from ..compress import nonfinite
-from ..compress.chunked import check_chunk, chunk_plan, chunk_starts, chunked_topk, member_sizes
+from ..compress.chunked import (ChunkLayout, check_chunk, chunk_plan, member_sizes, offset_bytes, pack_offsets,
+                                unpack_offsets)
 from ..compress.quantize import check_bits, decode, encode, encoded_bytes
 from ..compress.selector import check_density
 from ..errors import ConfigError
@@ -42,7 +48,9 @@ from ..memory.error_feedback import ErrorFeedback
 from ..tensor_ops import TensorOps
 from .base import Pending, ReduceContext, Reducer, RoundInfo
 
-__all__ = ["QuantizedAllreduce", "split_counts"]
+__all__ = ["QuantizedAllreduce", "split_counts", "MEAN_OVER"]
+
+MEAN_OVER = ("ranks", "senders")
 
 
 def split_counts(n: int, parts: int) -> list[int]:
@@ -57,7 +65,7 @@ class _Quant:
     like: Any          # the bucket's flat: where the result is placed
     post: float
     local: Any = None  # one rank: the decoded contribution is the result
-    plan: list | None = None  # chunk-wise top-k: (start, stop, k) of every chunk
+    layout: ChunkLayout | None = None  # chunk-wise top-k: the bucket's chunks and their maps
 
 
 class QuantizedAllreduce(Reducer):
@@ -72,13 +80,18 @@ class QuantizedAllreduce(Reducer):
         chunk: with ``density``, the top-k of every chunk of this many elements of each tensor
             (SparseLoCo: 4096) instead of the whole bucket's; None (default) the whole bucket's.
         ef_decay: the error feedback's decay beta in (0, 1] (SparseLoCo: 0.95); 1 (default) none.
+        mean_over: with ``density``, "ranks" (default) scales the sum of the P contributions by
+            the context's postscale (1/P for an average); "senders" scales each coordinate by
+            ``postscale * P / c`` instead, c the number of ranks that sent it (for an average: the
+            mean over the senders, SparseLoCo's rule).
     """
 
     name = "quantize"
     holds_rank_state = True
 
     def __init__(self, bits: int, density: float | None = None, block: int = 256, error_feedback: bool = True,
-                 nonfinite: str = "skip", chunk: int | None = None, ef_decay: float = 1.0):
+                 nonfinite: str = "skip", chunk: int | None = None, ef_decay: float = 1.0,
+                 mean_over: str = "ranks"):
         self.bits, self.block = check_bits(bits, block)
         self.rho = None if density is None else float(check_density(density))
         self.chunk = check_chunk(chunk)
@@ -86,7 +99,16 @@ class QuantizedAllreduce(Reducer):
             raise ConfigError(f"chunk={chunk} chooses the top-k per chunk, so it needs a density: pass e.g. "
                               f"Compression.quantize({bits}, density=0.01, chunk={chunk}), or drop chunk for the "
                               f"dense quantised exchange")
+        if mean_over not in MEAN_OVER:
+            raise ConfigError(f"mean_over must be 'ranks' (the sum over all P ranks, scaled as the op asks) or "
+                              f"'senders' (each coordinate averaged over the ranks that sent it), got {mean_over!r}")
+        if mean_over == "senders" and self.rho is None:
+            raise ConfigError(f"mean_over='senders' averages a sparse exchange over the ranks that sent each value, "
+                              f"so it needs a density: pass e.g. Compression.quantize({bits}, density=0.01, "
+                              f"mean_over='senders'); the dense exchange has every rank send every value")
+        self.mean_over = mean_over
         self.memory = ErrorFeedback(error_feedback, nonfinite, decay=ef_decay)
+        self._layouts: dict[tuple[int, ...], ChunkLayout] = {}  # planned once per bucket layout
 
     @property
     def density(self) -> float | None:
@@ -95,6 +117,14 @@ class QuantizedAllreduce(Reducer):
     def _k(self, n: int) -> int:
         assert self.rho is not None
         return min(n, max(1, int(math.ceil(self.rho * n))))
+
+    def _layout(self, bucket: Bucket, n: int) -> ChunkLayout:
+        """The chunk-wise top-k's plan for this bucket's layout, made once (docs/quantize.md#batched-topk)."""
+        assert self.chunk is not None and self.rho is not None
+        sizes = tuple(member_sizes(bucket, n))
+        if sizes not in self._layouts:
+            self._layouts[sizes] = ChunkLayout(chunk_plan(sizes, self.chunk, self.rho))
+        return self._layouts[sizes]
 
     def start(self, bucket: Bucket, rnd: RoundInfo, flat: Any, ctx: ReduceContext) -> Pending:
         ops, comm = ctx.ops, ctx.comm
@@ -114,13 +144,11 @@ class QuantizedAllreduce(Reducer):
         n, size = ops.numel(x), comm.size
         st = _Quant(n, [], flat, ctx.postscale)
         if self.rho is not None and self.chunk is not None:
-            st.plan = chunk_plan(member_sizes(bucket, n), self.chunk, self.rho)
-            idx, local = chunked_topk(ops, x, st.plan)
+            st.layout = self._layout(bucket, n)
+            idx, local = st.layout.select(ops, x)
             payload, dec = encode(ops, ops.gather(x, idx), self.bits, self.block)
             sent = ops.index_copy(ops.zeros(n, "float32", like=x), idx, dec)
-            offs = ops.as_bytes(ops.cast(local, "int16"))
-            pad = [ops.zeros(_pad16(ops.numel(local)), "uint8", like=offs)] if ops.numel(local) % 2 else []
-            msg = ops.cat([offs, *pad, payload])  # offsets padded to 4 bytes: the scales stay aligned
+            msg = ops.cat([pack_offsets(ops, local, st.layout.bits), payload])
         elif self.rho is not None:
             k = self._k(n)
             idx = ops.topk_abs(x, k)[1] if k < n else ops.arange(n, like=x)  # ascending, ties to the lower index
@@ -156,29 +184,37 @@ class QuantizedAllreduce(Reducer):
             out = st.local
         elif self.rho is not None:
             buf, _ = comm.wait(pending.handles[0])
-            out = self._sum_sparse(ops, buf, st, comm.size)
+            out, counts = self._sum_sparse(ops, buf, st, comm.size)
+            if counts is not None:  # each coordinate times post * P / (ranks that sent it), one rounding
+                return ops.mul(out, ops.gather(ops.from_numpy(_senders_scale(st.post, comm.size), like=out), counts))
         else:
             out = self._reduce_scatter_allgather(pending, ctx, st)
         if st.post != 1.0:
             out = ops.scale(out, st.post)
         return out
 
-    def _sum_sparse(self, ops: TensorOps, buf: Any, st: _Quant, size: int) -> Any:
+    def _sum_sparse(self, ops: TensorOps, buf: Any, st: _Quant, size: int) -> tuple[Any, Any]:
+        """The sum of the P decoded contributions in rank order, and (``mean_over="senders"``) how
+        many ranks sent each coordinate (int64), else None."""
         n = st.n
-        k = self._k(n) if st.plan is None else sum(c for _, _, c in st.plan)
-        ib = 4 * k if st.plan is None else 2 * k + _pad16(k)  # index bytes per rank
+        lay = st.layout
+        k = self._k(n) if lay is None else lay.k
+        ib = 4 * k if lay is None else offset_bytes(k, lay.bits)  # index bytes per rank
         per = ib + encoded_bytes(k, self.bits, self.block)
         out = ops.zeros(n, "float32", like=st.like)
-        starts = None if st.plan is None else ops.from_numpy(chunk_starts(st.plan), like=st.like)
+        counts = None if self.mean_over == "ranks" else ops.zeros(n, "int64", like=st.like)
+        ones = None if counts is None else ops.shift(ops.zeros(k, "int64", like=st.like), 1)
+        starts = None if lay is None else lay.starts_on(ops, st.like)
         for r in range(size):  # rank order: the same sum everywhere
             if starts is None:
                 idx = ops.cast(ops.from_bytes(ops.slice(buf, r * per, r * per + 4 * k), "int32"), "int64")
             else:
-                idx = ops.add(ops.cast(ops.from_bytes(ops.slice(buf, r * per, r * per + 2 * k), "int16"), "int64"),
-                              starts)
+                idx = ops.add(unpack_offsets(ops, ops.slice(buf, r * per, r * per + ib), k, lay.bits, starts), starts)
             vals = decode(ops, ops.slice(buf, r * per + ib, (r + 1) * per), k, self.bits, self.block)
             out = ops.scatter_add(out, idx, vals)
-        return out
+            if counts is not None:
+                counts = ops.scatter_add(counts, idx, ones)
+        return out, counts
 
     def _reduce_scatter_allgather(self, pending: Pending, ctx: ReduceContext, st: _Quant) -> Any:
         ops, comm = ctx.ops, ctx.comm
@@ -212,12 +248,13 @@ class QuantizedAllreduce(Reducer):
 
     def config(self) -> dict:
         return {"reducer": self.name, "bits": self.bits, "block": self.block, "density": self.rho,
-                "chunk": self.chunk, "memory": self.memory.config()}
+                "chunk": self.chunk, "mean_over": self.mean_over, "memory": self.memory.config()}
 
     def price(self, cost: Any, select_s: float | None = None, select_c0: float = 0.0) -> Pricing:
         ratio = (self.bits / 8 + 4 / self.block) / 4
         if self.rho is not None:  # indices and codes of k entries from every rank (an allgather)
-            ratio = self.rho * ((4 if self.chunk is None else 2) + self.bits / 8 + 4 / self.block) / 4
+            index = 4 if self.chunk is None else (self.chunk - 1).bit_length() / 8
+            ratio = self.rho * (index + self.bits / 8 + 4 / self.block) / 4
         return dense_pricing(cost, ratio, f"quantised {self.bits}-bit exchange ({ratio:.3g} of the bytes)")
 
     def state_dict(self) -> dict:
@@ -228,10 +265,12 @@ class QuantizedAllreduce(Reducer):
 
     def __repr__(self) -> str:
         extra = ("" if self.chunk is None else f", chunk={self.chunk}") + \
-            ("" if self.memory.decay == 1.0 else f", ef_decay={self.memory.decay}")
+            ("" if self.memory.decay == 1.0 else f", ef_decay={self.memory.decay}") + \
+            ("" if self.mean_over == "ranks" else f", mean_over={self.mean_over!r}")
         return f"QuantizedAllreduce(bits={self.bits}, density={self.rho}, block={self.block}{extra})"
 
 
-def _pad16(k: int) -> int:
-    """Bytes after k int16 offsets that bring them to a multiple of 4."""
-    return 2 * (k % 2)
+def _senders_scale(post: float, size: int) -> np.ndarray:
+    """float32 ``post * size / c`` for c = 0..size senders (0 where none sent): the factor of the
+    senders' mean, rounded once (for an average, post = 1/size: ``1/c``)."""
+    return np.array([0.0] + [post * size / c for c in range(1, size + 1)], dtype=np.float64).astype(np.float32)

@@ -37,7 +37,10 @@ def test_H1_plain_outer_equals_ssgd_up_to_rounding():
     (Schedule.diloco(3), lambda: hco.Compression.topk(0.1)),
     (Schedule.local_sgd(2), lambda: hco.Compression.quantize(8)),
     (Schedule.cocod(2), lambda: hco.Compression.quantize(2)),
-], ids=["diloco", "streaming", "diloco_sparseloco4", "diloco_topk", "local_sgd_int8", "cocod_int2"])
+    (Schedule.diloco(3), lambda: hco.Compression.quantize(2, density=0.1, chunk=16, ef_decay=0.95,
+                                                         mean_over="senders")),
+], ids=["diloco", "streaming", "diloco_sparseloco4", "diloco_topk", "local_sgd_int8", "cocod_int2",
+        "diloco_sparseloco_chunked_senders"])
 def test_ranks_agree_after_finalize_and_resume_is_bit_exact(schedule, comp):
     kw = {"compression": comp()} if comp else {}
     model, opt = train(schedule, 7, ADAMW, finalize=False, **kw)

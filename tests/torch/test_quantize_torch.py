@@ -9,10 +9,12 @@ torch = pytest.importorskip("torch")
 import torch_plugin as hco  # noqa: E402,F401  (registers the adapter)
 from hvd_commopt import Compression, run_ranks  # noqa: E402
 from hvd_commopt.buckets import Bucket  # noqa: E402
+from hvd_commopt.compress.chunked import ChunkLayout, chunk_plan, offset_bytes, pack_offsets, unpack_offsets  # noqa: E402
 from hvd_commopt.compress.quantize import decode, encode  # noqa: E402
 from hvd_commopt.numpy_ops import NumpyOps  # noqa: E402
 from hvd_commopt.reduce import ReduceContext, RoundInfo  # noqa: E402
 from tests.unit.test_quantize import awkward_vec, reference_encode, vec  # noqa: E402
+from tests.unit.test_sparseloco import LAYOUTS, awkward, per_chunk_topk  # noqa: E402
 from torch_plugin.ops import TorchOps  # noqa: E402
 
 TOPS, NOPS = TorchOps(), NumpyOps()
@@ -33,12 +35,51 @@ def test_torch_kernels_give_the_reference_bytes_and_values(bits, n, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("density", [None, 0.05])
+@pytest.mark.parametrize("bits", [0, 1, 5, 8, 9, 12, 15, 16])
+@pytest.mark.parametrize("k", [0, 1, 3, 41, 1001])
+def test_torch_offset_packing_gives_the_numpy_bytes(k, bits, device):
+    offs = np.random.RandomState(k + bits).randint(0, 1 << bits, size=k).astype(np.int64)
+    ref = pack_offsets(NOPS, offs, bits)
+    t = torch.from_numpy(offs).to(device)
+    buf = pack_offsets(TOPS, t, bits)
+    assert buf.device.type == device and buf.dtype == torch.uint8 and buf.numel() == offset_bytes(k, bits)
+    np.testing.assert_array_equal(buf.cpu().numpy(), ref)
+    np.testing.assert_array_equal(unpack_offsets(TOPS, buf, k, bits, like=t).cpu().numpy(), offs)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("sizes, chunk, rho", LAYOUTS)
+def test_torch_batched_chunk_topk_equals_one_topk_per_chunk(sizes, chunk, rho, device):
+    plan = chunk_plan(sizes, chunk, rho)
+    x = awkward(sum(sizes), 3)
+    t = torch.from_numpy(x).to(device)
+    want_idx, want_local = per_chunk_topk(TOPS, t, plan)
+    layout = ChunkLayout(plan)
+    for _ in range(2):
+        idx, local = layout.select(TOPS, t)
+        assert idx.device.type == device and idx.dtype == local.dtype == torch.int64
+        assert torch.equal(idx, want_idx) and torch.equal(local, want_local)
+    np.testing.assert_array_equal(idx.cpu().numpy(), ChunkLayout(plan).select(NOPS, x)[0])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("width, k", [(1, 1), (8, 3), (64, 64), (4096, 41)])
+def test_torch_topk_abs_rows_ranks_as_numpy_with_nan_above_inf(width, k, device):
+    x = awkward(5 * width, width)
+    x[::7] = np.inf
+    x[::11] = np.nan
+    got = TOPS.topk_abs_rows(torch.from_numpy(x).to(device), width, k)
+    np.testing.assert_array_equal(got.cpu().numpy(), NOPS.topk_abs_rows(x, width, k))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("density, chunk, mean_over", [(None, None, "ranks"), (0.05, None, "ranks"),
+                                                       (0.05, 256, "ranks"), (0.05, 256, "senders")])
 @pytest.mark.parametrize("P", [1, 2, 3])
-def test_the_exchange_equals_the_numpy_route_bit_for_bit(P, density, device):
+def test_the_exchange_equals_the_numpy_route_bit_for_bit(P, density, chunk, mean_over, device):
     def body(comm, ops, wrap):
-        red = Compression.quantize(4, density=density, block=32)
-        ctx = ReduceContext(comm, ops)
+        red = Compression.quantize(4, density=density, block=32, chunk=chunk, mean_over=mean_over)
+        ctx = ReduceContext(comm, ops, postscale=1.0 / comm.size)
         outs, res = [], []
         for t in range(3):  # error feedback carried across rounds
             x = vec(comm.rank, 1000, seed=t)

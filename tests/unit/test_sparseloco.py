@@ -1,11 +1,13 @@
 """SparseLoCo's settings of the quantiser (docs/quantize.md#chunked, docs/quantize.md#ef-decay):
-chunk-wise top-k, int16 offsets on the wire, and error feedback with decay; exact values."""
+chunk-wise top-k, offsets packed in as few bits as the chunk needs (docs/quantize.md#offsets), and
+error feedback with decay; exact values."""
 import numpy as np
 import pytest
 
 from hvd_commopt import Compression, run_ranks
 from hvd_commopt.buckets import Bucket, TensorSpec
-from hvd_commopt.compress.chunked import chunk_plan, chunk_starts, chunked_topk
+from hvd_commopt.compress.chunked import (ChunkLayout, chunk_plan, chunk_starts, chunked_topk, offset_bits,
+                                         offset_bytes, pack_offsets, unpack_offsets)
 from hvd_commopt.compress.quantize import encoded_bytes
 from hvd_commopt.errors import ConfigError
 from hvd_commopt.memory.error_feedback import ErrorFeedback
@@ -78,9 +80,55 @@ def test_chunked_reducer_sums_each_ranks_quantised_chunk_topk_exactly(P):
         np.testing.assert_array_equal(out, want)
 
 
-def test_chunked_wire_bytes_are_int16_offsets_then_the_codes():
-    """Per rank and round: 2 bytes per offset (padded to 4), then the scales and the codes;
-    without chunks 4 bytes per index."""
+def reference_pack(offs, bits):
+    """The packing's specification in plain Python: ``bits`` <= 8 one little-endian bit stream
+    (offset i at bit i*bits); above 8 the low bytes, then the high ``bits - 8`` bits as such a stream."""
+    def stream(vals, b):
+        acc = 0
+        for i, v in enumerate(vals):
+            acc |= int(v) << (i * b)
+        return acc.to_bytes((len(vals) * b + 7) // 8, "little")
+    if bits <= 8:
+        return stream(offs, bits)
+    return bytes(int(v) & 255 for v in offs) + stream([int(v) >> 8 for v in offs], bits - 8)
+
+
+@pytest.mark.parametrize("bits", range(0, 17))
+@pytest.mark.parametrize("k", [0, 1, 2, 3, 4, 5, 7, 8, 9, 41, 1000, 1001])
+def test_pack_offsets_round_trips_every_width_and_count_in_exactly_ceil_k_bits_bytes(bits, k):
+    rng = np.random.RandomState(bits * 1000 + k)
+    offs = rng.randint(0, 1 << bits, size=k).astype(np.int64)
+    if k >= 2:  # both edges of the range
+        offs[0], offs[-1] = 0, (1 << bits) - 1
+    keep = offs.copy()
+    buf = pack_offsets(OPS, offs, bits)
+    np.testing.assert_array_equal(offs, keep)  # the input is left intact
+    assert buf.dtype == np.uint8 and buf.size == offset_bytes(k, bits) == -(-k * bits // 8)
+    assert buf.tobytes() == reference_pack(offs, bits)
+    back = unpack_offsets(OPS, buf, k, bits, like=offs)
+    assert back.dtype == np.int64
+    np.testing.assert_array_equal(back, offs)
+
+
+def test_offset_bits_is_the_bit_length_of_the_longest_chunks_last_offset():
+    assert offset_bits(chunk_plan([10_000], 4096, 0.01)) == 12
+    assert offset_bits(chunk_plan([4096], 4096, 0.01)) == 12
+    assert offset_bits(chunk_plan([4097], 4096, 0.01)) == 12
+    assert offset_bits(chunk_plan([3000, 1500, 7], 1024, 0.01)) == 10
+    assert offset_bits(chunk_plan([64, 30], 4096, 0.01)) == 6  # tensors shorter than a chunk
+    assert offset_bits(chunk_plan([65], 4096, 0.01)) == 7
+    assert offset_bits(chunk_plan([256, 3], 4096, 0.5)) == 8
+    assert offset_bits(chunk_plan([257], 4096, 0.5)) == 9
+    assert offset_bits(chunk_plan([5, 3], 1, 1.0)) == 0  # chunks of one element: the offset is always 0
+    assert offset_bits(chunk_plan([2], 1, 1.0)) == 0
+    assert offset_bits(chunk_plan([2], 2, 1.0)) == 1
+    assert offset_bits(chunk_plan([1 << 15], 1 << 15, 0.01)) == 15
+    assert offset_bits([]) == 0
+
+
+def test_chunked_wire_bytes_are_packed_offsets_then_the_codes():
+    """Per rank and round: ceil(k*b/8) bytes of offsets (b = 10 bits for chunks of 1024), then the
+    scales and the codes, nothing else; without chunks 4 bytes per index."""
     rho = 0.01
 
     def body(comm, chunk):
@@ -89,13 +137,173 @@ def test_chunked_wire_bytes_are_int16_offsets_then_the_codes():
         before = comm.traffic.bytes_sent
         red.reduce(BUCKET, RoundInfo(0), vec(comm.rank), ctx)
         return comm.traffic.bytes_sent - before
-    k = sum(c for _, _, c in chunk_plan([3000, 1500, 7], 1024, rho))  # 49: odd, so 2 bytes of padding
+    k = sum(c for _, _, c in chunk_plan([3000, 1500, 7], 1024, rho))
     assert k == 49
-    chunked = run_ranks(2, body, 1024)[0]
+    chunked_bytes = run_ranks(2, body, 1024)[0]
     whole = run_ranks(2, body, None)[0]
     kw = int(np.ceil(rho * N))
-    assert chunked == 2 * k + 2 + encoded_bytes(k, 2, 16)
+    assert chunked_bytes == 62 + encoded_bytes(k, 2, 16) == (49 * 10 + 7) // 8 + encoded_bytes(k, 2, 16)
     assert whole == 4 * kw + encoded_bytes(kw, 2, 16)
+
+
+@pytest.mark.parametrize("P", [1, 2, 3])
+def test_sparseloco_wire_at_chunk_4096_is_12_bits_per_offset(P):
+    """SparseLoCo's setting: 1.5 bytes per offset, 2-bit codes, a scale per 256; the bytes a rank
+    sends per round, exactly: its message to each of the P - 1 others (the allgather)."""
+    bucket = Bucket.of(0, [TensorSpec("w", (5000,), "float32"), TensorSpec("b", (300,), "float32")], name="g")
+    plan = chunk_plan([5000, 300], 4096, 0.01)
+    k = sum(c for _, _, c in plan)
+    assert (k, offset_bits(plan)) == (41 + 10 + 3, 12)
+
+    def body(comm):
+        red = Compression.quantize(2, density=0.01, chunk=4096, ef_decay=0.95)
+        before = comm.traffic.bytes_sent
+        red.reduce(bucket, RoundInfo(0), vec(comm.rank, bucket.numel), ReduceContext(comm, OPS))
+        return comm.traffic.bytes_sent - before
+    per_rank = 81 + encoded_bytes(k, 2, 256)
+    assert per_rank == 81 + 4 + 14
+    for sent in run_ranks(P, body):
+        assert sent == (P - 1) * per_rank
+
+
+@pytest.mark.parametrize("P", [1, 2, 3])
+@pytest.mark.parametrize("chunk, rho", [(1024, 0.01), (4096, 0.03), (1, 1.0), (2, 0.5), (300, 1.0)])
+def test_packed_offsets_give_the_int16_wires_results_bit_for_bit(P, chunk, rho, monkeypatch):
+    """The packing is lossless: over several rounds (error feedback carried) the results and the
+    residuals equal those of 16-bit offsets (the int16 wire's width) bit for bit, at every width."""
+    def body(comm):
+        red = QuantizedAllreduce(2, density=rho, chunk=chunk, block=16, ef_decay=0.95)
+        ctx = ReduceContext(comm, OPS, postscale=1.0 / comm.size)
+        outs = []
+        for t in range(3):
+            x = vec(comm.rank, seed=t)
+            outs.append(red.reduce(BUCKET, RoundInfo(t), x.copy(), ctx).copy())
+            outs.append(red.memory.residual(OPS, "g", x).copy())
+        return outs
+    packed = run_ranks(P, body)
+    monkeypatch.setattr("hvd_commopt.compress.chunked.offset_bits", lambda plan: 16)
+    wide = run_ranks(P, body)
+    for a, b in zip(packed, wide):
+        for x, y in zip(a, b):
+            np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.parametrize("P", [1, 2, 3, 4])
+@pytest.mark.parametrize("chunk", [None, 1024])
+@pytest.mark.parametrize("post", ["average", 1.0])
+def test_mean_over_senders_divides_each_coordinate_by_the_ranks_that_sent_it(P, chunk, post):
+    """SparseLoCo's rule: the sum of the decoded contributions at a coordinate, times
+    float32(postscale * P / c), c the number of ranks that selected it (0 where none did); for an
+    average (postscale 1/P) the mean over the senders. The residuals are the sender's own: the
+    rule changes what is received, not what is sent."""
+    rho = 0.05
+    scale = 1.0 / P if post == "average" else post
+
+    def body(comm, rule):
+        red = QuantizedAllreduce(2, density=rho, chunk=chunk, block=16, mean_over=rule)
+        ctx = ReduceContext(comm, OPS, postscale=scale)
+        x = vec(comm.rank)
+        out = red.reduce(BUCKET, RoundInfo(0), x.copy(), ctx)
+        return out, red.memory.residual(OPS, "g", x).copy()
+    got = run_ranks(P, body, "senders")
+    plain = run_ranks(P, body, "ranks")
+    total = np.zeros(N, np.float32)
+    count = np.zeros(N, np.int64)
+    for r in range(P):
+        x = vec(r)
+        if chunk is None:
+            k = int(np.ceil(rho * N))
+            idx = np.sort(np.argsort(-np.abs(x), kind="stable")[:k])
+        else:
+            idx = reference_chunked(x, chunk_plan([3000, 1500, 7], chunk, rho))
+        _, dec = reference_encode(x[idx], 2, 16)
+        total[idx] += dec
+        count[idx] += 1
+    factor = np.zeros(N, np.float32)
+    factor[count > 0] = (scale * P / count[count > 0]).astype(np.float32)
+    want = total * factor
+    if P == 1:  # one rank: its own decoded selection, scaled as the op asks
+        want = total * np.float32(scale) if scale != 1.0 else total
+    for (out, res), (_, res_plain) in zip(got, plain):
+        np.testing.assert_array_equal(out, want)
+        np.testing.assert_array_equal(res, res_plain)
+    if P > 1:
+        assert (count == P).sum() < (count > 0).sum()  # some coordinates were sent by fewer than P ranks
+
+
+def test_mean_over_is_in_the_config_and_the_repr():
+    red = Compression.quantize(2, density=0.01, chunk=4096, mean_over="senders")
+    assert red.config()["mean_over"] == "senders" and "mean_over='senders'" in repr(red)
+    plain = Compression.quantize(2, density=0.01)
+    assert plain.config()["mean_over"] == "ranks" and "mean_over" not in repr(plain)
+
+
+def per_chunk_topk(ops, x, plan):
+    """The chunk-wise top-k as it was built first: one ``topk_abs`` per chunk (the batched
+    selection's reference, bit for bit)."""
+    offs = [ops.topk_abs(ops.slice(x, s, e), k)[1] if k < e - s else ops.arange(e - s, like=x) for s, e, k in plan]
+    local = offs[0] if len(offs) == 1 else ops.cat(offs)
+    return ops.add(ops.from_numpy(chunk_starts(plan), like=local), local), local
+
+
+LAYOUTS = [  # (tensor sizes, chunk, density): tails, tensors shorter than a chunk, one-element chunks
+    ([3000, 1500, 7], 1024, 0.01), ([4096, 4096], 4096, 0.01), ([10000, 64, 64, 300, 1], 4096, 0.01),
+    ([5, 3, 9], 1, 1.0), ([33, 17], 8, 0.5), ([2048, 100, 2048], 1024, 0.03), ([1000], 4096, 1.0), ([7, 1, 2], 2, 0.3),
+]
+
+
+def awkward(n, seed):
+    """Values with ties (repeated magnitudes of both signs), +0 and -0, and a spread of scales."""
+    rng = np.random.RandomState(seed)
+    x = (rng.randn(n) * 10.0 ** rng.randint(-3, 3, size=n)).astype(np.float32)
+    x[rng.randint(0, n, size=n // 5)] = 0.5
+    x[rng.randint(0, n, size=n // 5)] = -0.5
+    x[rng.randint(0, n, size=n // 7)] = 0.0
+    x[rng.randint(0, n, size=n // 7)] = -0.0
+    return x
+
+
+@pytest.mark.parametrize("sizes, chunk, rho", LAYOUTS)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_batched_chunk_topk_equals_one_topk_per_chunk_bit_for_bit(sizes, chunk, rho, seed):
+    plan = chunk_plan(sizes, chunk, rho)
+    x = awkward(sum(sizes), seed)
+    layout = ChunkLayout(plan)
+    want_idx, want_local = per_chunk_topk(OPS, x, plan)
+    for _ in range(2):  # the second call reuses the layout's maps
+        idx, local = layout.select(OPS, x)
+        np.testing.assert_array_equal(idx, want_idx)
+        np.testing.assert_array_equal(local, want_local)
+        assert idx.dtype == local.dtype == np.int64
+    np.testing.assert_array_equal(idx, reference_chunked(x, plan))
+    assert layout.k == idx.size and layout.bits == offset_bits(plan)
+
+
+def test_batched_chunk_topk_groups_rows_by_width_and_never_selects_a_pad():
+    """A chunk of zeros beside pads: its k entries are its own first positions (a pad ranks after a
+    zero); the groups are the full chunks and the power-of-two widths of the short ones."""
+    plan = chunk_plan([4096, 4096, 3000, 64, 5], 4096, 0.01)
+    layout = ChunkLayout(plan)
+    assert [(g.full, g.width, len(g.rows)) for g in layout.groups] == [(False, 8, 1), (False, 64, 1),
+                                                                       (False, 4096, 1), (True, 4096, 2)]
+    assert layout.groups[-1].runs == [(0, 8192)]  # two full chunks of one buffer: one slice
+    x = np.zeros(sum([4096, 4096, 3000, 64, 5]), np.float32)
+    idx, _ = layout.select(OPS, x)
+    np.testing.assert_array_equal(idx, reference_chunked(x, plan))
+    assert idx[-1] == 4096 * 2 + 3000 + 64  # the 5-element tensor's first entry, not a pad
+
+
+def test_the_reducer_plans_each_bucket_layout_once(monkeypatch):
+    calls = []
+    real = chunk_plan
+    monkeypatch.setattr("hvd_commopt.reduce.quantized.chunk_plan", lambda *a: calls.append(a) or real(*a))
+    red = QuantizedAllreduce(2, density=0.01, chunk=1024, block=16)
+
+    def body(comm):
+        for t in range(3):
+            red.reduce(BUCKET, RoundInfo(t), vec(0, seed=t), ReduceContext(comm, OPS))
+    run_ranks(1, body)
+    assert len(calls) == 1
 
 
 def test_error_feedback_decay_scales_the_residual_exactly():
@@ -152,12 +360,14 @@ def test_fused_compensate_select_decays_like_compensate():
 
 @pytest.mark.parametrize("make, match", [
     (lambda: Compression.quantize(2, density=0.01, chunk=0), "chunk must be"),
-    (lambda: Compression.quantize(2, density=0.01, chunk=40000), "int16"),
+    (lambda: Compression.quantize(2, density=0.01, chunk=40000), "15 bits"),
     (lambda: Compression.quantize(2, density=0.01, chunk=True), "chunk must be"),
     (lambda: Compression.quantize(2, chunk=4096), "needs a density"),
     (lambda: Compression.quantize(2, density=0.01, ef_decay=0), r"\(0, 1\]"),
     (lambda: Compression.quantize(2, density=0.01, ef_decay=1.5), "0.95"),
     (lambda: ErrorFeedback(decay=True), "decay"),
+    (lambda: Compression.quantize(2, density=0.01, mean_over="all"), "'ranks'.*'senders'"),
+    (lambda: Compression.quantize(2, mean_over="senders"), "needs a density"),
 ])
 def test_bad_sparseloco_settings_get_one_clear_error(make, match):
     with pytest.raises(ConfigError, match=match):
