@@ -99,6 +99,41 @@ def table(paths: list[str]) -> str:
     return "\n".join(out) + "\n"
 
 
+TASK_LABEL = {"digits_mlp": "MLP", "digits": "CNN", "rings": "rings", "transformer": "GPT"}
+
+
+def pivot(paths: list[str]) -> str:
+    """The matrix as one markdown table per optimizer: a row per algorithm, a column per (task,
+    ranks), each cell the gap of the means to S-SGD with the per-seed min..max and the seed count;
+    bold where it misses the target."""
+    res = gaps(load(paths))
+    out = []
+    for opt in sorted({k[1] for k in res}, key=lambda o: (o != "sgd", o)):
+        cols = [k for k in res if k[1] == opt]
+        cols.sort(key=lambda k: (list(TASK_LABEL).index(k[0]) if k[0] in TASK_LABEL else 9, k[2]))
+        names = [v for v in DEFAULT_VARIANTS if any(v in res[c] for c in cols)]
+        names += sorted({v for c in cols for v in res[c]} - set(names))
+        head = [f"{TASK_LABEL.get(t, t)}, {r} ranks, {length}" for t, _, r, length in cols]
+        out += [f"**{opt}**", "", "| algorithm | " + " | ".join(head) + " |", "|---|" + "---:|" * len(cols)]
+        for name in names:
+            cells = []
+            for c in cols:
+                r = res[c].get(name)
+                loss = c[0] == "transformer"
+                if r is None:
+                    cells.append("")
+                elif name == "ssgd":
+                    cells.append(f"{r['mean']:.4f}" if loss else f"{r['mean']:.2f} %")
+                else:
+                    u = "%" if loss else ""
+                    per = r["per_seed"]
+                    txt = f"{r['gap']:+.2f}{u} ({min(per):+.2f}..{max(per):+.2f}, {r['seeds']})" if per else "–"
+                    cells.append(f"**{txt}**" if r["ok"] is False else txt)
+            out.append(f"| {name} | " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
 def _per_task(spec: str) -> dict[str, str]:
     return dict(kv.split("=") for kv in spec.split(",") if kv)
 
