@@ -68,6 +68,9 @@ def plot(recs: list[dict], path: Path) -> bool:
             base = statistics.mean(c[-1] for c in ref)
             lo = min([e for e in ends if e > base - 10] + [base]) - 12  # and the catching-up epochs
             ax.set_ylim(max(lo, 0), 100)
+        elif ref:  # the loss panels: S-SGD's range, so that a diverged run does not flatten the others
+            top = statistics.mean(c[0] for c in ref) * 1.1
+            ax.set_ylim(min(min(e for e in ends), statistics.mean(c[-1] for c in ref)) * 0.98, top)
         ax.set_title(f"{key[0]}, {key[1]}, {key[2]} ranks", fontsize=9)
         every = [r["steps"] // max(1, len(r["curve"])) for r in recs if r["task"] == key[0] and "steps" in r]
         ax.set_xlabel(f"evaluation (every {every[0]} steps)" if loss and every else "epoch", fontsize=8)

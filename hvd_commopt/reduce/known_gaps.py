@@ -77,7 +77,7 @@ _SCHED_ADAPTIVE_ALT = ("Nothing but synchronous S-SGD was within the target on e
 #: of the means to S-SGD's over seeds 0-2 (points of accuracy; % of the validation loss for the GPT).
 #: The set-up: density 1 %, batch 16 per rank, cosine decay; SGD lr 0.1 momentum 0.9 or AdamW lr
 #: 1e-3; digits MLP / CNN 10 epochs, rings 4 epochs, a 2-layer GPT on bytes 400 steps; 2026-11-27.
-_SET = "(density 1 %, 3 seeds unless stated, 2026-11-27; MLP/CNN: digits, 10 epochs; rings: 4 epochs; GPT: 400 steps)"
+_SET = "(density 1 %, 3 seeds, 2026-11-27; MLP/CNN: digits, 10 epochs; rings: 4 epochs; GPT: 400 steps)"
 _S = "SGD lr 0.1 momentum 0.9"
 _A = "AdamW lr 1e-3"
 KNOWN_GAPS: dict[tuple[str, str], KnownGap] = {
@@ -105,31 +105,31 @@ KNOWN_GAPS: dict[tuple[str, str], KnownGap] = {
         KnownGap("local_sgd", "sgd", f"{_S}, period 4: rings -0.97 points at 4 ranks, GPT +1.21 % at 2 ranks; "
                                      f"within 0.5 points on the MLP and CNN {_SET}", _SCHED_SGD_ALT, "Schedule"),
         KnownGap("local_sgd", ADAPTIVE, f"{_A}, period 4: MLP -1.67 / -4.54 points at 2 / 4 ranks, CNN -0.93 / "
-                                        f"-1.48, GPT +1.48 % / +3.5 % (4 ranks: 1 seed) {_SET}; at period 50 +5.9 % "
+                                        f"-1.48, GPT +1.48 % / +3.3 % {_SET}; at period 50 +5.9 % "
                                         f"on a 0.12M-parameter GPT (3000 steps, 2 ranks, seed 0, 2026-11-26)",
                  "Within the target on that GPT: DiLoCo's outer step on the same averages, "
                  "Schedule.diloco(50, outer_lr=1.0, outer_momentum=0.5): +0.77 / +0.84 % (seeds 0, 1; "
                  "docs/diloco.md#measured).", "Schedule"),
         KnownGap("cocod", ADAPTIVE, f"{_A}, period 4: MLP -1.39 / -4.35 points at 2 / 4 ranks, CNN -0.65 / -1.67, "
-                                    f"GPT +3.4 % / +4.8 % (4 ranks: 1 seed) {_SET}", _SCHED_ADAPTIVE_ALT, "Schedule"),
+                                    f"GPT +3.4 % / +4.7 % {_SET}", _SCHED_ADAPTIVE_ALT, "Schedule"),
         KnownGap("od", ADAPTIVE, f"{_A}, 50 warm-up steps: CNN -0.56 / -0.65 points at 2 / 4 ranks, GPT +9.4 % / "
-                                 f"+6.2 % (4 ranks: 1 seed) {_SET}", _SCHED_ADAPTIVE_ALT, "Schedule"),
+                                 f"+7.8 % {_SET}", _SCHED_ADAPTIVE_ALT, "Schedule"),
         KnownGap("ssd", ADAPTIVE, f"{_A}, 50 warm-up steps: MLP -0.83 / -1.39 points at 2 / 4 ranks, CNN -0.93 / "
-                                  f"-1.20, GPT +15.2 % / +16.0 % (4 ranks: 1 seed) {_SET}",
+                                  f"-1.20, GPT +15.2 % / +19.8 % {_SET}",
                  _SCHED_ADAPTIVE_ALT, "Schedule"),
         KnownGap("cd", ADAPTIVE, f"{_A}, 50 warm-up steps: MLP -0.74 / -0.74 points at 2 / 4 ranks, CNN -0.74 / "
-                                 f"-1.57, GPT +13.4 % / +10.7 % (4 ranks: 1 seed) {_SET}",
+                                 f"-1.57, GPT +13.4 % / +14.1 % {_SET}",
                  _SCHED_ADAPTIVE_ALT, "Schedule"),
         KnownGap("topk", ADAPTIVE, f"{_A}, the 100-step dense warm-up: MLP -1.67 / -1.57 points at 2 / 4 ranks, "
-                                   f"CNN -1.02 at 2 ranks, GPT +2.4 % / +2.6 % (4 ranks: 2 seeds); LAGS GPT +3.5 %; "
-                                   f"SSD + Top-k GPT +19.8 % {_SET}", _ADAPTIVE_ALT),
+                                   f"CNN -1.02 at 2 ranks, GPT +2.4 % / +2.7 %; LAGS GPT +3.5 %; "
+                                   f"SSD + Top-k GPT +19.8 % / +24.3 % {_SET}", _ADAPTIVE_ALT),
         KnownGap("gtopk", ADAPTIVE, f"{_A}, the 100-step dense warm-up: MLP -2.04 / -1.85 points at 2 / 4 ranks, "
-                                    f"CNN -1.20 / -0.74, GPT +2.9 % / +3.7 % (4 ranks: 2 seeds) {_SET}", _ADAPTIVE_ALT),
+                                    f"CNN -1.20 / -0.74, GPT +2.9 % / +3.8 % {_SET}", _ADAPTIVE_ALT),
         KnownGap("oktopk", ADAPTIVE, f"{_A}, the 100-step dense warm-up: MLP -2.04 / -1.94 points at 2 / 4 ranks, "
-                                     f"CNN -1.20 / -0.65, GPT +2.9 % / +3.6 % (4 ranks: 2 seeds) {_SET}",
+                                     f"CNN -1.20 / -0.65, GPT +2.9 % / +3.8 % {_SET}",
                  _ADAPTIVE_ALT),
         KnownGap("dgc", ADAPTIVE, f"{_A}, the 100-step dense warm-up: MLP -1.67 / -1.57 points at 2 / 4 ranks, "
-                                  f"CNN -1.02 at 2 ranks, GPT +2.4 % / +3.1 % (4 ranks: 1 seed); with OD-SGD GPT "
+                                  f"CNN -1.02 at 2 ranks, GPT +2.4 % / +2.7 %; with OD-SGD GPT "
                                   f"+12.2 % {_SET}", _ADAPTIVE_ALT),
     )
 }
