@@ -8,7 +8,7 @@ S-SGD with the seed spread. ``table`` rebuilds that table from saved files::
     python -m benchmarks.convergence matrix --out-dir benchmarks/results/matrix
     python -m benchmarks.convergence table benchmarks/results/matrix/*.txt
 
-Each task's length is set per task (``--epochs digits=6,digits_mlp=10,rings=4`` and
+Each task's length is set per task (``--epochs digits=10,digits_mlp=10,rings=4`` and
 ``--steps``) so the whole matrix fits a budget; the lengths used are in every CONV line.
 The target (docs/convergence-matrix.md#target): within 0.5 points of S-SGD's mean accuracy
 (classification) and 1 % of its validation loss (the transformer).
@@ -155,13 +155,15 @@ def matrix(argv: list[str]) -> int:
     ap.add_argument("--optimizers", default="sgd,adamw")
     ap.add_argument("--ranks", default="2,4")
     ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--epochs", default="digits_mlp=10,digits=6,rings=4", help="per task: task=epochs,...")
-    ap.add_argument("--steps", type=int, default=150, help="transformer steps")
+    # the lengths of the 2026-11-27 matrix (docs/convergence-matrix.md#measured)
+    ap.add_argument("--epochs", default="digits_mlp=10,digits=10,rings=4", help="per task: task=epochs,...")
+    ap.add_argument("--steps", type=int, default=400, help="transformer steps")
     ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS))
     ap.add_argument("--adamw-variants", default=None, help="variants of the AdamW rows (default: --variants)")
     ap.add_argument("--out-dir", default=str(Path(__file__).resolve().parent / "results" / "matrix"))
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per mpirun job")
     a, rest = ap.parse_known_args(argv)  # the rest (--shape, --eval-every, --lr, ...) go to every job
+    rest = rest if "--shape" in rest else [*rest, "--shape", "tiny"]  # the matrix's transformer: the tiny GPT
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])),
            "OMP_NUM_THREADS": "1"}
