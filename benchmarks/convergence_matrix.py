@@ -8,7 +8,7 @@ S-SGD with the seed spread. ``table`` rebuilds that table from saved files::
     python -m benchmarks.convergence matrix --out-dir benchmarks/results/matrix
     python -m benchmarks.convergence table benchmarks/results/matrix/*.txt
 
-Each task's length is set per task (``--epochs digits=6,digits_mlp=10,rings=4`` and
+Each task's length is set per task (``--epochs digits=10,digits_mlp=10,rings=4`` and
 ``--steps``) so the whole matrix fits a budget; the lengths used are in every CONV line.
 The target (docs/convergence-matrix.md#target): within 0.5 points of S-SGD's mean accuracy
 (classification) and 1 % of its validation loss (the transformer).
@@ -99,6 +99,41 @@ def table(paths: list[str]) -> str:
     return "\n".join(out) + "\n"
 
 
+TASK_LABEL = {"digits_mlp": "MLP", "digits": "CNN", "rings": "rings", "transformer": "GPT"}
+
+
+def pivot(paths: list[str]) -> str:
+    """The matrix as one markdown table per optimizer: a row per algorithm, a column per (task,
+    ranks), each cell the gap of the means to S-SGD with the per-seed min..max and the seed count;
+    bold where it misses the target."""
+    res = gaps(load(paths))
+    out = []
+    for opt in sorted({k[1] for k in res}, key=lambda o: (o != "sgd", o)):
+        cols = [k for k in res if k[1] == opt]
+        cols.sort(key=lambda k: (list(TASK_LABEL).index(k[0]) if k[0] in TASK_LABEL else 9, k[2]))
+        names = [v for v in DEFAULT_VARIANTS if any(v in res[c] for c in cols)]
+        names += sorted({v for c in cols for v in res[c]} - set(names))
+        head = [f"{TASK_LABEL.get(t, t)}, {r} ranks, {length}" for t, _, r, length in cols]
+        out += [f"**{opt}**", "", "| algorithm | " + " | ".join(head) + " |", "|---|" + "---:|" * len(cols)]
+        for name in names:
+            cells = []
+            for c in cols:
+                r = res[c].get(name)
+                loss = c[0] == "transformer"
+                if r is None:
+                    cells.append("")
+                elif name == "ssgd":
+                    cells.append(f"{r['mean']:.4f}" if loss else f"{r['mean']:.2f} %")
+                else:
+                    u = "%" if loss else ""
+                    per = r["per_seed"]
+                    txt = f"{r['gap']:+.2f}{u} ({min(per):+.2f}..{max(per):+.2f}, {r['seeds']})" if per else "–"
+                    cells.append(f"**{txt}**" if r["ok"] is False else txt)
+            out.append(f"| {name} | " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
 def _per_task(spec: str) -> dict[str, str]:
     return dict(kv.split("=") for kv in spec.split(",") if kv)
 
@@ -120,13 +155,15 @@ def matrix(argv: list[str]) -> int:
     ap.add_argument("--optimizers", default="sgd,adamw")
     ap.add_argument("--ranks", default="2,4")
     ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--epochs", default="digits_mlp=10,digits=6,rings=4", help="per task: task=epochs,...")
-    ap.add_argument("--steps", type=int, default=150, help="transformer steps")
+    # the lengths of the 2026-11-27 matrix (docs/convergence-matrix.md#measured)
+    ap.add_argument("--epochs", default="digits_mlp=10,digits=10,rings=4", help="per task: task=epochs,...")
+    ap.add_argument("--steps", type=int, default=400, help="transformer steps")
     ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS))
     ap.add_argument("--adamw-variants", default=None, help="variants of the AdamW rows (default: --variants)")
     ap.add_argument("--out-dir", default=str(Path(__file__).resolve().parent / "results" / "matrix"))
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per mpirun job")
     a, rest = ap.parse_known_args(argv)  # the rest (--shape, --eval-every, --lr, ...) go to every job
+    rest = rest if "--shape" in rest else [*rest, "--shape", "tiny"]  # the matrix's transformer: the tiny GPT
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])),
            "OMP_NUM_THREADS": "1"}

@@ -21,7 +21,6 @@ from typing import Any, Callable, Sequence
 from ..buckets import Bucket
 from ..compress.cast import NoneCompressor
 from ..host import GradientCapture, ScheduleHost
-from ..reduce.known_gaps import warn_known_gap
 from ..reduce.base import Pending, ReduceContext, Reducer, RoundInfo
 from ..reduce.dense import DenseAllreduce
 from .base import RoundPlan, RoundPort, Scheduler
@@ -70,7 +69,6 @@ class AveragingScheduler(Scheduler):
 
     def attach(self, host: ScheduleHost) -> None:
         super().attach(host)
-        warn_known_gap(self.name, None, host, list(self.port.names), "Schedule")  # docs/convergence-matrix.md#warnings
         if self.pseudo is not None:
             self.pseudo.bind_host(_NoMomentumHost(), list(self.port.names))
 

@@ -17,6 +17,7 @@ from ..engine.rounds import Round, RoundPlan
 from ..errors import ConfigError, HvdCommoptError
 from ..host import ScheduleHost
 from ..reduce.base import ReduceContext, Reducer
+from ..reduce.known_gaps import warn_known_gap
 from ..tensor_ops import TensorOps
 
 __all__ = ["RoundPort", "Scheduler", "RoundPlan", "with_override"]
@@ -121,6 +122,7 @@ class Scheduler(abc.ABC):
         self._host = host
         # momentum correction: the reducer binds the optimizer's momentum (docs/dgc.md#optimizer-momentum)
         self._hyper_override = self.port.reducer.bind_host(host, self.port.names)
+        warn_known_gap(self.name, None, host, list(self.port.names), "Schedule")  # docs/convergence-matrix.md#warnings
 
     @property
     def host(self) -> ScheduleHost:

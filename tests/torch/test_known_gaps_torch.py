@@ -39,7 +39,17 @@ def test_topk_and_cocod_under_momentum_sgd_warn_once_each():
 def test_plain_sgd_and_dense_do_not_warn():
     assert wrap_warnings(0.0, compression=Compression.topk(0.01)) == []
     assert wrap_warnings(0.9) == []
-    assert wrap_warnings(0.9, schedule=Schedule.local_sgd(4)) == []
+    assert wrap_warnings(0.0, schedule=Schedule.local_sgd(4)) == []  # SGD without momentum: not measured
+
+
+@pytest.mark.parametrize("make", [lambda: Schedule.od(), lambda: Schedule.ssd(), lambda: Schedule.cd(batch_size=16),
+                                  lambda: Schedule.local_sgd(4)])
+def test_every_schedule_measured_short_warns_at_wrap_time(make):
+    sched = make()
+    msgs = wrap_warnings(0.9, schedule=sched)
+    assert len(msgs) == 1 and msgs[0].startswith(f"Schedule.{sched.kind} under SGD with momentum")
+    msgs = wrap_warnings(0.0, adamw=True, schedule=make())
+    assert len(msgs) == 1 and msgs[0].startswith(f"Schedule.{sched.kind} under an adaptive optimizer")
 
 
 def test_local_sgd_under_adamw_warns_and_names_diloco():

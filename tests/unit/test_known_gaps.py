@@ -50,10 +50,11 @@ def test_each_measured_combination_warns_once_with_its_gap_and_alternative(metho
 
 
 def test_the_table_covers_exactly_the_measured_combinations():
-    assert sorted(KNOWN_GAPS) == sorted([(m, f) for m in ("topk", "gtopk", "oktopk", "dgc") for f in ("sgd", ADAPTIVE)]
-                                        + [("cocod", "sgd"), ("local_sgd", ADAPTIVE)])
-    for gap in KNOWN_GAPS.values():  # each names its set-up: the seeds and the date measured
-        assert "seed" in gap.measured and "2026-11-26" in gap.measured
+    methods = ("topk", "gtopk", "oktopk", "dgc", "cocod", "local_sgd", "od", "ssd", "cd")
+    assert sorted(KNOWN_GAPS) == sorted((m, f) for m in methods for f in ("sgd", ADAPTIVE))
+    for gap in KNOWN_GAPS.values():  # each names its set-up: the seeds and the date of the 3-seed matrix
+        assert "3 seeds" in gap.measured and "2026-11-27" in gap.measured
+        assert gap.namespace == ("Compression" if gap.method in ("topk", "gtopk", "oktopk", "dgc") else "Schedule")
 
 
 def test_what_was_not_measured_does_not_warn():
@@ -84,8 +85,8 @@ def test_the_warning_is_a_user_warning_that_filters_silence():
 
 def test_cocod_is_a_schedule_entry():
     host = Host("sgd", 0.9)
-    with pytest.warns(MeasuredGapWarning, match=r"^Schedule.cocod under SGD with momentum .* -0.56 points .*"
-                                                r"Schedule.local_sgd\(4\)"):
+    with pytest.warns(MeasuredGapWarning, match=r"^Schedule.cocod under SGD with momentum .* -0.56 / -0.65 points .*"
+                                                r"synchronous S-SGD"):
         assert warn_known_gap("cocod", None, host, ["w"], "Schedule") is KNOWN_GAPS["cocod", "sgd"]
     assert warn_known_gap("cocod", None, host, ["w"]) is None  # not a compression
     assert warn_known_gap("topk", 0.01, host, ["w"], "Schedule") is None  # not a schedule
@@ -96,4 +97,21 @@ def test_local_sgd_under_adaptive_is_a_schedule_entry():
     with pytest.warns(MeasuredGapWarning, match=r"^Schedule.local_sgd under an adaptive optimizer .* \+5.9 % .*"
                                                 r"Schedule.diloco\(50, outer_lr=1.0, outer_momentum=0.5\)"):
         assert warn_known_gap("local_sgd", None, host, ["w"], "Schedule") is KNOWN_GAPS["local_sgd", ADAPTIVE]
-    assert warn_known_gap("local_sgd", None, Host("sgd", 0.9), ["w"], "Schedule") is None  # within target under SGD
+
+
+@pytest.mark.parametrize("family", ["sgd", ADAPTIVE])
+@pytest.mark.parametrize("method", ["od", "ssd", "cd", "cocod", "local_sgd"])
+def test_each_schedule_measured_short_warns_once_as_a_schedule(method, family):
+    host = Host(family, momentum=0.9 if family == "sgd" else 0.0)
+    with pytest.warns(MeasuredGapWarning, match=rf"^Schedule.{method} under "):
+        assert warn_known_gap(method, None, host, ["w"], "Schedule") is KNOWN_GAPS[method, family]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert warn_known_gap(method, None, host, ["w"], "Schedule") is KNOWN_GAPS[method, family]  # once
+    assert warn_known_gap(method, None, Host("sgd", 0.0), ["w"], "Schedule") is None  # SGD without momentum
+
+
+def test_schedules_not_measured_short_do_not_warn():
+    for name in ("sync", "diloco"):
+        assert warn_known_gap(name, None, Host("sgd", 0.9), ["w"], "Schedule") is None
+        assert warn_known_gap(name, None, Host(ADAPTIVE, 0.0), ["w"], "Schedule") is None
