@@ -156,3 +156,14 @@ def test_predict_with_comm_cpu_puts_that_share_of_the_send_on_the_compute_stream
     ref = simulate([[i] for i in range(4)], [1, 2, 3, 4], GAPS, lambda x: comm[int(x) - 1], update_time=0.002,
                    compress_time=lambda x: comp[int(x) - 1])
     assert got.iteration_time == ref.iteration_time
+
+
+def test_the_tie_is_taken_over_the_whole_assignment_not_bucket_by_bucket():
+    """Ten buckets each save 1.5 ms of a ~1 s step (the tie: 10 ms) with Top-k; together 15 ms.
+    Bucket by bucket every one stayed dense; over the assignment Top-k pays."""
+    bs = [_bucket(f"b{i}", 0.0, {"none": (0.0, 0.003), "topk@0.01": (0.0005, 0.001)}) for i in range(10)]
+    ch = choose(bs, update_s=1.0, comm_cpu=1.0)
+    assert [m.key for m in ch.methods] == ["topk@0.01"] * 10
+    assert ch.dense_s == pytest.approx(1.03, rel=1e-12) and ch.predicted_s == pytest.approx(1.015, rel=1e-12)
+    few = [_bucket(f"b{i}", 0.0, {"none": (0.0, 0.003), "topk@0.01": (0.0005, 0.001)}) for i in range(3)]
+    assert [m.key for m in choose(few, update_s=1.0, comm_cpu=1.0).methods] == ["none"] * 3  # 4.5 ms < 1 %
