@@ -295,7 +295,11 @@ def section(results: Path = RESULTS) -> list[str]:
             "it was in (both attempts at each link), so the ResNet-18 jobs that completed ran without it (\"not in "
             "the job\"). The runs before 21:40 on 2026-11-26 had `auto`'s dense fp32 on the sparse reducers' "
             "density-1 path (two finiteness passes, the momentum and a copy per bucket and step); the later runs "
-            "have S-SGD's allreduce with the momentum in one pass (docs/auto-compression.md#dense-path).", "",
+            "have S-SGD's allreduce with the momentum in one pass (docs/auto-compression.md#dense-path). From "
+            "2026-11-27 01:55 `auto` prices a send on host memory as the rank's own work, takes the fastest "
+            "density and its tie over the whole assignment, and decides before step 0 "
+            "(docs/auto-compression.md#comm-cpu, docs/auto-compression.md#ties, "
+            "docs/auto-compression.md#before-step-0).", "",
             "Accuracy of each variant (suite time-to-accuracy jobs at 1 Gbit/s; the digits CNN stands for the "
             "deep MLP and ResNet-18, which the suite times on synthetic batches):", "",
             *accuracy_table(acc), "",

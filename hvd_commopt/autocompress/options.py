@@ -53,6 +53,12 @@ class Method:
             return (METHODS.index(self.kind), 0.0)
         return (len(METHODS), -self.density)
 
+    @property
+    def family(self) -> int:
+        """The tie-break of :func:`~hvd_commopt.autocompress.choose.choose`: fp32, bf16, fp16, then
+        every sparse method and density alike (docs/auto-compression.md#ties)."""
+        return self.lossiness[0]
+
     @classmethod
     def parse(cls, key: str) -> Method:
         kind, _, dens = key.partition("@")

@@ -3,14 +3,18 @@
 Driven by the Trainer once per step (``step_end``, the same step on every rank), after the fusion
 tuner (docs/auto-compression.md#policy):
 
+0. before step 0 (:meth:`AutoPolicy.prepare`, when the wrapper attaches its optimizer, every
+   rank): the link is calibrated and rank 0 times each candidate's compute, and the buckets start
+   from the methods these predict with no backward to hide behind, so that neither the calibration
+   nor dense warm-up steps are paid inside training (docs/auto-compression.md#before-step-0);
 1. ``wait``: while a planned ``fusion=`` is still profiling or measuring, nothing is done (its
    plan decides the buckets; a re-plan restarts this policy, ``AutoReducer.relayout``);
-2. ``warmup``: ``warmup_steps`` steps, dense fp32 everywhere;
+2. ``warmup``: ``warmup_steps`` steps, with the methods of step 0 (dense fp32 where none were chosen);
 3. ``profile``: ``profile_steps`` steps; per bucket, the compute between launches and the time
    its ``start`` took (this rank's clock);
 4. decide (every rank enters, the same step): the link is calibrated once
    (:func:`hvd_commopt.calibrate.calibrate`; the fusion tuner's model or ``cost_model=`` when
-   given), rank 0 measures the compute each candidate adds on its tensor ops
+   given; the one of step 0 when made), rank 0 measures the compute each candidate adds on its tensor ops (once per bucket layout)
    (:func:`~hvd_commopt.autocompress.local_cost.measure_local_costs`), chooses
    (:func:`~hvd_commopt.autocompress.choose.choose`) and broadcasts; every rank applies the same
    assignment (rounds of a delayed schedule in flight are drained first);
@@ -37,6 +41,7 @@ from typing import Any, Callable, Protocol, Sequence
 from ..calibrate import calibrate
 from ..errors import ConfigError
 from ..fusion.cost_model import AlphaBeta, CostModel
+from ..host import ScheduleHost
 from ..reduce.base import Reducer
 from .choose import DENSE, choose, predict
 from .options import AutoOptions, Method
@@ -97,6 +102,8 @@ class AutoPolicy:
         self._banned: set[tuple[str, str]] = set()  # (bucket, kind) measured slower than predicted
         # a revert awaiting its check: the undone methods, their measured step, the bans it added
         self._undone: tuple[dict[str, Method], float, set[tuple[str, str]]] | None = None
+        self._prepared = False
+        self._fit_cache: dict[tuple[tuple[str, ...], int], dict[str, SelectFit]] = {}
         self.restart()
 
     def restart(self) -> None:
@@ -109,6 +116,24 @@ class AutoPolicy:
         self._recent: deque[float] = deque(maxlen=self.options.measure_steps or 1)
         self._since = 0
         self._recalibrate = False
+
+    def prepare(self, port: PolicyPort, host: ScheduleHost) -> None:
+        """Before step 0 (module docstring, step 0): decide from the calibrated link and the
+        measured compute alone, the backward taken as leaving nothing to hide behind. Once, where
+        the host holds float32 weights (they say the device) and the layout is final (no planned
+        ``fusion=`` still profiling); more than one rank only. Every rank calls it."""
+        if self._prepared or port.comm.size == 1 or not host.holds_weights or port.tuner.phase not in ("static", "done"):
+            return
+        self._prepared = True
+        ops = port.ops
+        like = next((w for w in host.weights().values() if ops.dtype_name(w) == "float32"), None)
+        if like is None or not port.buckets:
+            return
+        if self.reducer.like is None:
+            self.reducer.like = ops.zeros(1, "float32", like=like)
+        n = len(port.buckets)
+        self._samples = [(0.0, [0.0] * n, [0.0] * n)]
+        self._decide(port, before_step0=True)
 
     # -- per step ---------------------------------------------------------------------------
     def step_end(self, port: PolicyPort) -> None:
@@ -186,7 +211,7 @@ class AutoPolicy:
         return calibrate(comm, sizes=CALIBRATION_SIZES, repeats=4, warmup=1,
                          collectives=("allreduce", "allgather") + p2p, **kw)
 
-    def _decide(self, port: PolicyPort) -> None:
+    def _decide(self, port: PolicyPort, before_step0: bool = False) -> None:
         comm = port.comm
         self._rank = comm.rank
         self.cost_model = self._cost_model(port)
@@ -202,15 +227,19 @@ class AutoPolicy:
             self.phase = "failed"
             raise ConfigError(f"compression='auto': choosing failed on rank 0 ({payload['error']}); "
                               f"pass a fixed Compression.* instead")
-        self._previous = {b.name: self.reducer.method_of(b.name) for b in port.buckets}
+        self._previous = None if before_step0 else {b.name: self.reducer.method_of(b.name) for b in port.buckets}
         self._assign(port, {k: Method.parse(v) for k, v in payload["assignment"].items()})
         self.report = dict(payload["report"])
-        self.decisions += 1
+        self.decisions += 0 if before_step0 else 1
         self.report["decisions"] = self.decisions
         if payload.get("warning") and not self._warned:
             self._warned = True
             warnings.warn(payload["warning"], stacklevel=2)
-        self.phase = "settle" if self.options.measure_steps else "watch"
+        if before_step0:  # the profile of the steps to come decides next (module docstring)
+            self.report["phase"] = "before step 0"
+            self.restart()
+        else:
+            self.phase = "settle" if self.options.measure_steps else "watch"
         self._since = 0
         if self.options.verbose and comm.rank == 0:
             self.log(format_report(self.report))
@@ -226,9 +255,12 @@ class AutoPolicy:
         like = self.reducer.like
         if like is None or not methods:
             return {}
-        mem = self.reducer.memory
-        return measure_local_costs(port.ops, like, methods, max_numel, float(mem.momentum or 0.0), bool(mem.nesterov),
-                                   build_method)
+        key = (tuple(m.key for m in methods), int(max_numel))  # measured once per layout (module docstring)
+        if key not in self._fit_cache:
+            mem = self.reducer.memory
+            self._fit_cache[key] = measure_local_costs(port.ops, like, methods, max_numel, float(mem.momentum or 0.0),
+                                                       bool(mem.nesterov), build_method)
+        return self._fit_cache[key]
 
     def _choose_on_rank0(self, port: PolicyPort) -> dict[str, Any]:
         buckets = port.buckets
@@ -265,10 +297,12 @@ class AutoPolicy:
                  for i, b in enumerate(buckets)]
         current = [self.reducer.method_of(b.name) for b in buckets]
         current = [m if m in c.costs else DENSE for m, c in zip(current, costs)]
-        update_s = max(0.0, period - predict(costs, current).iteration_time)
-        choice = choose(costs, update_s)
+        like = self.reducer.like  # host memory: the rank's cores run its collectives (docs/auto-compression.md#comm-cpu)
+        comm_cpu = 0.0 if like is not None and port.ops.on_device(like) else 1.0
+        update_s = max(0.0, period - predict(costs, current, comm_cpu=comm_cpu).iteration_time)
+        choice = choose(costs, update_s, comm_cpu=comm_cpu)
         report = {
-            "phase": "decided", "profiled_steps": n, "profiled_period_s": period, "update_s": update_s,
+            "phase": "decided", "profiled_steps": n, "profiled_period_s": period, "update_s": update_s, "comm_cpu": comm_cpu,
             "predicted_s": choice.predicted_s, "dense_predicted_s": choice.dense_s,
             "measured_s": None, "prediction_error": None, "margin": opts.margin, "period": opts.period,
             "uniform_best": choice.uniform.key,

@@ -13,7 +13,8 @@ def _ms(x: Any) -> str:
 def format_report(rep: dict[str, Any]) -> str:
     """Per bucket: the method chosen and why; the predicted step (with dense fp32 beside it) and
     the measured one once measured."""
-    lines = [f"[hvd_commopt] compression='auto' (decision {rep.get('decisions', 1)}): predicted step "
+    which = "before step 0" if rep.get("phase") == "before step 0" else f"decision {rep.get('decisions', 1)}"
+    lines = [f"[hvd_commopt] compression='auto' ({which}): predicted step "
              f"{_ms(rep['predicted_s'])} (dense fp32 {_ms(rep['dense_predicted_s'])}), measured "
              f"{_ms(rep.get('measured_s'))}; re-decides beyond {rep['margin']:.0%} after {rep['period']} steps"]
     if rep.get("reverted"):

@@ -130,6 +130,8 @@ class Trainer:
     def attach_host(self, host: ScheduleHost) -> None:
         """Give the scheduler the adapter's :class:`~hvd_commopt.host.ScheduleHost`."""
         self.scheduler.attach(host)
+        if isinstance(self.engine.reducer, AutoReducer):  # compression="auto" prices before step 0
+            self.engine.reducer.policy.prepare(self.engine, host)  # docs/auto-compression.md#before-step-0
 
     @property
     def host(self) -> ScheduleHost | None:

@@ -129,3 +129,59 @@ def test_auto_on_one_rank_stays_dense_and_says_why():
     rep = opt.compression_report
     assert {b["method"] for b in rep["buckets"]} == {"none"}
     assert all("one rank" in b["why"] for b in rep["buckets"])
+
+
+def test_auto_decides_before_step_0_from_the_link_and_the_compute_alone():
+    """The wrapper's attach prices the buckets (docs/auto-compression.md#before-step-0): on the slow
+    link the 1 MB layer's bucket is sparse from the first step, not after dense warm-up steps."""
+    def body(comm):
+        torch.set_num_threads(1)
+        model = make_model()
+        opt = hco.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                                       named_parameters=model.named_parameters(), communicator=comm,
+                                       compression=Compression.auto(cost_model=SLOW, margin=1e3))
+        policy = opt._hco_engine.engine.reducer.policy
+        return {k: m.key for k, m in policy.reducer.assignment.items()}, dict(policy.report), policy.decisions
+    (a0, rep0, d0), (a1, _, d1) = run_ranks(2, body)
+    assert a0 == a1 and d0 == d1 == 0
+    big = max(rep0["buckets"], key=lambda b: b["bytes"])
+    assert "@" in a0[big["bucket"]] and big["method"] == a0[big["bucket"]]
+    assert rep0["phase"] == "before step 0" and rep0["comm_cpu"] == 1.0  # CPU tensors: the send is the rank's work
+
+
+def test_auto_calibrates_and_times_its_candidates_before_step_0_only(monkeypatch):
+    """Neither the link's calibration nor the candidates' timing runs inside training: both run
+    once, when the optimizer is wrapped; the decision after the profile reuses them."""
+    from hvd_commopt.autocompress import policy as P
+    calls = {"calibrate": [], "local": []}
+    real_cal, real_local = P.calibrate, P.measure_local_costs
+
+    def cal(comm, **kw):
+        calls["calibrate"].append(comm.rank)
+        return real_cal(comm, **kw)
+
+    def local(*a, **kw):
+        calls["local"].append(1)
+        return real_local(*a, **kw)
+    monkeypatch.setattr(P, "calibrate", cal)
+    monkeypatch.setattr(P, "measure_local_costs", local)
+
+    def body(comm):
+        torch.set_num_threads(1)
+        model = make_model()
+        opt = hco.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                                       named_parameters=model.named_parameters(), communicator=comm,
+                                       compression=Compression.auto(margin=1e3))
+        comm.barrier()  # both ranks wrapped
+        before = (len(calls["calibrate"]), len(calls["local"]))
+        for step in range(STEPS):
+            opt.zero_grad()
+            x, y = batch(comm.rank, step % 4)
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        return before, opt.compression_report
+    res = run_ranks(2, body)
+    assert sorted(calls["calibrate"]) == [0, 1] and calls["local"] == [1]  # rank 0 times the candidates
+    for before, rep in res:
+        assert before == (2, 1)  # all of it before step 0
+        assert rep["decisions"] == 1 and rep["phase"] == "watch"

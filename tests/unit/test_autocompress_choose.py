@@ -101,3 +101,69 @@ def test_candidates_are_bounded_and_ordered():
     assert keys[:2] == ["none", "bf16"]
     assert set(keys[2:]) == {f"{k}@{d:g}" for k in ("topk", "gtopk") for d in (0.1, 0.03, 0.01)}
     assert [m.key for m in opts.candidates(sparse_ok=False)] == ["none", "bf16"]
+
+
+# -- ties and the rank's own cores (docs/auto-compression.md#ties, docs/auto-compression.md#comm-cpu) --
+def _bucket(name, gap, costs_by_key):
+    from hvd_commopt.autocompress import BucketCosts
+    return BucketCosts(name, 4 * MB, gap, {Method.parse(k): v for k, v in costs_by_key.items()})
+
+
+def test_among_sparse_densities_the_fastest_wins_even_within_the_tie():
+    """A 0.5 s step (forward, backward, update): 1 % of it is 5 ms, more than Top-k 1 % saves over
+    3 % (0.9 ms), less than either saves over dense (8.4 ms). The old tie handed the bucket to
+    3 %; every density on offer trains, so the faster one is chosen."""
+    b = _bucket("b0", 0.0, {"none": (0.0, 0.010), "topk@0.03": (0.001, 0.0015), "topk@0.01": (0.001, 0.0006)})
+    ch = choose([b], update_s=0.5)
+    assert [m.key for m in ch.methods] == ["topk@0.01"]
+    assert ch.predicted_s == 0.5 + (0.001 + 0.0006)
+
+
+def test_a_less_lossy_family_within_the_tie_still_wins():
+    """bf16 within 1 % of Top-k's step: the cast is kept (a sparse method only where it pays)."""
+    b = _bucket("b0", 0.0, {"none": (0.0, 0.020), "bf16": (0.0005, 0.010), "topk@0.01": (0.001, 0.0006)})
+    ch = choose([b], update_s=1.0)  # the tie: 10 ms; dense is 18.4 ms behind Top-k, bf16 8.9 ms
+    assert [m.key for m in ch.methods] == ["bf16"]
+    ch = choose([b], update_s=0.1)  # 1 % of a 0.1 s step is 1 ms: Top-k's 8.9 ms more saving pays
+    assert [m.key for m in ch.methods] == ["topk@0.01"]
+
+
+def test_equal_times_go_to_the_least_lossy_within_the_family():
+    b = _bucket("b0", 0.0, {"none": (0.0, 0.010), "topk@0.03": (0.001, 0.001), "topk@0.01": (0.001, 0.001)})
+    assert [m.key for m in choose([b]).methods] == ["topk@0.03"]
+
+
+def test_sending_on_the_ranks_own_cores_is_not_hidden_behind_backward():
+    """The first bucket is ready 50 ms before the last: its 8 ms send fits behind the backward in
+    the DAG (comm_cpu 0: dense), but on host memory the rank's cores do the sending (comm_cpu 1),
+    so Top-k's 0.6 ms send at 1 ms of selection pays."""
+    first = _bucket("b0", 0.001, {"none": (0.0, 0.008), "topk@0.01": (0.001, 0.0006)})
+    last = _bucket("b1", 0.050, {"none": (0.0, 0.0001)})
+    assert [m.key for m in choose([first, last]).methods] == ["none", "none"]
+    ch = choose([first, last], comm_cpu=1.0)
+    assert [m.key for m in ch.methods] == ["topk@0.01", "none"]
+    # one stream: gap 1 ms, select 1 ms + send 0.6 ms, gap 50 ms, send 0.1 ms
+    assert ch.predicted_s == pytest.approx(0.001 + 0.0016 + 0.050 + 0.0001, rel=1e-12)
+    assert ch.dense_s == pytest.approx(0.001 + 0.008 + 0.050 + 0.0001, rel=1e-12)
+
+
+def test_predict_with_comm_cpu_puts_that_share_of_the_send_on_the_compute_stream():
+    cs = costs(SLOW_LINK)
+    ms = [Method("none"), Method("topk", 0.01), Method("bf16"), Method("dgc", 0.01)]
+    got = predict(cs, ms, update_s=0.002, comm_cpu=0.25)
+    comp = [c.costs[m][0] + 0.25 * c.costs[m][1] for c, m in zip(cs, ms)]
+    comm = [0.75 * c.costs[m][1] for c, m in zip(cs, ms)]
+    ref = simulate([[i] for i in range(4)], [1, 2, 3, 4], GAPS, lambda x: comm[int(x) - 1], update_time=0.002,
+                   compress_time=lambda x: comp[int(x) - 1])
+    assert got.iteration_time == ref.iteration_time
+
+
+def test_the_tie_is_taken_over_the_whole_assignment_not_bucket_by_bucket():
+    """Ten buckets each save 1.5 ms of a ~1 s step (the tie: 10 ms) with Top-k; together 15 ms.
+    Bucket by bucket every one stayed dense; over the assignment Top-k pays."""
+    bs = [_bucket(f"b{i}", 0.0, {"none": (0.0, 0.003), "topk@0.01": (0.0005, 0.001)}) for i in range(10)]
+    ch = choose(bs, update_s=1.0, comm_cpu=1.0)
+    assert [m.key for m in ch.methods] == ["topk@0.01"] * 10
+    assert ch.dense_s == pytest.approx(1.03, rel=1e-12) and ch.predicted_s == pytest.approx(1.015, rel=1e-12)
+    few = [_bucket(f"b{i}", 0.0, {"none": (0.0, 0.003), "topk@0.01": (0.0005, 0.001)}) for i in range(3)]
+    assert [m.key for m in choose(few, update_s=1.0, comm_cpu=1.0).methods] == ["none"] * 3  # 4.5 ms < 1 %
