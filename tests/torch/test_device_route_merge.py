@@ -150,21 +150,31 @@ def _finish_and_settle(red, b, rnd, pend, ctx):
     return out
 
 
-def _reduce_ranks(P: int, factory, rows, steps: int = 3):
-    """Each rank: ``steps`` rounds of one bucket; per step the result, the residual, and the
-    recorder of finish + settle (the selection in ``start`` is the selection's own route)."""
+def _rounds(P: int, factory, rows, steps: int, one_round):
+    """Each rank: ``steps`` rounds of one bucket through a fresh ``factory()`` reducer; per step
+    what ``one_round(red, b, rnd, flat, ctx)`` returns."""
     def body(comm):
         red, res = factory(), []
         ctx = ReduceContext(comm, ops, 1.0, 1.0 / P)
         for s in range(steps):
             flat = rows[s][comm.rank].clone()
-            b, rnd = bucket("b", ops, flat), RoundInfo(s, None)
-            pend = red.start(b, rnd, flat, ctx)
-            out, rec = recorded(_finish_and_settle, red, b, rnd, pend, ctx)
-            r = red.residual(ops, "b", out)
-            res.append((out.clone(), None if r is None else r.clone(), rec))
+            res.append(one_round(red, bucket("b", ops, flat), RoundInfo(s, None), flat, ctx))
         return res
     return run_ranks(P, body)
+
+
+def _recorded_round(red, b, rnd, flat, ctx):
+    """The result, the residual, and the recorder of finish + settle (the selection in ``start``
+    is the selection's own route)."""
+    pend = red.start(b, rnd, flat, ctx)
+    out, rec = recorded(_finish_and_settle, red, b, rnd, pend, ctx)
+    r = red.residual(ops, "b", out)
+    return out.clone(), None if r is None else r.clone(), rec
+
+
+def _reduce_ranks(P: int, factory, rows, steps: int = 3):
+    """Each rank: ``steps`` rounds of one bucket; per step :func:`_recorded_round`."""
+    return _rounds(P, factory, rows, steps, _recorded_round)
 
 
 def _assert_device_route_equals_host_route(monkeypatch, P: int, factory, rows, steps: int) -> None:
@@ -339,17 +349,12 @@ def test_masking_delivered_momentum_device_route_equals_host_route(monkeypatch, 
         mem = DGCMemory(0.9)
         return GTopK(k / n + 1e-9, min_k=1, memory=mem) if reducer == "gtopk" else OkTopK(k / n + 1e-9, min_k=1, memory=mem)
 
+    def momentum_round(red, b, rnd, flat, ctx):
+        _finish_and_settle(red, b, rnd, red.start(b, rnd, flat, ctx), ctx)
+        return red.memory.state_dict()["momentums"]["b"].clone()
+
     def momenta():
-        def body(comm):
-            red, out = factory(), []
-            ctx = ReduceContext(comm, ops, 1.0, 1.0 / P)
-            for s in range(steps):
-                flat = rows[s][comm.rank].clone()
-                b, rnd = bucket("b", ops, flat), RoundInfo(s, None)
-                _finish_and_settle(red, b, rnd, red.start(b, rnd, flat, ctx), ctx)
-                out.append(red.memory.state_dict()["momentums"]["b"].clone())
-            return out
-        return run_ranks(P, body)
+        return _rounds(P, factory, rows, steps, momentum_round)
     host = momenta()
     monkeypatch.setattr(K, "HOST_KERNELS", False)
     forms = []
