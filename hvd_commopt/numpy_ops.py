@@ -258,23 +258,26 @@ class NumpyOps:
     def from_numpy(self, a, like=None): return a
 
 
-def topk_ranked_np(a: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """``TensorOps.topk_abs_ranked`` of a host array (float16/32/64, or bfloat16 as its uint16 bit
-    pattern): a stable sort of the canonical magnitude keys (every NaN one key above +Inf)."""
+def _magnitude_keys(a: np.ndarray) -> np.ndarray:
+    """The canonical int64 magnitude key of every element of a contiguous host array (float16/32/64,
+    or bfloat16 as its uint16 bit pattern): |x|'s bit pattern, every NaN one key above +Inf."""
     bits = a.view(np.uint16) if a.dtype == np.uint16 else a.view(_KEY_DTYPES[a.dtype.itemsize][0])
     mask, inf = (0x7FFF, 0x7F80) if a.dtype == np.uint16 else _MAG_INF[a.dtype.itemsize]
-    keys = np.minimum(np.bitwise_and(bits.astype(np.int64), mask), inf + 1)
+    return np.minimum(np.bitwise_and(bits.astype(np.int64), mask), inf + 1)
+
+
+def topk_ranked_np(a: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """``TensorOps.topk_abs_ranked`` of a host array: a stable sort of the canonical magnitude keys."""
+    keys = _magnitude_keys(a)
     order = np.argsort(-keys, kind="stable")[:int(k)].astype(np.int64)
     return order, keys[order]
 
 
 def _row_keys(rows: np.ndarray, width: int) -> np.ndarray:
-    """Unique int64 keys of float32 rows: the canonical magnitude key (every NaN one above +Inf)
-    times ``width`` plus ``width - 1 - column``, so a larger key is a larger magnitude or, at equal
-    magnitudes, a lower column (``TensorOps.topk_abs_rows``)."""
-    keys = np.minimum(np.bitwise_and(np.ascontiguousarray(rows).view(np.int32), 0x7FFFFFFF).astype(np.int64),
-                      0x7F800001)
-    return keys * width + np.arange(width - 1, -1, -1, dtype=np.int64)
+    """Unique int64 keys of float32 rows: the canonical magnitude key times ``width`` plus
+    ``width - 1 - column``, so a larger key is a larger magnitude or, at equal magnitudes, a lower
+    column (``TensorOps.topk_abs_rows``)."""
+    return _magnitude_keys(np.ascontiguousarray(rows)) * width + np.arange(width - 1, -1, -1, dtype=np.int64)
 
 
 def topk_index_np(a: np.ndarray, k: int) -> np.ndarray:
