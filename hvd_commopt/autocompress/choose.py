@@ -116,9 +116,10 @@ def _best(options: Sequence[tuple[Method, float]], tie: float) -> tuple[Method, 
 
 
 def _descend(buckets: Sequence[BucketCosts], step: Callable[[Sequence[Method]], float], level: int,
-             sweeps: int) -> list[Method]:
+             sweeps: int) -> tuple[list[Method], list[tuple[Method, float]]]:
     """The fastest assignment from the methods of family <= ``level`` (equal steps: the least
-    lossy): the best uniform one, then coordinate descent bucket by bucket."""
+    lossy): the best uniform one, then coordinate descent bucket by bucket; and the step of every
+    uniform assignment it started from (each bucket that cannot use a method stays dense)."""
     cands = [sorted((m for m in b.costs if m.family <= level), key=lambda m: m.lossiness) for b in buckets]
     kinds = sorted({m for c in cands for m in c}, key=lambda m: m.lossiness)
     uniform = [(m, step([m if m in c else DENSE for c in cands])) for m in kinds]
@@ -137,7 +138,7 @@ def _descend(buckets: Sequence[BucketCosts], step: Callable[[Sequence[Method]], 
                 cur[i], changed = best, True
         if not changed:
             break
-    return cur
+    return cur, uniform
 
 
 def choose(buckets: Sequence[BucketCosts], update_s: float = 0.0, tie: float = TIE, sweeps: int = 4,
@@ -151,19 +152,16 @@ def choose(buckets: Sequence[BucketCosts], update_s: float = 0.0, tie: float = T
     def step(ms: Sequence[Method]) -> float:
         return predict(buckets, ms, update_s, comm_cpu).iteration_time
 
-    dense = [DENSE] * n
-    dense_s = step(dense)
-    # the best uniform method, for the report (each bucket that cannot use it stays dense)
-    kinds = sorted({m for b in buckets for m in b.costs}, key=lambda m: m.lossiness)
-    uniform, _ = _best([(m, step([m if m in b.costs else DENSE for b in buckets])) for m in kinds], tie)
+    dense_s = step([DENSE] * n)
     # per family level (fp32 only; up to bf16; ...; everything) the fastest assignment, then the
     # least lossy level within ``tie`` of the fastest one: the tie is taken once, over the whole
     # assignment (several buckets that each save less than the tie may save more together)
-    levels = sorted({m.family for m in kinds})
+    levels = sorted({m.family for b in buckets for m in b.costs})
     found: list[tuple[list[Method], float]] = []
     for level in levels:
-        ms = _descend(buckets, step, level, sweeps)
+        ms, uniforms = _descend(buckets, step, level, sweeps)
         found.append((ms, step(ms)))
+    uniform, _ = _best(uniforms, tie)  # for the report: the last level's, every method's uniform step
     fastest = min(t for _, t in found)
     cur = next(ms for ms, t in found if t <= fastest * (1 + tie))  # levels[0] is dense fp32: never slower
     final = step(cur)
