@@ -20,8 +20,8 @@ Everything runs through the tensor ops (:mod:`hvd_commopt.compress.quantize`): a
 selected, quantised, packed, decoded and summed on its device (docs/quantize.md#device).
 
 SparseLoCo's own settings are options: ``chunk=C`` picks the top-k per chunk of C elements of
-each tensor (:mod:`hvd_commopt.compress.chunked`; positions travel as int16 offsets inside their
-chunk, docs/quantize.md#chunked) and ``ef_decay=beta`` scales the residual by beta before it is
+each tensor (:mod:`hvd_commopt.compress.chunked`; positions travel as their offsets inside their chunk,
+packed in as few bits as the chunk needs, docs/quantize.md#chunked, docs/quantize.md#offsets) and ``ef_decay=beta`` scales the residual by beta before it is
 added (``e = beta e + Delta``, docs/quantize.md#ef-decay). ``mean_over="senders"`` averages each
 coordinate over the ranks whose selection holds it, not over all P, the rule of SparseLoCo's code
 (DeMo's and templar's ``scatter_reduce(..., "mean", include_self=False)``;
@@ -109,6 +109,7 @@ class QuantizedAllreduce(Reducer):
         self.mean_over = mean_over
         self.memory = ErrorFeedback(error_feedback, nonfinite, decay=ef_decay)
         self._layouts: dict[tuple[int, ...], ChunkLayout] = {}  # planned once per bucket layout
+        self._scales: dict[tuple[str, str, float, int], Any] = {}  # _senders_scale, uploaded once per device
 
     @property
     def density(self) -> float | None:
@@ -125,6 +126,13 @@ class QuantizedAllreduce(Reducer):
         if sizes not in self._layouts:
             self._layouts[sizes] = ChunkLayout(chunk_plan(sizes, self.chunk, self.rho))
         return self._layouts[sizes]
+
+    def _senders_scale_on(self, ops: TensorOps, like: Any, post: float, size: int) -> Any:
+        """:func:`_senders_scale` on like's device, uploaded once (not a host copy every round)."""
+        key = (ops.name, ops.device_name(like), post, size)
+        if key not in self._scales:
+            self._scales[key] = ops.from_numpy(_senders_scale(post, size), like=like)
+        return self._scales[key]
 
     def start(self, bucket: Bucket, rnd: RoundInfo, flat: Any, ctx: ReduceContext) -> Pending:
         ops, comm = ctx.ops, ctx.comm
@@ -186,7 +194,7 @@ class QuantizedAllreduce(Reducer):
             buf, _ = comm.wait(pending.handles[0])
             out, counts = self._sum_sparse(ops, buf, st, comm.size)
             if counts is not None:  # each coordinate times post * P / (ranks that sent it), one rounding
-                return ops.mul(out, ops.gather(ops.from_numpy(_senders_scale(st.post, comm.size), like=out), counts))
+                return ops.mul(out, ops.gather(self._senders_scale_on(ops, out, st.post, comm.size), counts))
         else:
             out = self._reduce_scatter_allgather(pending, ctx, st)
         if st.post != 1.0:
