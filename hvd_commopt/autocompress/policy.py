@@ -230,7 +230,8 @@ class AutoPolicy:
         self._previous = None if before_step0 else {b.name: self.reducer.method_of(b.name) for b in port.buckets}
         self._assign(port, {k: Method.parse(v) for k, v in payload["assignment"].items()})
         self.report = dict(payload["report"])
-        self.decisions += 0 if before_step0 else 1
+        if not before_step0:  # the step-0 decision is not a re-decision the report counts
+            self.decisions += 1
         self.report["decisions"] = self.decisions
         if payload.get("warning") and not self._warned:
             self._warned = True
