@@ -281,7 +281,11 @@ def conv_table(results: Path) -> list[str]:
     lines = ["| task | optimizer | ranks, length | seeds | S-SGD | auto | gap | target | auto on a 100 Mbit/s model | "
              "gap | target | it chose (any seed) |", "|---|---|---|---:|---:|---:|---:|---|---:|---:|---|---|"]
     order = ("digits", "digits_mlp", "rings", "transformer")
-    for key in sorted(groups, key=lambda k: (order.index(k[0]) if k[0] in order else len(order), k)):
+    def rank(k: tuple) -> tuple:  # the tasks in order, then optimizer, ranks and length (a number)
+        n = k[3].split()[0]
+        return (order.index(k[0]) if k[0] in order else len(order), k[0], k[1], k[2], int(n) if n.isdigit() else 0)
+
+    for key in sorted(groups, key=rank):
         task, optimizer, ranks, length = key
         by, lm = groups[key], task == "transformer"
         ssgd = by.get("ssgd", {})
