@@ -272,7 +272,8 @@ def conv_table(results: Path) -> list[str]:
                 continue
             r = json.loads(line[5:])  # "val_loss" for the transformer, "acc" in percent otherwise
             length = f"{r['steps']} steps" if "steps" in r else f"{r.get('epochs', '?')} epochs"
-            key = (r["task"], r.get("optimizer", "sgd"), r.get("ranks", 2), length)
+            task = r.get("task") or p.stem[len("conv_"):]  # lines without it: the file's name
+            key = (task, r.get("optimizer", "sgd"), r.get("ranks", 2), length)
             val = r.get("val_loss", r.get("acc"))
             if val is not None:
                 groups.setdefault(key, {}).setdefault(r["variant"], {})[r["seed"]] = float(val)
