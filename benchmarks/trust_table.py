@@ -272,6 +272,8 @@ def conv_table(results: Path) -> list[str]:
                 continue
             r = json.loads(line[5:])  # "val_loss" for the transformer, "acc" in percent otherwise
             length = f"{r['steps']} steps" if "steps" in r else f"{r.get('epochs', '?')} epochs"
+            if r.get("shape"):  # the transformer's: GPT_CPU ("cpu") or the tiny one
+                length += f", GPT {r['shape']}"
             task = r.get("task") or p.stem[len("conv_"):]  # lines without it: the file's name
             key = (task, r.get("optimizer", "sgd"), r.get("ranks", 2), length)
             val = r.get("val_loss", r.get("acc"))
