@@ -223,6 +223,9 @@ def variant_kwargs(name: str, steps_per_epoch: int, warmup: int) -> dict:
         # compression="auto" as users get it, and as it chooses on a 100 Mbit/s link's model (sparse)
         "auto": lambda: {"compression": "auto"},
         "auto_100mbit": lambda: {"compression": Compression.auto(cost_model=_link_model(1e-4, 8e-8))},
+        # the same with its density floor at --density: what a floor there would train to
+        "auto_100mbit_floor": lambda: {"compression": Compression.auto(cost_model=_link_model(1e-4, 8e-8),
+                                                                       min_density=d)},
         "od_reference": lambda: {"schedule": Schedule.od(warmup_steps=warmup, local="reference")},
         "ssd_reference": lambda: {"schedule": Schedule.ssd(warmup_steps=warmup, local="reference")},
         "cd_reference": lambda: {"schedule": Schedule.cd(warmup_steps=warmup, batch_size=BATCH,
@@ -273,7 +276,8 @@ def train(task, name: str, seed: int, epochs: int, lr: float, warmup: int, optim
         curve.append(_accuracy(opt, model, Xte, Yte))
     opt.finalize()
     acc = _accuracy(opt, model, Xte, Yte, finalized=True)
-    return {"variant": name, "seed": seed, "acc": acc, "curve": curve, "seconds": time.perf_counter() - t0}
+    return {"variant": name, "seed": seed, "acc": acc, "curve": curve, "seconds": time.perf_counter() - t0,
+            **_auto_choice(opt)}
 
 
 def train_lm(name: str, seed: int, steps: int, lr: float, warmup: int, optimizer: str, shape: str,
@@ -307,7 +311,16 @@ def train_lm(name: str, seed: int, steps: int, lr: float, warmup: int, optimizer
             curve.append(_val_loss(opt, model, vx, vy))
     opt.finalize()
     loss = _val_loss(opt, model, vx, vy, finalized=True)
-    return {"variant": name, "seed": seed, "val_loss": loss, "curve": curve, "seconds": time.perf_counter() - t0}
+    return {"variant": name, "seed": seed, "val_loss": loss, "curve": curve, "seconds": time.perf_counter() - t0,
+            **_auto_choice(opt)}
+
+
+def _auto_choice(opt) -> dict:
+    """For ``compression="auto"``: what its last decision chose per bucket (``{}`` for the others)."""
+    rep = opt.compression_report
+    if not rep:
+        return {}
+    return {"chosen": [b["method"] for b in rep["buckets"]], "decisions": rep.get("decisions", 1)}
 
 
 def _val_loss(opt, model, x, y, finalized: bool = False) -> float:

@@ -42,7 +42,25 @@ def test_best_fixed_is_the_fastest_that_reaches_the_target(tmp_path: Path) -> No
     assert "| 1 Gbit/s | ResNet-18 | failed: rc=134: Gloo said no |" in text
     assert "| 100 Mbit/s | transformer | not run |" in text
     assert "89.0 % (does not reach)" in text and "98.0 % (reaches)" in text
-    assert "| digits | sgd | 2 | 97.50 % | 97.50 % | +0.00 pt | not run |" in text
+    assert "| digits | sgd | 2, ? epochs | 2 | 97.50 % | 97.50 % | +0.00 pt (-0.50 to +0.50) | met | not run |  |  | - |" in text
+
+
+def test_auto_accuracy_rows_per_task_optimizer_ranks_and_length_with_met_or_missed(tmp_path: Path) -> None:
+    """Every conv_*.txt, one row per (task, optimizer, ranks, length); gaps over the seeds both ran."""
+    def line(task, v, s, val, **kw):
+        key = "val_loss" if task == "transformer" else "acc"
+        return "CONV " + json.dumps({"variant": v, "seed": s, key: val, "task": task, "ranks": 2, **kw})
+    mlp = [line("digits_mlp", "ssgd", s, a, epochs=8) for s, a in ((0, 97.0), (1, 96.0))]
+    mlp += [line("digits_mlp", "auto", s, a, epochs=8) for s, a in ((0, 97.0), (1, 96.0))]
+    mlp += [line("digits_mlp", "auto_100mbit", 0, 96.4, epochs=8, chosen=["bf16", "topk@0.1"])]
+    (tmp_path / "conv_digits_mlp.txt").write_text("\n".join(mlp) + "\n")
+    lm = [line("transformer", v, 0, x, steps=400, optimizer="sgd") for v, x in (("ssgd", 2.5), ("auto", 2.55))]
+    (tmp_path / "conv_transformer_sgd.txt").write_text("\n".join(lm) + "\n")
+    rows = T.conv_table(tmp_path)[2:]
+    assert rows == [
+        "| digits_mlp | sgd | 2, 8 epochs | 2 | 96.50 % | 96.50 % | +0.00 pt (+0.00 to +0.00) | met | "
+        "96.40 % | -0.60 pt | **MISSED** | bf16, topk@0.1 |",
+        "| transformer | sgd | 2, 400 steps | 1 | 2.500 | 2.550 | +2.00 % | **MISSED** | not run |  |  | - |"]
 
 
 def test_readme_block_between_markers(tmp_path: Path) -> None:
