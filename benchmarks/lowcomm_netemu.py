@@ -145,9 +145,17 @@ def main(argv=None) -> None:
                     help="comma-separated lowcomm_bench JSONs: time to the ddp run's final loss per variant "
                          "(a variant's longest run counts)")
     ap.add_argument("--out", default="benchmarks/results/lowcomm/netemu")
+    ap.add_argument("--rescore", action="store_true",
+                    help="measure nothing: apply --curves to the step times of OUT/netemu_summary.json")
     args = ap.parse_args(argv)
     if args.worker:
         worker(args)
+        return
+    if args.rescore:
+        path = Path(args.out) / "netemu_summary.json"
+        summary = json.loads(path.read_text())
+        summary.update(summarise(summary["results"], *curves_from(args.curves.split(","))))
+        path.write_text(json.dumps(summary, indent=1))
         return
     from benchmarks.netemu import EmulatedCluster
     out = Path(args.out)
