@@ -57,7 +57,9 @@ def section(results: Path = RESULTS) -> list[str]:
     lines = ["", "## Low-communication training (DiLoCo, SparseLoCo)", "",
              "`python -m benchmarks.lowcomm_bench`: validation loss at equal tokens and bytes per step per rank "
              "against S-SGD of the same run (convergence, not time: the figures do not depend on the machine's "
-             "load). Set-ups, targets and reading: docs/diloco.md#measured, docs/quantize.md#measured."]
+             "load); the emulated-link tables are times (`python -m benchmarks.lowcomm_netemu --curves`, measured with "
+             "the machine to themselves). Set-ups, targets and reading: docs/diloco.md#measured, "
+             "docs/diloco.md#measured-time-to-loss, docs/quantize.md#measured."]
     files = sorted(p for p in results.glob("**/lowcomm_p*.json")) if results.is_dir() else []
     found = False
     for p in files:
