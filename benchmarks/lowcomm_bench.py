@@ -180,7 +180,9 @@ def emulated_step_s(netemu: dict, name: str) -> float | None:
     res = netemu.get("results", {})
     key = name if name in res else ("ddp" if name.startswith("ddp") else
                                      "diloco_h50" if name.startswith(("diloco_h50", "sparseloco_h50")) else None)
-    return None if key not in res else max(r["step_s"] for r in res[key]["ranks"])
+    if key not in res:
+        return None
+    return res[key].get("step_s", max(r["step_s"] for r in res[key]["ranks"]))  # the median of --repeats
 
 
 def plot(results: dict, P: int, out: Path, netemu: dict | None = None, png: Path | None = None) -> None:

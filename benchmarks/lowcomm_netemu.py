@@ -1,25 +1,40 @@
-"""Step times of S-SGD (DDP's allreduce) and DiLoCo on an emulated link (benchmarks/netemu.py:
-one network namespace per rank, tc-shaped veth links, Open MPI or MPICH between them), for the
-time-to-loss comparison of docs/diloco.md#measured.
+"""Step times of S-SGD (DDP's allreduce) and the low-communication variants on an emulated link
+(benchmarks/netemu.py: one network namespace per rank, tc-shaped veth links, Open MPI or MPICH
+between them), for the time-to-loss comparison of docs/diloco.md#measured.
 
-    python -m benchmarks.lowcomm_netemu --net 100mbit --steps 100 --out benchmarks/results/lowcomm/netemu
+    python -m benchmarks.lowcomm_netemu --net 100mbit --steps 110 --out benchmarks/results/lowcomm/netemu
 
-Each variant trains benchmarks/lowcomm_bench.py's GPT (same shape, batch and inner AdamW) for
-``--steps`` steps on 2 emulated hosts; rank 0 reports the mean wall time per training step (the
-first ``--skip`` steps left out) and the bytes its link sent. A run this short measures the
-step's cost on the link, not the loss: the time to a loss is the loss curve's step count (from
-lowcomm_bench, in-process ranks, the same model and data) times the step time measured here
+A variant is any of benchmarks/lowcomm_bench.py's names (its table or a recipe such as
+``diloco_h50_olr1.0_om0.5``), built by lowcomm_bench's own code, so a step time here and a loss
+curve there are the same configuration; ``compute`` is the same training step with the inner
+optimizer alone (no communication), the step's compute on these hosts. Each variant trains
+lowcomm_bench's GPT (``--layers/--width/--context/--batch``, inner AdamW) for ``--steps`` steps
+on 2 emulated hosts; rank 0 reports the mean wall time per training step (the first ``--skip``
+steps left out; keep ``steps - skip`` a multiple of the variants' periods so every period's sync
+is counted once) and the bytes its link sent. ``--repeats R`` runs the variants R times in turn
+(interleaved, so a load change hits them alike) and takes each variant's median. A run this short
+measures the step's cost on the link, not the loss: the time to a loss is the loss curve's step
+count (lowcomm_bench, in-process ranks, the same model and data; ``--curves``, which may name
+several runs of different lengths, e.g. a longer DiLoCo run) times the step time measured here
 (:func:`time_to_loss`).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
 
-VARIANTS = ("ddp", "diloco_h50")
+VARIANTS = ("compute", "ddp", "diloco_h50")
+
+
+def _schedule_and_compression(name: str):
+    """lowcomm_bench's (schedule factory, compression factory) for variant ``name``."""
+    from benchmarks.lowcomm_bench import parse_variant, variants
+    table = variants(20, 50, 100)
+    return table[name] if name in table else parse_variant(name)
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -29,15 +44,18 @@ def worker(args: argparse.Namespace) -> None:
     from benchmarks.gpt_model import GPT, GPTShape, lm_loss
     from benchmarks.suite.rankenv import link_counter
     from benchmarks.text_corpus import batches, load_text_corpus
-    from hvd_commopt import Schedule
     torch.set_num_threads(1)
     comm = hco.init()
     shape = GPTShape(layers=args.layers, heads=4, width=args.width, context=args.context, vocab=256)
     torch.manual_seed(0)
     model = GPT(shape)
     inner = torch.optim.AdamW(model.parameters(), lr=2e-3, betas=(0.9, 0.95), weight_decay=0.01)
-    schedule = Schedule.sync() if args.variant == "ddp" else Schedule.diloco(int(args.variant.split("_h")[1]))
-    opt = hco.DistributedOptimizer(inner, named_parameters=model.named_parameters(), schedule=schedule)
+    if args.variant == "compute":  # the same step without communication
+        opt = inner
+    else:
+        schedule, compression = _schedule_and_compression(args.variant)
+        opt = hco.DistributedOptimizer(inner, named_parameters=model.named_parameters(), schedule=schedule(),
+                                       compression=compression())
     it = batches(load_text_corpus(shape.context, "train"), args.batch, shape.context,
                  torch.Generator().manual_seed(1000 + comm.rank))
     _, tx = link_counter()
@@ -66,6 +84,49 @@ def time_to_loss(curve: list[dict], target: float, step_s: float) -> float | Non
     return None if hit is None else hit["step"] * step_s
 
 
+def curves_from(paths: list[str]) -> tuple[float, dict[str, dict]]:
+    """S-SGD's final validation loss (from the first run that has ``ddp``) and every variant's
+    loss curve with its run's length, from lowcomm_bench JSONs: a later file's variant of the same
+    name replaces an earlier one's only when the later run is longer (a longer run may reach the
+    target where a run of DDP's length does not)."""
+    target, curves = None, {}
+    for p in paths:
+        data = json.loads(Path(p).read_text())
+        for name, r in data["results"].items():
+            if name == "ddp" and target is None:
+                target = r["curve"][-1]["val_loss"]
+            steps = data["args"]["steps"]
+            if name not in curves or steps > curves[name]["steps"]:
+                curves[name] = {"curve": r["curve"], "steps": steps, "file": str(p)}
+    if target is None:
+        raise SystemExit(f"--curves: none of {paths} has a ddp run (the target is its final loss)")
+    return target, curves
+
+
+def summarise(results: dict, target: float, curves: dict[str, dict]) -> dict:
+    """Per variant: the median step time, the steps and seconds to S-SGD's final loss, and the
+    ratios against S-SGD; compute's step time gives the configuration's communication/compute
+    ratio (S-SGD's step less compute, over compute)."""
+    out = {"target": target}
+    for v, r in results.items():
+        c = curves.get(v)
+        hit = None if c is None else next((p for p in c["curve"] if p["val_loss"] <= target), None)
+        r["steps_to_ddp_loss"] = None if hit is None else hit["step"]
+        r["run_steps"] = None if c is None else c["steps"]
+        r["curve_file"] = None if c is None else c["file"]
+        r["time_to_ddp_loss_s"] = None if c is None else time_to_loss(c["curve"], target, r["step_s"])
+    ddp = results.get("ddp")
+    if ddp is not None:
+        for r in results.values():
+            r["step_speedup_vs_ddp"] = ddp["step_s"] / r["step_s"]
+            t, t0 = r.get("time_to_ddp_loss_s"), ddp.get("time_to_ddp_loss_s")
+            r["time_to_loss_speedup_vs_ddp"] = None if t is None or t0 is None else t0 / t
+        if "compute" in results:
+            comp = results["compute"]["step_s"]
+            out["comm_over_compute_ddp"] = (ddp["step_s"] - comp) / comp
+    return out
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -74,47 +135,68 @@ def main(argv=None) -> None:
     ap.add_argument("--net", default="100mbit")
     ap.add_argument("--steps", type=int, default=110)
     ap.add_argument("--skip", type=int, default=10, help="warm-up steps left out of the mean")
+    ap.add_argument("--repeats", type=int, default=1, help="run the variants this many times in turn; medians")
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--width", type=int, default=64)
     ap.add_argument("--context", type=int, default=64)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--timeout", type=float, default=900)
-    ap.add_argument("--curves", default=None, help="a lowcomm_bench JSON: time to its ddp's final loss per variant")
+    ap.add_argument("--curves", default=None,
+                    help="comma-separated lowcomm_bench JSONs: time to the ddp run's final loss per variant "
+                         "(a variant's longest run counts)")
     ap.add_argument("--out", default="benchmarks/results/lowcomm/netemu")
+    ap.add_argument("--rescore", action="store_true",
+                    help="measure nothing: apply --curves to the step times of OUT/netemu_summary.json")
     args = ap.parse_args(argv)
     if args.worker:
         worker(args)
+        return
+    if args.rescore:
+        path = Path(args.out) / "netemu_summary.json"
+        summary = json.loads(path.read_text())
+        summary.update(summarise(summary["results"], *curves_from(args.curves.split(","))))
+        path.write_text(json.dumps(summary, indent=1))
         return
     from benchmarks.netemu import EmulatedCluster
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     root = str(Path(__file__).resolve().parent.parent)
-    results = {}
+    names = args.variants.split(",")
+    runs: dict[str, list[dict]] = {v: [] for v in names}
     with EmulatedCluster(n=2, rate=args.net) as cl:
         env = {"PYTHONPATH": root, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "HVD_COMMOPT_BACKEND": "mpi"}
-        for v in args.variants.split(","):
-            path = out / f"{v}.json"
-            path.unlink(missing_ok=True)
-            cmd = [sys.executable, "-m", "benchmarks.lowcomm_netemu", "--worker", "--variant", v, "--out", str(path)]
-            cmd += [f"--{k}={getattr(args, k)}" for k in ("steps", "skip", "layers", "width", "context", "batch")]
-            res = cl.run_mpi(cmd, env=env, timeout=args.timeout)
-            if not path.exists():
-                raise SystemExit(f"{v}: no result on {cl.network}:\n{(res.stdout + res.stderr)[-3000:]}")
-            results[v] = json.loads(path.read_text())
-            results[v]["network"] = cl.network
-            step_s = max(r["step_s"] for r in results[v]["ranks"])
-            print(f"NETEMU {v} on {cl.network}: {step_s * 1e3:.1f} ms/step, link bytes/step "
-                  f"{results[v]['ranks'][0]['link_bytes'] / results[v]['steps']:.0f}", flush=True)
-    summary = {"net": args.net, "results": results}
+        for rep in range(args.repeats):
+            for v in names:
+                path = out / f"{v}.json"
+                path.unlink(missing_ok=True)
+                cmd = [sys.executable, "-m", "benchmarks.lowcomm_netemu", "--worker", "--variant", v, "--out", str(path)]
+                cmd += [f"--{k}={getattr(args, k)}" for k in ("steps", "skip", "layers", "width", "context", "batch")]
+                res = cl.run_mpi(cmd, env=env, timeout=args.timeout)
+                if not path.exists():
+                    raise SystemExit(f"{v}: no result on {cl.network}:\n{(res.stdout + res.stderr)[-3000:]}")
+                run = json.loads(path.read_text())
+                run["step_s"] = max(r["step_s"] for r in run["ranks"])
+                run["at"] = time.strftime("%H:%M:%S", time.gmtime())
+                runs[v].append(run)
+                print(f"NETEMU {v} on {cl.network} (repeat {rep}): {run['step_s'] * 1e3:.1f} ms/step, link bytes/step "
+                      f"{run['ranks'][0]['link_bytes'] / run['steps']:.0f}", flush=True)
+        network = cl.network
+    results = {}
+    for v, rs in runs.items():
+        mid = sorted(rs, key=lambda r: r["step_s"])[len(rs) // 2]
+        results[v] = {**mid, "network": network, "step_s": statistics.median(r["step_s"] for r in rs),
+                      "repeats": [{"step_s": r["step_s"], "ranks": r["ranks"], "at": r["at"]} for r in rs]}
+    summary = {"net": args.net, "args": {k: v for k, v in vars(args).items() if k != "worker"}, "results": results}
     if args.curves:
-        curves = json.loads(Path(args.curves).read_text())["results"]
-        target = curves["ddp"]["curve"][-1]["val_loss"]
-        summary["target"] = target
+        target, curves = curves_from(args.curves.split(","))
+        summary.update(summarise(results, target, curves))
         for v, r in results.items():
-            step_s = max(x["step_s"] for x in r["ranks"])
-            name = v if v in curves else next((n for n in curves if n.startswith(v)), None)
-            r["time_to_ddp_loss_s"] = None if name is None else time_to_loss(curves[name]["curve"], target, step_s)
-            print(f"NETEMU {v}: time to ddp's final loss {r['time_to_ddp_loss_s']}")
+            print(f"NETEMU {v}: {r['step_s'] * 1e3:.1f} ms/step, steps to ddp's final loss {r['steps_to_ddp_loss']} "
+                  f"(of {r['run_steps']}), time {r['time_to_ddp_loss_s']}, x ddp {r.get('time_to_loss_speedup_vs_ddp')}")
+    elif "ddp" in results and "compute" in results:
+        summary.update({k: v for k, v in summarise(results, float("nan"), {}).items() if k != "target"})
+    if "comm_over_compute_ddp" in summary:
+        print(f"NETEMU communication/compute of a ddp step: {summary['comm_over_compute_ddp']:.1f}")
     (out / "netemu_summary.json").write_text(json.dumps(summary, indent=1))
 
 

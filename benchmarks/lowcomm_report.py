@@ -1,6 +1,7 @@
 """The low-communication section of benchmarks/REPORT.md: the tables of benchmarks/lowcomm_bench.py's
 merged runs (docs/diloco.md#measured), read from its JSONs under ``benchmarks/results/lowcomm/``
-(git-ignored; copy a run's ``lowcomm_p*.json`` there to report it).
+(git-ignored; copy a run's ``lowcomm_p*.json`` there to report it), and the times to S-SGD's
+final loss on an emulated link from benchmarks/lowcomm_netemu.py's ``netemu_summary.json``.
 
     python -m benchmarks.lowcomm_report [results dir]     # print the section
 """
@@ -29,18 +30,47 @@ def _table(path: Path, data: dict) -> list[str]:
     return lines
 
 
+def _time_table(path: Path, data: dict) -> list[str]:
+    """The time to S-SGD's final validation loss on an emulated link (benchmarks/lowcomm_netemu.py
+    with ``--curves``): each variant's measured step time x the steps its loss curve took."""
+    a = data.get("args", {})
+    ratio = data.get("comm_over_compute_ddp")
+    lines = ["", f"`{path.relative_to(path.parents[1])}`: step times on the emulated {data['net']} link (2 ranks, "
+             f"layers {a.get('layers', '?')}, width {a.get('width', '?')}, {a.get('batch', '?')}x{a.get('context', '?')} "
+             f"tokens per rank and step, median of {a.get('repeats', 1)}), the time to S-SGD's final validation loss "
+             f"{data['target']:.4f} = steps to it x step time"
+             + ("" if ratio is None else f"; S-SGD's communication / compute per step {ratio:.1f}") + ".",
+             "", "| variant | ms/step | x S-SGD per step | steps to S-SGD's loss (run length) | time to it (s) | "
+             "x S-SGD |", "|---|---:|---:|---:|---:|---:|"]
+    for v, r in data["results"].items():
+        steps, t, x = r.get("steps_to_ddp_loss"), r.get("time_to_ddp_loss_s"), r.get("time_to_loss_speedup_vs_ddp")
+        run = "" if r.get("run_steps") is None else f" ({r['run_steps']})"
+        lines.append(f"| {v} | {1e3 * r['step_s']:.1f} | {r.get('step_speedup_vs_ddp', float('nan')):.2f} | "
+                     f"{'-' if steps is None else steps}{run} | {'-' if t is None else format(t, '.1f')} | "
+                     f"{'-' if x is None else format(x, '.2f')} |")
+    return lines
+
+
 def section(results: Path = RESULTS) -> list[str]:
-    """The report's lines: one table per summarised run (a JSON with S-SGD in it)."""
+    """The report's lines: one table per summarised run (a JSON with S-SGD in it), and one per
+    emulated-link time-to-loss summary (lowcomm_netemu's ``netemu_summary.json`` with a target)."""
     lines = ["", "## Low-communication training (DiLoCo, SparseLoCo)", "",
              "`python -m benchmarks.lowcomm_bench`: validation loss at equal tokens and bytes per step per rank "
              "against S-SGD of the same run (convergence, not time: the figures do not depend on the machine's "
-             "load). Set-ups, targets and reading: docs/diloco.md#measured, docs/quantize.md#measured."]
+             "load); the emulated-link tables are times (`python -m benchmarks.lowcomm_netemu --curves`, measured with "
+             "the machine to themselves). Set-ups, targets and reading: docs/diloco.md#measured, "
+             "docs/diloco.md#measured-time-to-loss, docs/quantize.md#measured."]
     files = sorted(p for p in results.glob("**/lowcomm_p*.json")) if results.is_dir() else []
     found = False
     for p in files:
         data = json.loads(p.read_text())
         if data.get("summary"):
             lines += _table(p, data)
+            found = True
+    for p in sorted(results.glob("**/netemu_summary.json")) if results.is_dir() else []:
+        data = json.loads(p.read_text())
+        if "target" in data:  # run with --curves
+            lines += _time_table(p, data)
             found = True
     if not found:
         lines += ["", f"No results under `{results.relative_to(ROOT) if results.is_relative_to(ROOT) else results}`: "

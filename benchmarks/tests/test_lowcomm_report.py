@@ -18,3 +18,22 @@ def test_section_tables_each_summarised_run_and_says_when_there_is_none(tmp_path
     lines = section(tmp_path)
     assert "| diloco_h5 | 2.0200 | +1.00 % | 20 | 0.20000 |" in lines
     assert sum(line.startswith("| variant") for line in lines) == 1  # the unsummarised run is left out
+
+
+def test_section_tables_the_time_to_ddps_loss_on_the_emulated_link(tmp_path):
+    summary = {"net": "100mbit", "args": {"layers": 2, "width": 128, "batch": 4, "context": 64, "repeats": 3},
+               "target": 1.5, "comm_over_compute_ddp": 12.0,
+               "results": {"ddp": {"step_s": 0.2, "step_speedup_vs_ddp": 1.0, "steps_to_ddp_loss": 100,
+                                   "run_steps": 100, "time_to_ddp_loss_s": 20.0, "time_to_loss_speedup_vs_ddp": 1.0},
+                           "compute": {"step_s": 0.01, "step_speedup_vs_ddp": 20.0, "steps_to_ddp_loss": None,
+                                       "run_steps": None, "time_to_ddp_loss_s": None,
+                                       "time_to_loss_speedup_vs_ddp": None}}}
+    (tmp_path / "net").mkdir()
+    (tmp_path / "net" / "netemu_summary.json").write_text(json.dumps(summary))
+    (tmp_path / "net2").mkdir()  # a summary without --curves has no target: left out
+    (tmp_path / "net2" / "netemu_summary.json").write_text(json.dumps({"net": "1gbit", "results": {}}))
+    lines = section(tmp_path)
+    assert "| ddp | 200.0 | 1.00 | 100 (100) | 20.0 | 1.00 |" in lines
+    assert "| compute | 10.0 | 20.00 | - | - | - |" in lines
+    assert sum("communication / compute per step 12.0" in line for line in lines) == 1
+    assert not any("No results" in line for line in lines)

@@ -1,0 +1,40 @@
+"""benchmarks/lowcomm_netemu.py's pure parts: the curves of several runs and the time to S-SGD's loss."""
+import json
+
+import pytest
+
+from benchmarks.lowcomm_netemu import curves_from, summarise, time_to_loss
+
+
+def _run(path, steps, results):
+    path.write_text(json.dumps({"args": {"steps": steps}, "results": {
+        n: {"curve": [{"step": s, "val_loss": v} for s, v in c]} for n, c in results.items()}}))
+    return str(path)
+
+
+def test_time_to_loss_is_the_first_eval_at_or_below_the_target_times_the_step_time():
+    curve = [{"step": 0, "val_loss": 3.0}, {"step": 50, "val_loss": 2.0}, {"step": 100, "val_loss": 1.5}]
+    assert time_to_loss(curve, 2.0, 0.5) == 25.0
+    assert time_to_loss(curve, 1.0, 0.5) is None
+
+
+def test_curves_take_ddps_final_loss_and_each_variants_longest_run(tmp_path):
+    short = _run(tmp_path / "a.json", 100, {"ddp": [(0, 3.0), (100, 1.5)], "diloco_h50": [(0, 3.0), (100, 1.6)]})
+    long = _run(tmp_path / "b.json", 200, {"diloco_h50": [(0, 3.0), (100, 1.7), (150, 1.5), (200, 1.4)]})
+    target, curves = curves_from([short, long])
+    assert target == 1.5
+    assert curves["diloco_h50"]["steps"] == 200 and curves["diloco_h50"]["file"] == long
+    assert curves_from([long, short])[1]["diloco_h50"]["steps"] == 200  # order does not matter
+    results = {"ddp": {"step_s": 0.2}, "diloco_h50": {"step_s": 0.01}, "compute": {"step_s": 0.008}}
+    out = summarise(results, target, curves)
+    assert out["comm_over_compute_ddp"] == pytest.approx((0.2 - 0.008) / 0.008)
+    assert results["ddp"]["time_to_ddp_loss_s"] == pytest.approx(20.0)
+    assert results["diloco_h50"]["steps_to_ddp_loss"] == 150 and results["diloco_h50"]["run_steps"] == 200
+    assert results["diloco_h50"]["time_to_ddp_loss_s"] == pytest.approx(1.5)
+    assert results["diloco_h50"]["time_to_loss_speedup_vs_ddp"] == pytest.approx(20.0 / 1.5)
+    assert results["compute"]["time_to_ddp_loss_s"] is None and results["compute"]["time_to_loss_speedup_vs_ddp"] is None
+
+
+def test_curves_without_a_ddp_run_say_so(tmp_path):
+    with pytest.raises(SystemExit, match="ddp"):
+        curves_from([_run(tmp_path / "a.json", 10, {"diloco_h50": [(10, 2.0)]})])
