@@ -6,23 +6,21 @@ compute into the per-bucket choice (:func:`~hvd_commopt.autocompress.choose.choo
 (docs/auto-compression.md#report). It takes the candidates' compute as a function, so the timing
 (:mod:`.local_cost`, on the adapter's tensors) stays with the policy and this module holds no state.
 
-:func:`in_situ_costs`: the method a bucket used while it was profiled is priced at no less than its
-``start`` measured in the step (docs/auto-compression.md#in-situ), the selection on the real
-gradient, with backward's working set in the caches and the other rank on the other core.
+The report gives, per bucket, the method in use while profiled, its price measured alone and the
+time its ``start`` took in the step (docs/auto-compression.md#in-situ).
 """
 from __future__ import annotations
 
-import dataclasses
 import statistics
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from ..fusion.cost_model import CostModel
-from .choose import DENSE, BucketCosts, choose, predict
+from .choose import DENSE, choose, predict
 from .options import AutoOptions, Method
 from .pricing import SelectFit, bucket_costs
 
-__all__ = ["Profile", "decide", "in_situ_costs"]
+__all__ = ["Profile", "decide"]
 
 
 @dataclass(frozen=True)
@@ -44,29 +42,15 @@ class Profile:
         return cls(gaps, starts, statistics.median(s[0] for s in samples), len(samples))
 
 
-def in_situ_costs(costs: Sequence[BucketCosts], current: Sequence[Method], starts: Sequence[float]) -> list[BucketCosts]:
-    """``costs`` with each bucket's method in use priced at no less than what its ``start`` took
-    in the profiled steps beyond a dense launch (the median ``start`` of the buckets kept dense, 0
-    when none is); the other methods keep their measured-alone price (module docstring)."""
-    dense = [s for m, s in zip(current, starts) if m == DENSE]
-    launch = statistics.median(dense) if dense else 0.0
-    out = []
-    for c, m, s in zip(costs, current, starts):
-        if m != DENSE and m in c.costs and s - launch > c.costs[m][0]:
-            priced = dict(c.costs)
-            priced[m] = (s - launch, c.costs[m][1])
-            c = dataclasses.replace(c, costs=priced)
-        out.append(c)
-    return out
-
-
 def decide(buckets: Sequence[Any], profile: Profile, current: Sequence[Method], cost: CostModel,
            options: AutoOptions, fits_for: Callable[[Sequence[Method], int], dict[str, SelectFit]], *,
            ranks: int, adaptive: bool, banned: set[tuple[str, str]], comm_cpu: float) -> dict[str, Any]:
-    """``{"assignment", "report", "warning"}`` of the engine's ``buckets`` (name, numel, dtype,
+    """``{"assignment", "report", "warning", "alternative"}`` of the engine's ``buckets`` (name, numel, dtype,
     dense), the current methods ``current`` and the ``profile``; ``fits_for(methods, max_numel)``
     measures the candidates' compute (:func:`.local_cost.measure_local_costs`); ``banned`` are
-    (bucket, kind) pairs measured slower than predicted (docs/auto-compression.md#revert)."""
+    (bucket, kind) pairs measured slower than predicted (docs/auto-compression.md#revert);
+    ``alternative`` is the model's best uniform assignment (each bucket that cannot take its
+    method dense), which the policy measures after the decision where it differs."""
     warning = None
     notes = []
     for b in buckets:
@@ -89,10 +73,9 @@ def decide(buckets: Sequence[Any], profile: Profile, current: Sequence[Method], 
                    f"sending them dense")
     methods = sorted({m for ms in cands.values() for m in ms if m != DENSE}, key=lambda m: m.lossiness)
     fits = fits_for(methods, max((b.numel for b in buckets), default=1))
-    alone = [bucket_costs(b.name, b.numel * 4, profile.gaps[i], cands[b.name], cost, fits, notes[i][1])
+    costs = [bucket_costs(b.name, b.numel * 4, profile.gaps[i], cands[b.name], cost, fits, notes[i][1])
              for i, b in enumerate(buckets)]
-    current = [m if m in c.costs else DENSE for m, c in zip(current, alone)]
-    costs = in_situ_costs(alone, current, profile.starts)
+    current = [m if m in c.costs else DENSE for m, c in zip(current, costs)]
     update_s = max(0.0, profile.period - predict(costs, current, comm_cpu=comm_cpu).iteration_time)
     choice = choose(costs, update_s, comm_cpu=comm_cpu)
     report = {
@@ -103,10 +86,13 @@ def decide(buckets: Sequence[Any], profile: Profile, current: Sequence[Method], 
         "buckets": [{"bucket": c.name, "bytes": costs[i].nbytes, "method": c.method.key,
                      "compress_ms": c.compress_s * 1e3, "comm_ms": c.comm_s * 1e3,
                      "measured_start_ms": profile.starts[i] * 1e3, "in_use": current[i].key,
-                     "in_use_alone_ms": alone[i].costs[current[i]][0] * 1e3, "why": c.why}
+                     "in_use_alone_ms": costs[i].costs[current[i]][0] * 1e3, "why": c.why}
                     for i, c in enumerate(choice.buckets)],
         "select_fits": {k: list(v) for k, v in fits.items()},
         "cost_model": cost.to_dict() if cost is not None else None,
         "allow": list(options.allow), "min_density": options.min_density, "adaptive_optimizer": adaptive,
     }
-    return {"assignment": {c.name: c.method.key for c in choice.buckets}, "report": report, "warning": warning}
+    u = choice.uniform  # measured after the decision where it differs (docs/auto-compression.md#trial)
+    alternative = {c.name: (u if u in costs[i].costs else DENSE).key for i, c in enumerate(costs)}
+    return {"assignment": {c.name: c.method.key for c in choice.buckets}, "report": report, "warning": warning,
+            "alternative": alternative}

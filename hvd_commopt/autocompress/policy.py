@@ -50,6 +50,7 @@ from .local_cost import measure_local_costs
 from .methods import build_method
 from .pricing import SelectFit
 from .report import format_report
+from .trial import TrialChecks
 
 #: The message sizes auto's calibration times (64 KiB, 1 MiB, 4 MiB): about 50 MB on the link. Up to
 #: 2 MiB only, under a load average of 50 the fit at 10 Gbit/s came out as 6.8 ms + 0 s/B: the
@@ -85,7 +86,7 @@ class PolicyPort(Protocol):
     def buckets(self) -> list[Any]: ...
 
 
-class AutoPolicy:
+class AutoPolicy(TrialChecks):
     """The decisions of one :class:`~hvd_commopt.autocompress.reducer.AutoReducer` (module docstring)."""
 
     def __init__(self, reducer: Routing, clock: Callable[[], float] = time.perf_counter,
@@ -104,6 +105,10 @@ class AutoPolicy:
         # a revert awaiting its check: the undone methods, their measured step, the bans it added
         self._undone: tuple[dict[str, Method], float, set[tuple[str, str]]] | None = None
         self._prepared = False
+        # the model's best uniform assignment, to be measured once after the decision, and the
+        # decision it is measured against (docs/auto-compression.md#trial)
+        self._alternative: dict[str, Method] | None = None
+        self._trial: tuple[dict[str, Method], float] | None = None
         self._fit_cache: dict[tuple[tuple[str, ...], int], dict[str, SelectFit]] = {}
         self.restart()
 
@@ -229,6 +234,10 @@ class AutoPolicy:
             raise ConfigError(f"compression='auto': choosing failed on rank 0 ({payload['error']}); "
                               f"pass a fixed Compression.* instead")
         self._previous = None if before_step0 else {b.name: self.reducer.method_of(b.name) for b in port.buckets}
+        alt = payload.get("alternative")  # not with a given cost model: the user's link, not this one
+        tries = alt and not before_step0 and self.options.cost_model is None
+        self._alternative = {k: Method.parse(v) for k, v in alt.items()} if tries else None
+        self._trial = None
         self._assign(port, {k: Method.parse(v) for k, v in payload["assignment"].items()})
         self.report = dict(payload["report"])
         if not before_step0:  # the step-0 decision is not a re-decision the report counts
@@ -287,6 +296,9 @@ class AutoPolicy:
         if self._undone is not None:
             self._check_revert(port, m)
             return
+        if self._trial is not None:
+            self._check_trial(port, m)
+            return
         prev, self._previous = self._previous, None
         changed = {k: v for k, v in (prev or {}).items() if self.reducer.method_of(k) != v}
         revert = bool(changed) and m > rep["profiled_period_s"] * (1 + self.options.margin)
@@ -306,6 +318,8 @@ class AutoPolicy:
             rep["undone_predicted_s"], rep["predicted_s"] = rep["predicted_s"], rep["profiled_period_s"]
             rep["phase"] = "reverted"
             self.phase, self._recent = "settle", deque(maxlen=max(self.options.measure_steps, 1))
+        elif self._alternative is not None:
+            self._try_alternative(port, m)
         if self.options.verbose and self._rank == 0:
             self.log(format_report(rep))
 
