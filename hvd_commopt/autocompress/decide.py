@@ -20,7 +20,10 @@ from .choose import DENSE, choose, predict
 from .options import AutoOptions, Method
 from .pricing import SelectFit, bucket_costs
 
-__all__ = ["Profile", "decide"]
+__all__ = ["Profile", "decide", "TRIALS"]
+
+#: How many uniform assignments are measured after a decision, at most (docs/auto-compression.md#trial).
+TRIALS = 2
 
 
 @dataclass(frozen=True)
@@ -45,12 +48,13 @@ class Profile:
 def decide(buckets: Sequence[Any], profile: Profile, current: Sequence[Method], cost: CostModel,
            options: AutoOptions, fits_for: Callable[[Sequence[Method], int], dict[str, SelectFit]], *,
            ranks: int, adaptive: bool, banned: set[tuple[str, str]], comm_cpu: float) -> dict[str, Any]:
-    """``{"assignment", "report", "warning", "alternative"}`` of the engine's ``buckets`` (name, numel, dtype,
+    """``{"assignment", "report", "warning", "alternatives"}`` of the engine's ``buckets`` (name, numel, dtype,
     dense), the current methods ``current`` and the ``profile``; ``fits_for(methods, max_numel)``
     measures the candidates' compute (:func:`.local_cost.measure_local_costs`); ``banned`` are
     (bucket, kind) pairs measured slower than predicted (docs/auto-compression.md#revert);
-    ``alternative`` is the model's best uniform assignment (each bucket that cannot take its
-    method dense), which the policy measures after the decision where it differs."""
+    ``alternatives`` are the (at most :data:`TRIALS`) fastest predicted uniform assignments (each
+    bucket that cannot take the method dense) that differ from the decision, which the policy
+    measures after it."""
     warning = None
     notes = []
     for b in buckets:
@@ -92,7 +96,12 @@ def decide(buckets: Sequence[Any], profile: Profile, current: Sequence[Method], 
         "cost_model": cost.to_dict() if cost is not None else None,
         "allow": list(options.allow), "min_density": options.min_density, "adaptive_optimizer": adaptive,
     }
-    u = choice.uniform  # measured after the decision where it differs (docs/auto-compression.md#trial)
-    alternative = {c.name: (u if u in costs[i].costs else DENSE).key for i, c in enumerate(costs)}
-    return {"assignment": {c.name: c.method.key for c in choice.buckets}, "report": report, "warning": warning,
-            "alternative": alternative}
+    assignment = {c.name: c.method.key for c in choice.buckets}
+    # the fastest predicted uniform assignments that differ from the decision, measured after it
+    # (docs/auto-compression.md#trial)
+    alternatives: list[dict[str, str]] = []
+    for u, _ in choice.uniforms:
+        alt = {c.name: (u if u in c.costs else DENSE).key for c in costs}
+        if len(alternatives) < TRIALS and alt != assignment and alt not in alternatives:
+            alternatives.append(alt)
+    return {"assignment": assignment, "report": report, "warning": warning, "alternatives": alternatives}

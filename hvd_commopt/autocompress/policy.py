@@ -107,7 +107,7 @@ class AutoPolicy(TrialChecks):
         self._prepared = False
         # the model's best uniform assignment, to be measured once after the decision, and the
         # decision it is measured against (docs/auto-compression.md#trial)
-        self._alternative: dict[str, Method] | None = None
+        self._alternatives: list[dict[str, Method]] = []
         self._trial: tuple[dict[str, Method], float] | None = None
         self._fit_cache: dict[tuple[tuple[str, ...], int], dict[str, SelectFit]] = {}
         self.restart()
@@ -234,9 +234,8 @@ class AutoPolicy(TrialChecks):
             raise ConfigError(f"compression='auto': choosing failed on rank 0 ({payload['error']}); "
                               f"pass a fixed Compression.* instead")
         self._previous = None if before_step0 else {b.name: self.reducer.method_of(b.name) for b in port.buckets}
-        alt = payload.get("alternative")  # not with a given cost model: the user's link, not this one
-        tries = alt and not before_step0 and self.options.cost_model is None
-        self._alternative = {k: Method.parse(v) for k, v in alt.items()} if tries else None
+        tries = not before_step0 and self.options.cost_model is None  # a given model: the user's link, not this one
+        self._alternatives = [{k: Method.parse(v) for k, v in a.items()} for a in payload.get("alternatives", ())] if tries else []
         self._trial = None
         self._assign(port, {k: Method.parse(v) for k, v in payload["assignment"].items()})
         self.report = dict(payload["report"])
@@ -297,7 +296,8 @@ class AutoPolicy(TrialChecks):
             self._check_revert(port, m)
             return
         if self._trial is not None:
-            self._check_trial(port, m)
+            if not self._trial_step(port, m) and self.options.verbose and self._rank == 0:
+                self.log(format_report(rep))
             return
         prev, self._previous = self._previous, None
         changed = {k: v for k, v in (prev or {}).items() if self.reducer.method_of(k) != v}
@@ -318,8 +318,8 @@ class AutoPolicy(TrialChecks):
             rep["undone_predicted_s"], rep["predicted_s"] = rep["predicted_s"], rep["profiled_period_s"]
             rep["phase"] = "reverted"
             self.phase, self._recent = "settle", deque(maxlen=max(self.options.measure_steps, 1))
-        elif self._alternative is not None:
-            self._try_alternative(port, m)
+        elif self._alternatives:
+            self._trial_step(port, m)
         if self.options.verbose and self._rank == 0:
             self.log(format_report(rep))
 

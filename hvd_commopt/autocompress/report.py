@@ -24,7 +24,7 @@ def format_report(rep: dict[str, Any]) -> str:
     if rep.get("trying"):
         lines.append(f"  measuring next: {rep['trying']}")
     if rep.get("trial"):
-        lines.append(f"  tried: {rep['trial']}")
+        lines.append(f"  measured after the decision: {rep['trial']}")
     for b in rep["buckets"]:
         lines.append(f"  {b['bucket']} ({b['bytes']} B): {b['method']} - {b['why']}")
     return "\n".join(lines)

@@ -27,7 +27,8 @@ def test_the_report_gives_the_method_in_use_its_price_alone_and_its_measured_sta
     out = decide(buckets, prof, [DGC, DGC], LINK, opts, lambda ms, top: ALL_FITS, ranks=2, adaptive=False,
                  banned=set(), comm_cpu=1.0)
     assert out["assignment"] == {"a": "dgc@0.01", "b": "dgc@0.01"}
-    assert out["alternative"] == {"a": "dgc@0.01", "b": "dgc@0.01"}
+    # the fastest predicted uniform assignments other than the decision: Top-k 1 %, then dense
+    assert out["alternatives"] == [{"a": "topk@0.01", "b": "topk@0.01"}, {"a": "none", "b": "none"}]
     rows = out["report"]["buckets"]
     assert [(b["in_use"], b["in_use_alone_ms"], b["measured_start_ms"]) for b in rows] == [("dgc@0.01", 1.0, 6.0)] * 2
 
