@@ -53,8 +53,8 @@ def decide(buckets: Sequence[Any], profile: Profile, current: Sequence[Method], 
     measures the candidates' compute (:func:`.local_cost.measure_local_costs`); ``banned`` are
     (bucket, kind) pairs measured slower than predicted (docs/auto-compression.md#revert);
     ``alternatives`` are the (at most :data:`TRIALS`) fastest predicted uniform assignments (each
-    bucket that cannot take the method dense) that differ from the decision, which the policy
-    measures after it."""
+    bucket that cannot take the method dense) that differ from the decision and are predicted
+    within ``options.margin`` of it, which the policy measures after it."""
     warning = None
     notes = []
     for b in buckets:
@@ -100,8 +100,9 @@ def decide(buckets: Sequence[Any], profile: Profile, current: Sequence[Method], 
     # the fastest predicted uniform assignments that differ from the decision, measured after it
     # (docs/auto-compression.md#trial)
     alternatives: list[dict[str, str]] = []
-    for u, _ in choice.uniforms:
+    for u, t in choice.uniforms:
         alt = {c.name: (u if u in c.costs else DENSE).key for c in costs}
-        if len(alternatives) < TRIALS and alt != assignment and alt not in alternatives:
+        near = t <= choice.predicted_s * (1 + options.margin)  # within the model's stated error
+        if near and len(alternatives) < TRIALS and alt != assignment and alt not in alternatives:
             alternatives.append(alt)
     return {"assignment": assignment, "report": report, "warning": warning, "alternatives": alternatives}

@@ -27,8 +27,13 @@ def test_the_report_gives_the_method_in_use_its_price_alone_and_its_measured_sta
     out = decide(buckets, prof, [DGC, DGC], LINK, opts, lambda ms, top: ALL_FITS, ranks=2, adaptive=False,
                  banned=set(), comm_cpu=1.0)
     assert out["assignment"] == {"a": "dgc@0.01", "b": "dgc@0.01"}
-    # the fastest predicted uniform assignments other than the decision: Top-k 1 %, then dense
+    # the fastest predicted uniform assignments other than the decision (Top-k 1 %, then dense):
+    # within the margin of a 50 ms step that the update mostly fills
     assert out["alternatives"] == [{"a": "topk@0.01", "b": "topk@0.01"}, {"a": "none", "b": "none"}]
+    # in a step of nothing but these buckets, both are predicted beyond the margin: none is tried
+    short = decide(buckets, Profile((0.001, 0.001), (0.006, 0.006), 0.0, 5), [DGC, DGC], LINK, opts,
+                   lambda ms, top: ALL_FITS, ranks=2, adaptive=False, banned=set(), comm_cpu=1.0)
+    assert short["alternatives"] == []
     rows = out["report"]["buckets"]
     assert [(b["in_use"], b["in_use_alone_ms"], b["measured_start_ms"]) for b in rows] == [("dgc@0.01", 1.0, 6.0)] * 2
 
