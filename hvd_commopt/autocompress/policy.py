@@ -20,7 +20,9 @@ tuner (docs/auto-compression.md#policy):
    assignment (rounds of a delayed schedule in flight are drained first);
 5. ``settle`` one step, ``measure`` ``measure_steps`` steps (the median period is the measured
    step; a decision measured slower than the step before it by more than ``margin`` is undone on
-   rank 0's verdict, and its methods are not chosen for those buckets again), then ``watch``: every ``period`` steps rank 0 compares the median of its last
+   rank 0's verdict, and its methods are not chosen for those buckets again; a decision kept is
+   followed by the trial of the fastest predicted uniform assignments, :mod:`.trial`), then
+   ``watch``: every ``period`` steps rank 0 compares the median of its last
    ``measure_steps`` periods with the prediction and broadcasts its verdict; a difference above
    ``margin`` re-profiles (with the current assignment) and decides again, with a fresh
    calibration of the link (a link that got slower) unless a cost model was given.
