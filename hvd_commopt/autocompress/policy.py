@@ -54,10 +54,12 @@ from .pricing import SelectFit
 from .report import format_report
 from .trial import TrialChecks
 
-#: The message sizes auto's calibration times (64 KiB, 1 MiB, 4 MiB): about 50 MB on the link. Up to
-#: 2 MiB only, under a load average of 50 the fit at 10 Gbit/s came out as 6.8 ms + 0 s/B: the
-#: scheduling noise swamped the bandwidth term, and every method looked free to send.
-CALIBRATION_SIZES = (1 << 16, 1 << 20, 1 << 22)
+#: The message sizes auto's calibration times (16 KiB, 64 KiB, 1 MiB, 4 MiB): about 50 MB on the link.
+#: Up to 2 MiB only, under a load average of 50 the fit at 10 Gbit/s came out as 6.8 ms + 0 s/B: the
+#: scheduling noise swamped the bandwidth term, and every method looked free to send. From 64 KiB
+#: only, the allgather's alpha came out as 20 ms at 1 Gbit/s (ResNet-18's job, load 8), where the
+#: sparse methods send 10-250 KB: 16 KiB pins the intercept at their sizes.
+CALIBRATION_SIZES = (1 << 14, 1 << 16, 1 << 20, 1 << 22)
 
 __all__ = ["AutoPolicy", "PolicyPort", "Routing"]
 
@@ -212,7 +214,7 @@ class AutoPolicy(TrialChecks):
                 raise ConfigError("compression='auto' calibrates the link with the engine's tensors, and no "
                                   "float32 bucket was seen; pass Compression.auto(cost_model=...)")
             kw["make_buffer"] = lambda nbytes: ops.zeros(nbytes // 4, "float32", like=like)
-        # a light calibration (docs/auto-compression.md#limits): three sizes, four timed runs each,
+        # a light calibration (docs/auto-compression.md#limits): four sizes, four timed runs each,
         # point-to-point only for the methods priced by it; the fusion tuner's default moves about
         # 0.35 GB, half a minute of a 100 Mbit/s link at every decision
         p2p = ("p2p",) if {"gtopk", "oktopk"} & set(self.options.allow) else ()
