@@ -299,7 +299,11 @@ def section(results: Path = RESULTS) -> list[str]:
             "2026-11-27 01:55 `auto` prices a send on host memory as the rank's own work, takes the fastest "
             "density and its tie over the whole assignment, and decides before step 0 "
             "(docs/auto-compression.md#comm-cpu, docs/auto-compression.md#ties, "
-            "docs/auto-compression.md#before-step-0).", "",
+            "docs/auto-compression.md#before-step-0). From 2026-11-27 04:52 it prices Top-k and DGC as the one "
+            "packed allgather they send, times its candidates interleaved, and measures the fastest predicted "
+            "uniform assignments after its decision, keeping the fastest measured "
+            "(docs/auto-compression.md#sparse-wire, docs/auto-compression.md#interleaved-costs, "
+            "docs/auto-compression.md#trial); rows that ran before say so by their date.", "",
             "Accuracy of each variant (suite time-to-accuracy jobs at 1 Gbit/s; the digits CNN stands for the "
             "deep MLP and ResNet-18, which the suite times on synthetic batches):", "",
             *accuracy_table(acc), "",
