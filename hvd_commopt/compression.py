@@ -205,7 +205,7 @@ class Compression:
         ``Compression.auto()``.
 
         Args:
-            min_density: the lowest density a sparse method may use; 0.01 by default, the density
+            min_density: the lowest density a sparse method may use; 0.1 by default, the density
                 the convergence tables show reaching S-SGD's accuracy (docs/auto-compression.md#accuracy-floor).
             allow: the methods to choose from, of ``"none"``, ``"bf16"``, ``"fp16"``, ``"topk"``,
                 ``"dgc"``, ``"gtopk"``, ``"oktopk"``, ``"randomk"``; default ``("none", "bf16",

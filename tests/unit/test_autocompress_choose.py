@@ -149,7 +149,7 @@ def test_sending_on_the_ranks_own_cores_is_not_hidden_behind_backward():
 
 def test_predict_with_comm_cpu_puts_that_share_of_the_send_on_the_compute_stream():
     cs = costs(SLOW_LINK)
-    ms = [Method("none"), Method("topk", 0.01), Method("bf16"), Method("dgc", 0.01)]
+    ms = [Method("none"), Method("topk", 0.1), Method("bf16"), Method("dgc", 0.1)]
     got = predict(cs, ms, update_s=0.002, comm_cpu=0.25)
     comp = [c.costs[m][0] + 0.25 * c.costs[m][1] for c, m in zip(cs, ms)]
     comm = [0.75 * c.costs[m][1] for c, m in zip(cs, ms)]
