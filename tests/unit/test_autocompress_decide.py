@@ -22,7 +22,7 @@ def test_the_report_gives_the_method_in_use_its_price_alone_and_its_measured_sta
     # profiled with DGC on both buckets, whose start took 6 ms in the step (1 ms alone): the model
     # prices what it measured alone (docs/auto-compression.md#in-situ), and the report shows both
     buckets = [SimpleNamespace(name=n, numel=MB, dtype="float32", dense=False) for n in ("a", "b")]
-    opts = AutoOptions(allow=["none", "topk", "dgc"])
+    opts = AutoOptions(allow=["none", "topk", "dgc"], min_density=0.01)
     prof = Profile((0.001, 0.001), (0.006, 0.006), 0.05, 5)
     out = decide(buckets, prof, [DGC, DGC], LINK, opts, lambda ms, top: ALL_FITS, ranks=2, adaptive=False,
                  banned=set(), comm_cpu=1.0)

@@ -68,7 +68,7 @@ def test_a_slower_alternative_gives_the_decision_back(dense_alternative):
     assert k0 == k1
     assert k0[STEPS - 1:STEPS - 1 + TRIAL] == [["none"]] * TRIAL  # tried ...
     assert k0[-1] == k0[STEPS - 2] != ["none"]  # ... and the decision back
-    assert phase == "watch" and rep["trial"] == "kept topk@0.01 x3 at 100 ms (tried none x3: 200 ms)"
+    assert phase == "watch" and rep["trial"] == "kept topk@0.1 x3 at 100 ms (tried none x3: 200 ms)"
     assert rep["measured_s"] == pytest.approx(0.1)
 
 
