@@ -77,6 +77,7 @@ def run(args: argparse.Namespace) -> dict:
     curves: dict[str, list[dict[str, float]]] = {k: [{"step": 0, "wall_s": 0.0, "val_loss": v0}] for k in runners}
     wall = {k: 0.0 for k in runners}
     failed: dict[str, str] = {}
+    phases: dict[str, list[dict[str, Any]]] = {k: [] for k in runners}
     done = 0
     for interval in range(intervals):
         n = min(args.eval_every, args.steps - done)
@@ -99,12 +100,20 @@ def run(args: argparse.Namespace) -> dict:
                 runners.pop(name)
                 continue
             wall[name] += env.max_over_ranks(time.perf_counter() - t0)
+            rep = r.opt.compression_report if r.ours else None
+            if rep is not None:  # the policy's phase and methods after each interval
+                phases[name].append({"step": done + n, "phase": rep.get("phase"), "decisions": rep.get("decisions"),
+                                     "methods": [b["method"] for b in rep.get("buckets", ())]})
             curves[name].append({"step": done + n, "wall_s": wall[name], "val_loss": val_loss(r, vx, vy, args.batch_size),
                                  "train_loss": total / n})
             env.progress(phase="interval", interval=interval, variant=name, advance=1)
         done += n
     finals: dict[str, float] = {}
+    reports: dict[str, Any] = {}
     for name, r in runners.items():
+        rep = r.opt.compression_report if r.ours else None
+        if rep is not None:
+            reports[name] = json.loads(json.dumps(rep, default=str))
         r.finalize()
         finals[name] = val_loss(r, vx, vy, args.batch_size, finalized=True)
     status.update(failed)
@@ -116,6 +125,10 @@ def run(args: argparse.Namespace) -> dict:
                      "time_to_target_s": hit["wall_s"] if hit else None,
                      "steps_to_target": hit["step"] if hit else None, "train_wall_s": wall[name],
                      "step_s": wall[name] / max(1, c[-1]["step"])}
+        auto = reports.get(name)
+        if auto:  # what compression="auto" chose per bucket, predicted and measured, and when it decided
+            out[name]["compression_report"] = auto
+            out[name]["compression_phases"] = phases[name]
     return {"mode": "tta", "task": "lm", "model": "transformer", "shape": dataclasses.asdict(shape),
             "params": sum(p.numel() for p in base.parameters()), "device": str(device),
             "ranks": env.size, "steps": args.steps, "eval_every": args.eval_every, "batch_per_rank": args.batch_size,

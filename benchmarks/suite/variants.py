@@ -323,10 +323,12 @@ VARIANTS: dict[str, tuple[Callable[[nn.Module, Ctx], Runner], str]] = {
     "ssd_topk": (b_sparse("topk", schedule="ssd", name="ssd_topk"), "SSD-SGD (k = 5) with Top-k exchange"),
     "od_topk": (b_sparse("topk", schedule="od", name="od_topk"), "OD-SGD with Top-k exchange"),
     "od_dgc": (b_sparse("dgc", schedule="od", name="od_dgc"), "OD-SGD with DGC exchange"),
+    "topk_10pct": (b_sparse("topk", name="topk_10pct", density=0.1),
+                   "Top-k at density 0.1 (auto's accuracy floor), whatever --density says"),
     "topk_1pct": (b_sparse("topk", name="topk_1pct", density=0.01),
-                  "Top-k at density 0.01 (auto's accuracy floor), whatever --density says"),
+                  "Top-k at density 0.01, whatever --density says"),
     "dgc_1pct": (b_sparse("dgc", name="dgc_1pct", density=0.01),
-                 "DGC at density 0.01 (auto's accuracy floor), whatever --density says"),
+                 "DGC at density 0.01, whatever --density says"),
     "topk_01pct": (b_sparse("topk", name="topk_01pct", density=0.001),
                    "Top-k at density 0.001 (the papers' setting), whatever --density says"),
     "dgc_01pct": (b_sparse("dgc", name="dgc_01pct", density=0.001),
@@ -350,7 +352,7 @@ VARIANTS: dict[str, tuple[Callable[[nn.Module, Ctx], Runner], str]] = {
 # the _np variants are opt-in as well: an A/B of the native host kernels, not methods of their own.
 NATIVE_AB = ("topk_np", "dgc_np", "lags_fused_np")
 BACKEND_AB = ("topk_ar", "lags_queued")  # opt-in A/Bs of a backend choice, like the _np ones
-TRUST_ROWS = ("topk_1pct", "dgc_1pct", "topk_01pct", "dgc_01pct")  # opt-in: the trust table's fixed densities
+TRUST_ROWS = ("topk_10pct", "topk_1pct", "dgc_1pct", "topk_01pct", "dgc_01pct")  # opt-in: the trust table's fixed densities
 DEFAULT = [n for n in VARIANTS if n != "ssgd_gloo" and n not in NATIVE_AB + BACKEND_AB + TRUST_ROWS]
 QUICK = ["compute", "ddp", "ddp_bf16", "ddp_powersgd1", "ssgd", "mgwfbp", "fp16", "topk", "gtopk", "dgc", "od", "local_sgd"]
 

@@ -85,6 +85,9 @@ class Choice:
     predicted_s: float
     dense_s: float
     uniform: Method
+    #: every method's uniform assignment (each bucket that cannot take it dense) and its predicted
+    #: step, fastest first (equal steps: the least lossy first)
+    uniforms: tuple[tuple[Method, float], ...] = ()
 
     @property
     def methods(self) -> list[Method]:
@@ -173,7 +176,8 @@ def choose(buckets: Sequence[BucketCosts], update_s: float = 0.0, tie: float = T
         if_dense = step(alt)
         out.append(BucketChoice(b.name, m, b.costs[m][0], b.costs[m][1], if_dense,
                                 _why(buckets, cur, i, final, update_s, comm_cpu)))
-    return Choice(tuple(out), final, dense_s, uniform)
+    ranked = tuple(sorted(uniforms, key=lambda mt: (mt[1], mt[0].lossiness)))
+    return Choice(tuple(out), final, dense_s, uniform, ranked)
 
 
 def _why(buckets: Sequence[BucketCosts], cur: Sequence[Method], i: int, final: float, update_s: float,

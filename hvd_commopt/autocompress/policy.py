@@ -16,11 +16,13 @@ tuner (docs/auto-compression.md#policy):
    (:func:`hvd_commopt.calibrate.calibrate`; the fusion tuner's model or ``cost_model=`` when
    given; the one of step 0 when made), rank 0 measures the compute each candidate adds on its tensor ops (once per bucket layout)
    (:func:`~hvd_commopt.autocompress.local_cost.measure_local_costs`), chooses
-   (:func:`~hvd_commopt.autocompress.choose.choose`) and broadcasts; every rank applies the same
+   (:func:`~hvd_commopt.autocompress.decide.decide`) and broadcasts; every rank applies the same
    assignment (rounds of a delayed schedule in flight are drained first);
 5. ``settle`` one step, ``measure`` ``measure_steps`` steps (the median period is the measured
    step; a decision measured slower than the step before it by more than ``margin`` is undone on
-   rank 0's verdict, and its methods are not chosen for those buckets again), then ``watch``: every ``period`` steps rank 0 compares the median of its last
+   rank 0's verdict, and its methods are not chosen for those buckets again; a decision kept is
+   followed by the trial of the fastest predicted uniform assignments, :mod:`.trial`), then
+   ``watch``: every ``period`` steps rank 0 compares the median of its last
    ``measure_steps`` periods with the prediction and broadcasts its verdict; a difference above
    ``margin`` re-profiles (with the current assignment) and decides again, with a fresh
    calibration of the link (a link that got slower) unless a cost model was given.
@@ -43,17 +45,21 @@ from ..errors import ConfigError
 from ..fusion.cost_model import AlphaBeta, CostModel
 from ..host import ScheduleHost
 from ..reduce.base import Reducer
-from .choose import DENSE, choose, predict
+from .choose import DENSE
+from .decide import Profile, decide
 from .options import AutoOptions, Method
 from .local_cost import measure_local_costs
 from .methods import build_method
-from .pricing import SelectFit, bucket_costs
+from .pricing import SelectFit
 from .report import format_report
+from .trial import TrialChecks
 
-#: The message sizes auto's calibration times (64 KiB, 1 MiB, 4 MiB): about 50 MB on the link. Up to
-#: 2 MiB only, under a load average of 50 the fit at 10 Gbit/s came out as 6.8 ms + 0 s/B: the
-#: scheduling noise swamped the bandwidth term, and every method looked free to send.
-CALIBRATION_SIZES = (1 << 16, 1 << 20, 1 << 22)
+#: The message sizes auto's calibration times (16 KiB, 64 KiB, 1 MiB, 4 MiB): about 50 MB on the link.
+#: Up to 2 MiB only, under a load average of 50 the fit at 10 Gbit/s came out as 6.8 ms + 0 s/B: the
+#: scheduling noise swamped the bandwidth term, and every method looked free to send. From 64 KiB
+#: only, the allgather's alpha came out as 20 ms at 1 Gbit/s (ResNet-18's job, load 8), where the
+#: sparse methods send 10-250 KB: 16 KiB pins the intercept at their sizes.
+CALIBRATION_SIZES = (1 << 14, 1 << 16, 1 << 20, 1 << 22)
 
 __all__ = ["AutoPolicy", "PolicyPort", "Routing"]
 
@@ -84,7 +90,7 @@ class PolicyPort(Protocol):
     def buckets(self) -> list[Any]: ...
 
 
-class AutoPolicy:
+class AutoPolicy(TrialChecks):
     """The decisions of one :class:`~hvd_commopt.autocompress.reducer.AutoReducer` (module docstring)."""
 
     def __init__(self, reducer: Routing, clock: Callable[[], float] = time.perf_counter,
@@ -103,6 +109,10 @@ class AutoPolicy:
         # a revert awaiting its check: the undone methods, their measured step, the bans it added
         self._undone: tuple[dict[str, Method], float, set[tuple[str, str]]] | None = None
         self._prepared = False
+        # the model's best uniform assignment, to be measured once after the decision, and the
+        # decision it is measured against (docs/auto-compression.md#trial)
+        self._alternatives: list[dict[str, Method]] = []
+        self._trial: tuple[dict[str, Method], float] | None = None
         self._fit_cache: dict[tuple[tuple[str, ...], int], dict[str, SelectFit]] = {}
         self.restart()
 
@@ -204,7 +214,7 @@ class AutoPolicy:
                 raise ConfigError("compression='auto' calibrates the link with the engine's tensors, and no "
                                   "float32 bucket was seen; pass Compression.auto(cost_model=...)")
             kw["make_buffer"] = lambda nbytes: ops.zeros(nbytes // 4, "float32", like=like)
-        # a light calibration (docs/auto-compression.md#limits): three sizes, four timed runs each,
+        # a light calibration (docs/auto-compression.md#limits): four sizes, four timed runs each,
         # point-to-point only for the methods priced by it; the fusion tuner's default moves about
         # 0.35 GB, half a minute of a 100 Mbit/s link at every decision
         p2p = ("p2p",) if {"gtopk", "oktopk"} & set(self.options.allow) else ()
@@ -228,6 +238,9 @@ class AutoPolicy:
             raise ConfigError(f"compression='auto': choosing failed on rank 0 ({payload['error']}); "
                               f"pass a fixed Compression.* instead")
         self._previous = None if before_step0 else {b.name: self.reducer.method_of(b.name) for b in port.buckets}
+        tries = not before_step0 and self.options.cost_model is None  # a given model: the user's link, not this one
+        self._alternatives = [{k: Method.parse(v) for k, v in a.items()} for a in payload.get("alternatives", ())] if tries else []
+        self._trial = None
         self._assign(port, {k: Method.parse(v) for k, v in payload["assignment"].items()})
         self.report = dict(payload["report"])
         if not before_step0:  # the step-0 decision is not a re-decision the report counts
@@ -265,57 +278,11 @@ class AutoPolicy:
 
     def _choose_on_rank0(self, port: PolicyPort) -> dict[str, Any]:
         buckets = port.buckets
-        cm = self.cost_model
-        opts = self.options
-        n = len(self._samples)
-        gaps = [statistics.median(s[1][b] for s in self._samples) for b in range(len(buckets))]
-        measured_sel = [statistics.median(s[2][b] for s in self._samples) for b in range(len(buckets))]
-        period = statistics.median(s[0] for s in self._samples)
-        warning = None
-        notes = []
-        adaptive = self.reducer.adaptive  # docs/auto-compression.md#adaptive
-        for b in buckets:
-            if b.dtype != "float32":
-                notes.append((False, f"{b.dtype} gradients: the casts and sparse methods here take float32"))
-            elif b.dense:
-                notes.append((True, "1-D tensors, sent whole (docs/topk.md#dense-1d)"))
-            elif adaptive:
-                notes.append((True, "Adam-type optimizer: sparse methods are not candidates "
-                                    "(docs/auto-compression.md#adaptive)"))
-            else:
-                notes.append((True, ""))
-        cands = {b.name: tuple(m for m in (opts.candidates(sparse_ok=not (b.dense or adaptive)) if ok else (DENSE,))
-                               if m == DENSE or (b.name, m.kind) not in self._banned) for b, (ok, _) in zip(buckets, notes)}
-        if port.comm.size == 1:
-            cands = {b.name: (DENSE,) for b in buckets}
-            notes = [(False, "one rank: nothing is sent")] * len(buckets)
-        elif not any(ok for ok, _ in notes):
-            warning = (f"compression='auto': no compressor applies to these gradients ({notes[0][1]}); "
-                       f"sending them dense")
-        methods = sorted({m for ms in cands.values() for m in ms if m != DENSE}, key=lambda m: m.lossiness)
-        fits = self._fits(port, methods, max((b.numel for b in buckets), default=1))
-        costs = [bucket_costs(b.name, b.numel * 4, gaps[i], cands[b.name], cm, fits, notes[i][1])
-                 for i, b in enumerate(buckets)]
-        current = [self.reducer.method_of(b.name) for b in buckets]
-        current = [m if m in c.costs else DENSE for m, c in zip(current, costs)]
         like = self.reducer.like  # host memory: the rank's cores run its collectives (docs/auto-compression.md#comm-cpu)
         comm_cpu = 0.0 if like is not None and port.ops.on_device(like) else 1.0
-        update_s = max(0.0, period - predict(costs, current, comm_cpu=comm_cpu).iteration_time)
-        choice = choose(costs, update_s, comm_cpu=comm_cpu)
-        report = {
-            "phase": "decided", "profiled_steps": n, "profiled_period_s": period, "update_s": update_s, "comm_cpu": comm_cpu,
-            "predicted_s": choice.predicted_s, "dense_predicted_s": choice.dense_s,
-            "measured_s": None, "prediction_error": None, "margin": opts.margin, "period": opts.period,
-            "uniform_best": choice.uniform.key,
-            "buckets": [{"bucket": c.name, "bytes": costs[i].nbytes, "method": c.method.key,
-                         "compress_ms": c.compress_s * 1e3, "comm_ms": c.comm_s * 1e3,
-                         "measured_start_ms": measured_sel[i] * 1e3, "why": c.why}
-                        for i, c in enumerate(choice.buckets)],
-            "select_fits": {k: list(v) for k, v in fits.items()},
-            "cost_model": cm.to_dict() if cm is not None else None,
-            "allow": list(opts.allow), "min_density": opts.min_density, "adaptive_optimizer": adaptive,
-        }
-        return {"assignment": {c.name: c.method.key for c in choice.buckets}, "report": report, "warning": warning}
+        return decide(buckets, Profile.of(self._samples, len(buckets)), [self.reducer.method_of(b.name) for b in buckets],
+                      self.cost_model, self.options, lambda ms, top: self._fits(port, ms, top), ranks=port.comm.size,
+                      adaptive=self.reducer.adaptive, banned=self._banned, comm_cpu=comm_cpu)
 
     def _measured(self, port: PolicyPort) -> None:
         """The decision's steps are measured. Rank 0 checks it against the step it replaced and
@@ -331,6 +298,10 @@ class AutoPolicy:
         rep["phase"] = "measured"
         if self._undone is not None:
             self._check_revert(port, m)
+            return
+        if self._trial is not None:
+            if not self._trial_step(port, m) and self.options.verbose and self._rank == 0:
+                self.log(format_report(rep))
             return
         prev, self._previous = self._previous, None
         changed = {k: v for k, v in (prev or {}).items() if self.reducer.method_of(k) != v}
@@ -351,6 +322,8 @@ class AutoPolicy:
             rep["undone_predicted_s"], rep["predicted_s"] = rep["predicted_s"], rep["profiled_period_s"]
             rep["phase"] = "reverted"
             self.phase, self._recent = "settle", deque(maxlen=max(self.options.measure_steps, 1))
+        elif self._alternatives:
+            self._trial_step(port, m)
         if self.options.verbose and self._rank == 0:
             self.log(format_report(rep))
 

@@ -5,26 +5,52 @@ the measured selection/cast cost per kind (``(s, c0)`` of ``c0 + s·x·log2 x`` 
 :func:`hvd_commopt.fusion.pricing.fit_select_cost`, timed on rank 0 with the adapter's tensor
 ops) and the bucket's timeline (docs/auto-compression.md#model). The communication times are the
 fusion planners' own (:mod:`hvd_commopt.fusion.pricing`): allreduce ``α + β·n`` for dense, of n/2
-bytes for the 16-bit casts, two allgathers for Top-k/DGC, the point-to-point rounds of gTop-k and
-Ok-Topk, an allreduce of the k values for random-k.
+bytes for the 16-bit casts, the point-to-point rounds of gTop-k and Ok-Topk, an allreduce of the k
+values for random-k. Top-k and DGC are priced as :class:`~hvd_commopt.reduce.sparse_allgather.SparseAllgather`
+sends them (:func:`allgather_sparse_time`): ONE allgather of the k values and k int32 indices packed
+as one message (docs/topk.md#one-message), after a size round only where the count varies by rank
+(DGC's sampled threshold; the exact top-k skips it, docs/topk.md#equal-sizes). The fusion planners'
+``CostModel.topk_time`` prices two allgathers, so every sparse bucket carried a second ``α``: with
+a light calibration's allgather ``α`` of 20 ms at 1 Gbit/s, 40 ms a bucket, and ResNet-18's 9 MB
+buckets went to bf16 where Top-k 1 % was faster (docs/auto-compression.md#sparse-wire).
 """
 from __future__ import annotations
 
 from typing import Mapping, Sequence
 
 from ..errors import ConfigError
-from ..fusion.cost_model import CostModel
+from ..fusion.cost_model import CostModel, sparse_k
 from ..fusion.omgs import topk_select_time
 from ..fusion.pricing import dense_pricing, sparse_pricing
 from .choose import BucketCosts
+from .methods import MIN_K
 from .options import Method
 
-__all__ = ["SelectFit", "method_costs", "bucket_costs", "fit_kind", "compress_time"]
+__all__ = ["SelectFit", "method_costs", "bucket_costs", "fit_kind", "compress_time", "allgather_sparse_time",
+           "INDEX_BYTES", "COUNT_BYTES"]
 
 #: ``(s, c0)`` of ``c0 + s·x·log2 x`` seconds for x elements.
 SelectFit = tuple[float, float]
 
-_COMM_KIND = {"topk": "topk", "dgc": "topk", "gtopk": "gtopk", "oktopk": "oktopk", "randomk": "randomk"}
+_COMM_KIND = {"gtopk": "gtopk", "oktopk": "oktopk", "randomk": "randomk"}
+#: Bytes of one index on the wire (int32 below 2^31 elements, ``index_dtype_for``) and of the size
+#: round's per-rank count.
+INDEX_BYTES = 4
+COUNT_BYTES = 8
+
+
+def allgather_sparse_time(method: Method, nbytes: int, cost: CostModel, min_k: int = 1) -> float:
+    """Seconds to exchange Top-k's or DGC's selection of a bucket of ``nbytes`` fp32 bytes: one
+    allgather of ``k·(4 + INDEX_BYTES)`` bytes per rank, plus a size round (an allgather of one
+    count) for DGC, whose sampled threshold selects a count that varies by rank (module docstring).
+    ``k = max(sparse_k, min_k)``, at most the bucket's elements."""
+    if cost.ranks <= 1 or nbytes <= 0:
+        return 0.0
+    k = min(max(sparse_k(nbytes, method.density), min_k), nbytes // 4)
+    t = cost.allgather.time(k * (4 + INDEX_BYTES))
+    if method.kind == "dgc":
+        t += cost.allgather.time(COUNT_BYTES)
+    return t
 
 
 def fit_kind(method: Method) -> str:
@@ -52,6 +78,8 @@ def method_costs(method: Method, nbytes: int, cost: CostModel, fits: Mapping[str
     sel = compress_time(method, nbytes, fits)
     if not method.sparse:
         return sel, dense_pricing(cost, 0.5, method.kind).comm_time(nbytes)
+    if method.kind in ("topk", "dgc"):
+        return sel, allgather_sparse_time(method, nbytes, cost, MIN_K)
     try:
         pr = sparse_pricing(cost, _COMM_KIND[method.kind], method.density)
     except ConfigError:

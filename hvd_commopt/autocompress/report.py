@@ -21,6 +21,10 @@ def format_report(rep: dict[str, Any]) -> str:
         lines.append(f"  reverted: {rep['reverted']}")
     if rep.get("revert_check"):
         lines.append(f"  revert checked: {rep['revert_check']}")
+    if rep.get("trying"):
+        lines.append(f"  measuring next: {rep['trying']}")
+    if rep.get("trial"):
+        lines.append(f"  measured after the decision: {rep['trial']}")
     for b in rep["buckets"]:
         lines.append(f"  {b['bucket']} ({b['bytes']} B): {b['method']} - {b['why']}")
     return "\n".join(lines)

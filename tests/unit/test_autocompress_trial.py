@@ -1,0 +1,91 @@
+"""compression="auto" measures the model's best uniform assignments after its decision, where
+they differ, and keeps the fastest (docs/auto-compression.md#trial). A fake clock sets what each
+assignment costs; the link model is fixed, the decision's alternative forced to dense fp32."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import hvd_commopt.autocompress.policy as P
+from hvd_commopt import build_engine, run_ranks
+from hvd_commopt.autocompress import AutoOptions, AutoReducer
+from hvd_commopt.buckets import TensorSpec
+from hvd_commopt.fusion.cost_model import AlphaBeta, CostModel
+from hvd_commopt.numpy_ops import NumpyOps
+
+# 400 KB buckets on a 10 MB/s link: the model sends them sparse
+SLOW = CostModel(AlphaBeta(1e-3, 1e-7), AlphaBeta(1e-3, 1e-7), AlphaBeta(1e-3, 1e-7), ranks=2)
+BIG = [TensorSpec(f"fc{i}.w", (100, 1000), "float32") for i in range(3)]
+STEPS = 1 + 3 + 5 + 1 + 5  # first step, warm-up, profile, settle, measure (the decision)
+TRIAL = 1 + 5  # settle, measure (the alternative)
+
+
+@pytest.fixture
+def dense_alternative(monkeypatch):
+    """The link calibrates to SLOW (no cost model given, so the trial runs); the decision's
+    alternative is dense fp32 everywhere."""
+    monkeypatch.setattr(P, "calibrate", lambda *a, **k: SLOW)
+    real = P.decide
+
+    def decide(*a, **k):
+        out = real(*a, **k)
+        out["alternatives"] = [{b: "none" for b in out["assignment"]}]
+        return out
+    monkeypatch.setattr(P, "decide", decide)
+
+
+def run(comm, dense_s, sparse_s, steps):
+    t = [0.0]
+    red = AutoReducer(AutoOptions(period=1000), clock=lambda: t[0])
+    eng = build_engine(comm, NumpyOps(), compression=red, fusion_threshold=0)
+    eng.register(BIG)
+    rng = np.random.default_rng(comm.rank)
+    kinds = []
+    for _ in range(steps):
+        t[0] += dense_s if all(m.kind == "none" for m in red.assignment.values()) else sparse_s
+        for n in eng.backward_names:
+            eng.grad_ready(n, rng.standard_normal((100, 1000)).astype(np.float32))
+        eng.reduce_step()
+        kinds.append(sorted({m.kind for m in red.assignment.values()}))
+    return kinds, red.policy.phase, red.policy.report
+
+
+def test_a_faster_alternative_is_kept_and_its_step_stands_as_the_prediction(dense_alternative):
+    # dense 90 ms a step, the sparse decision 100 ms: not slower by the margin (no revert), but slower
+    res = run_ranks(2, lambda c: run(c, 0.09, 0.1, STEPS + TRIAL))
+    (k0, phase, rep), (k1, _, rep1) = res
+    assert k0 == k1
+    assert k0[STEPS - 2] != ["none"] and k0[STEPS - 1:] == [["none"]] * (TRIAL + 1)  # sparse decided, dense tried
+    assert "reverted" not in rep
+    assert phase == "watch" and rep["trial"].startswith("kept none x3 at 90 ms (tried none x3: 90 ms)")
+    assert rep1["trial"] == rep["trial"]
+    assert rep["predicted_s"] == rep["measured_s"] == pytest.approx(0.09)
+    assert {b["method"] for b in rep["buckets"]} == {"none"}
+
+
+def test_a_slower_alternative_gives_the_decision_back(dense_alternative):
+    (k0, phase, rep), (k1, _, _) = run_ranks(2, lambda c: run(c, 0.2, 0.1, STEPS + TRIAL + 2))
+    assert k0 == k1
+    assert k0[STEPS - 1:STEPS - 1 + TRIAL] == [["none"]] * TRIAL  # tried ...
+    assert k0[-1] == k0[STEPS - 2] != ["none"]  # ... and the decision back
+    assert phase == "watch" and rep["trial"] == "kept topk@0.1 x3 at 100 ms (tried none x3: 200 ms)"
+    assert rep["measured_s"] == pytest.approx(0.1)
+
+
+def test_no_trial_with_a_given_cost_model(monkeypatch):
+    real = P.decide
+    monkeypatch.setattr(P, "decide", lambda *a, **k: dict(real(*a, **k), alternatives=[{f"b{i}": "none" for i in range(3)}]))
+
+    def body(comm):
+        t = [0.0]
+        red = AutoReducer(AutoOptions(cost_model=SLOW, period=1000), clock=lambda: t[0])
+        eng = build_engine(comm, NumpyOps(), compression=red, fusion_threshold=0)
+        eng.register(BIG)
+        for _ in range(STEPS):
+            t[0] += 0.1
+            for n in eng.backward_names:
+                eng.grad_ready(n, np.ones((100, 1000), np.float32))
+            eng.reduce_step()
+        return red.policy.phase, red.policy.report
+    for phase, rep in run_ranks(2, body):
+        assert phase == "watch" and "trial" not in rep and "trying" not in rep
