@@ -77,11 +77,17 @@ def worker(args: argparse.Namespace) -> None:
         Path(args.out).write_text(json.dumps({"variant": args.variant, "steps": len(timed), "ranks": stats}))
 
 
+def steps_to_loss(curve: list[dict], target: float) -> int | None:
+    """The step of the first evaluation at or below ``target`` (None when the curve never gets there)."""
+    hit = next((p for p in curve if p["val_loss"] <= target), None)
+    return None if hit is None else hit["step"]
+
+
 def time_to_loss(curve: list[dict], target: float, step_s: float) -> float | None:
     """Seconds to the first evaluation at or below ``target``: its step count times the measured
     time per step (None when the curve never gets there)."""
-    hit = next((p for p in curve if p["val_loss"] <= target), None)
-    return None if hit is None else hit["step"] * step_s
+    steps = steps_to_loss(curve, target)
+    return None if steps is None else steps * step_s
 
 
 def curves_from(paths: list[str]) -> tuple[float, dict[str, dict]]:
@@ -110,11 +116,11 @@ def summarise(results: dict, target: float, curves: dict[str, dict]) -> dict:
     out = {"target": target}
     for v, r in results.items():
         c = curves.get(v)
-        hit = None if c is None else next((p for p in c["curve"] if p["val_loss"] <= target), None)
-        r["steps_to_ddp_loss"] = None if hit is None else hit["step"]
+        steps = None if c is None else steps_to_loss(c["curve"], target)
+        r["steps_to_ddp_loss"] = steps
         r["run_steps"] = None if c is None else c["steps"]
         r["curve_file"] = None if c is None else c["file"]
-        r["time_to_ddp_loss_s"] = None if c is None else time_to_loss(c["curve"], target, r["step_s"])
+        r["time_to_ddp_loss_s"] = None if steps is None else steps * r["step_s"]
     ddp = results.get("ddp")
     if ddp is not None:
         for r in results.values():
