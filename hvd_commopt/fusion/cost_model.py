@@ -293,11 +293,13 @@ class CostModel:
 
     def topk_time(self, nbytes: int, density: float, elem_bytes: int = 4, value_bytes: int = 4,
                   index_bytes: int = 4) -> float:
-        """Top-k of a dense bucket of ``nbytes``, exchanged by two allgathers (values, indices)."""
+        """Top-k of a dense bucket of ``nbytes``, exchanged as our runtime sends it: ONE allgather of
+        each rank's k values and k indices packed as one message (docs/topk.md#one-message). The
+        reference code's two allgathers are :func:`topk_allgather_time` with ``fused=False``."""
         if self.ranks == 1:
             return 0.0
         k = sparse_k(nbytes, density, elem_bytes)
-        return self.allgather.time(k * value_bytes) + self.allgather.time(k * index_bytes)
+        return self.allgather.time(k * (value_bytes + index_bytes))
 
     def gtopk_time(self, nbytes: int, density: float, elem_bytes: int = 4, value_bytes: int = 4,
                    index_bytes: int = 4) -> float:
@@ -318,8 +320,8 @@ class CostModel:
 
         Args:
             compression: ``"none"`` (dense allreduce), ``"fp16"`` (allreduce of half the bytes;
-                ``elem_bytes`` is then the uncompressed element size), ``"topk"`` (two
-                allgathers, docs/topk.md#collective) or ``"gtopk"`` (docs/gtopk.md#gtopk).
+                ``elem_bytes`` is then the uncompressed element size), ``"topk"`` (one packed
+                allgather, docs/topk.md#one-message) or ``"gtopk"`` (docs/gtopk.md#gtopk).
             density: fraction kept by the sparse methods.
         """
         if compression == "none":

@@ -9,7 +9,7 @@ reducer (``DistributedOptimizer(compression=)``) bucket cost
 =============================================  ==============================================
 dense allreduce, ``Compression.none``           ``CostModel.allreduce``: ``α + β·n``
 dense allreduce, ``fp16`` / ``bf16``            ``α + β·n/2`` (half the bytes on the wire)
-``Compression.topk`` / ``dgc`` (allgather)      two allgathers of k values and k indices,
+``Compression.topk`` / ``dgc`` (allgather)      one allgather of k values and k indices packed,
                                                 ``CostModel.comm_time_fn("topk", ρ)``, plus
                                                 top-k selection on the compute stream (OMGS)
 ``Compression.randomk`` (same indices)          allreduce of the k values: ``α + β·4k``
