@@ -20,7 +20,11 @@ try:  # optional: built from _halfsum.c by setup.py
 except ImportError:  # pragma: no cover - no C compiler at install: the NumPy route
     _native = None
 
-__all__ = ["add_into", "native_available"]
+__all__ = ["add_into", "native_available", "USE_NATIVE"]
+
+#: False: the NumPy route even where the kernel is built (the benchmarks' A/B of the two routes in one
+#: job, as ``host_native.USE_NATIVE`` for the selection kernels; not a library option)
+USE_NATIVE = True
 
 
 def native_available() -> bool:
@@ -33,7 +37,7 @@ def add_into(dst: np.ndarray, src: np.ndarray, native: bool = True) -> None:
     float32, rounded to nearest even. ``native=False`` forces the NumPy route (tests compare them)."""
     if dst.shape != src.shape or dst.dtype != src.dtype:
         raise ValueError(f"half sum of {dst.dtype}{dst.shape} and {src.dtype}{src.shape}: equal shapes and dtypes expected")
-    if native and _native is not None and dst.dtype == np.uint16 and dst.flags.c_contiguous and src.flags.c_contiguous:
+    if native and USE_NATIVE and _native is not None and dst.dtype == np.uint16 and dst.flags.c_contiguous and src.flags.c_contiguous:
         _native.bf16_add(dst, src)
         return
     dst[...] = float32_to_half(half_to_float32(dst) + half_to_float32(src), dst.dtype)
