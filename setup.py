@@ -55,6 +55,9 @@ setup(
                            ["hvd_commopt/select/_hostkernels.c", "hvd_commopt/select/_hostkernels_index.c",
                             "hvd_commopt/select/_hostkernels_topk.c", "hvd_commopt/select/_hostkernels_store.c"],
                            depends=["hvd_commopt/select/_hostkernels.h"],
+                           extra_compile_args=["-O3", "-ffp-contract=off"], optional=True),
+                 # the MPI backend's bfloat16 ring sum in one pass (docs/backends.md#half-ring); optional too
+                 Extension("hvd_commopt.comm._halfsum", ["hvd_commopt/comm/_halfsum.c"],
                            extra_compile_args=["-O3", "-ffp-contract=off"], optional=True)],
     entry_points={"console_scripts": [
         "hvd_commopt-run = hvd_commopt.run:main",

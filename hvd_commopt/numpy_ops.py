@@ -93,6 +93,10 @@ class NumpyOps:
         np.copyto(dst, src)
         return dst
 
+    def cast_into(self, dst, src):  # bfloat16's uint16 bit patterns are converted, not copied as integers
+        np.copyto(dst, self.cast(src, self.dtype_name(dst)))
+        return dst
+
     def axpy_(self, y, alpha, x):
         y += x * y.dtype.type(alpha)
         return y

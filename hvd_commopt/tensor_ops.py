@@ -78,6 +78,9 @@ class TensorOps(Protocol):
     def mul(self, a: Tensor, b: Tensor) -> Tensor: ...  # a new tensor a*b (element-wise)
     def trunc_divide(self, t: Tensor, d: int) -> Tensor: ...  # integer t / d rounded toward zero (in place allowed)
     def copy_(self, dst: Tensor, src: Tensor) -> Tensor: ...  # dst[...] = src (any shape); returns dst
+    # dst[...] = src converted to dst's dtype (bfloat16 as the adapter carries it): a cast with no new
+    # buffer where the framework writes in place (returns dst; TF: a new tensor)
+    def cast_into(self, dst: Tensor, src: Tensor) -> Tensor: ...
     def axpy_(self, y: Tensor, alpha: float, x: Tensor) -> Tensor:
         """``y + alpha*x`` with the framework's fused kernel (in place into y allowed)."""
         ...

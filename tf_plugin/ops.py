@@ -205,6 +205,8 @@ class TFOps(ClipToNorm, QuantKernels):
         t = tf.convert_to_tensor(_t(t))
         return tf.truncatediv(t, tf.constant(int(d), dtype=t.dtype))
 
+    def cast_into(self, dst, src): return self.copy_(dst, src)  # copy_ casts to dst's dtype
+
     def copy_(self, dst, src):
         """Assign into a ``tf.Variable`` destination; otherwise a new tensor shaped like dst."""
         src = _t(src)

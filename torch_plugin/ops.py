@@ -13,6 +13,7 @@ from hvd_commopt import host_memory
 from . import triton_select
 from ._compat import storage_exclusive
 from .host_arrays import flat_np, host_ok, index_host
+from .cast_ops import CastKernels
 from .quant_ops import QuantKernels
 
 __all__ = ["TorchOps", "TORCH_DTYPES"]
@@ -71,7 +72,7 @@ def _word_nonzero(m):
     return idx
 
 
-class TorchOps(QuantKernels):
+class TorchOps(QuantKernels, CastKernels):
     """In place where PyTorch allows; every method returns its result.
 
     ``host_view`` gives the selection's host kernels (:mod:`hvd_commopt.select.host`) the memory

@@ -76,6 +76,7 @@ class Runner:
     params: nn.Module
     ours: bool = False
     native_kernels: bool = True  # False: the NumPy host kernels (docs/selection.md#native-sweep)
+    native_half_sum: bool = True  # False: MPI's bf16 ring adds through NumPy (docs/backends.md#half-ring)
     pair_sum: bool = True  # False: small sums at 2 ranks by Gloo's allreduce (docs/backends.md#pair-sum)
     direct: bool = True  # False: every collective through the progress thread (docs/backends.md#direct-start)
     analytic_bytes: int | None = None
@@ -101,7 +102,7 @@ class Runner:
         rep = getattr(self.opt, "fusion_report", None)
         if bool(rep) and rep.get("phase") in ("warmup", "profile", "settle", "measure"):
             return True
-        if self.name.partition("@")[0] != "auto":
+        if not self.name.partition("@")[0].startswith("auto"):  # auto, auto_dense, auto_nphalf
             return False
         auto = self.opt.compression_report
         return auto is None or auto.get("phase") in ("wait", "warmup", "profile", "settle", "measure")
@@ -333,6 +334,8 @@ VARIANTS: dict[str, tuple[Callable[[nn.Module, Ctx], Runner], str]] = {
                    "Top-k at density 0.001 (the papers' setting), whatever --density says"),
     "dgc_01pct": (b_sparse("dgc", name="dgc_01pct", density=0.001),
                   "DGC at density 0.001 (the papers' setting), whatever --density says"),
+    "bf16_nphalf": (ab_variant(b_bf16, "bf16_nphalf", native_half_sum=False),
+                    "bf16 with MPI's half-precision ring adding through NumPy, not the native kernel"),
     "randomk": (b_sparse("randomk"), "Random-k (shared seed, allreduce of k values)"),
     "od": (b_schedule("od"), "OD-SGD (one-step delayed global update)"),
     "ssd": (b_schedule("ssd"), "SSD-SGD (k = 5 delay, GLU)"),
@@ -343,6 +346,8 @@ VARIANTS: dict[str, tuple[Callable[[nn.Module, Ctx], Runner], str]] = {
              "compression='auto': per bucket, the method the link model predicts fastest (docs/auto-compression.md)"),
     "auto_dense": (lambda m, c: _ours("auto", m, c, compression=_hco().Compression.auto(allow=["none"])),
                    "compression='auto' allowed dense fp32 only: its dense path's cost (docs/auto-compression.md#dense-path)"),
+    "auto_nphalf": (ab_variant(lambda m, c: VARIANTS["auto"][0](m, c), "auto_nphalf", native_half_sum=False),
+                    "auto with MPI's half-precision ring adding through NumPy in every step (its trial included)"),
 }
 
 # ssgd_gloo is opt-in: with DDP's Gloo group and our Gloo communicator in one process, a ResNet job
@@ -350,7 +355,7 @@ VARIANTS: dict[str, tuple[Callable[[nn.Module, Ctx], Runner], str]] = {
 # the runs without it never did. Across hosts our variants run on Gloo by default now
 # (docs/backends.md#choice); `--backend both` times each of them on both backends.
 # the _np variants are opt-in as well: an A/B of the native host kernels, not methods of their own.
-NATIVE_AB = ("topk_np", "dgc_np", "lags_fused_np")
+NATIVE_AB = ("topk_np", "dgc_np", "lags_fused_np", "bf16_nphalf", "auto_nphalf")
 BACKEND_AB = ("topk_ar", "lags_queued")  # opt-in A/Bs of a backend choice, like the _np ones
 TRUST_ROWS = ("topk_10pct", "topk_1pct", "dgc_1pct", "topk_01pct", "dgc_01pct")  # opt-in: the trust table's fixed densities
 DEFAULT = [n for n in VARIANTS if n != "ssgd_gloo" and n not in NATIVE_AB + BACKEND_AB + TRUST_ROWS]

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from hvd_commopt import timeline
-from hvd_commopt.comm import direct
+from hvd_commopt.comm import direct, half_sum
 from hvd_commopt.select import host_native
 from torch_plugin import pair_sum
 
@@ -63,6 +63,7 @@ def engine_traces() -> bool:
 def timed_step(r: V.Runner, x: torch.Tensor, y: torch.Tensor) -> None:
     """One training step, with timeline spans when a timeline is recording."""
     host_native.USE_NATIVE = bool(r.native_kernels)  # the _np variants: the NumPy host kernels
+    half_sum.USE_NATIVE = bool(r.native_half_sum)  # the _nphalf variants: MPI's bf16 ring sums through NumPy
     # topk_ar / lags_queued: the library's module defaults for small sums and direct starts,
     # switched for this variant's step (docs/backends.md#pair-sum, docs/backends.md#direct-start); *_nolane
     # runs on a backend built without the MPI lane (variants.py)

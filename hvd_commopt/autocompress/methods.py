@@ -51,10 +51,11 @@ class CastWithMemory(MomentumAverage):
             x, post = ops.scale(x, post), 1.0
         payload, cctx = self.compressor.compress(ops, x)
         name = rnd.wire(bucket)
+        st = _Cast(payload, cctx, post, bucket.name, into=x if payload is not x else None)  # cast back into x
         if comm.size == 1:
-            return Pending(name, _Cast(payload, cctx, post, bucket.name))
+            return Pending(name, st)
         handle = comm.allreduce_tensor_async(ops, payload, "sum", name)
-        return Pending(name, _Cast(payload, cctx, post, bucket.name), (handle,))
+        return Pending(name, st, (handle,))
 
     def finish(self, pending: Pending, ctx: ReduceContext) -> Any:
         st: _Cast = pending.state

@@ -151,8 +151,9 @@ class AutoReducer(Reducer):
 
     def keeps_dense(self, spec: Any) -> bool:
         """1-D tensors go to buckets of their own, sent whole, when a sparse method may be chosen
-        (docs/topk.md#dense-1d)."""
-        return self.options.any_sparse and len(spec.shape) <= 1
+        (docs/topk.md#dense-1d): not under an Adam-type optimizer, where only the dense methods are
+        candidates and the buckets are S-SGD's (docs/auto-compression.md#adaptive-buckets)."""
+        return self.options.any_sparse and not self.adaptive and len(spec.shape) <= 1
 
     def bind_host(self, host: ScheduleHost, names: list[str]) -> Any:
         """The shared memory takes the optimizer's momentum (docs/dgc.md#optimizer-momentum). An

@@ -38,6 +38,12 @@ class Compressor(abc.ABC):
     def decompress(self, ops: TensorOps, payload: Any, ctx: Any) -> Any:
         """Inverse of compress on the reduced payload; returns a tensor of ctx's dtype."""
 
+    def decompress_into(self, ops: TensorOps, payload: Any, ctx: Any, into: Any) -> Any:
+        """``decompress``, where the compressor may write its result into ``into`` (a buffer of the
+        uncompressed dtype and size that nothing reads any more: the round's fusion buffer); by
+        default the result is decompress's own."""
+        return self.decompress(ops, payload, ctx)
+
     def config(self) -> dict:
         """The configuration, as plain values: compared across ranks (they must agree)."""
         return {"name": self.name}

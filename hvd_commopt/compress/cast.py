@@ -56,6 +56,11 @@ class _CastCompressor(Compressor):
         ops, payload, ctx = _horovod_form(ops, payload, ctx)
         return payload if ctx is None else ops.cast(payload, ctx)
 
+    def decompress_into(self, ops: TensorOps, payload: Any, ctx: Any, into: Any) -> Any:
+        """The cast back written into ``into``, the round's float buffer: no new buffer, whose page
+        faults cost more than the cast itself (docs/auto-compression.md#dense-path)."""
+        return payload if ctx is None else ops.cast_into(into, payload)
+
 
 class FP16Compressor(_CastCompressor):
     """Casts floating buckets to float16 for the wire and back afterwards."""

@@ -130,8 +130,11 @@ class Trainer:
     def attach_host(self, host: ScheduleHost) -> None:
         """Give the scheduler the adapter's :class:`~hvd_commopt.host.ScheduleHost`."""
         self.scheduler.attach(host)
-        if isinstance(self.engine.reducer, AutoReducer):  # compression="auto" prices before step 0
-            self.engine.reducer.policy.prepare(self.engine, host)  # docs/auto-compression.md#before-step-0
+        reducer = self.engine.reducer
+        if isinstance(reducer, AutoReducer):  # compression="auto" prices before step 0
+            if reducer.adaptive and self.engine.plan:  # dense candidates only: S-SGD's buckets
+                self.engine.set_plan(self.engine.plan)  # docs/auto-compression.md#adaptive-buckets
+            reducer.policy.prepare(self.engine, host)  # docs/auto-compression.md#before-step-0
 
     @property
     def host(self) -> ScheduleHost | None:

@@ -15,7 +15,7 @@ the payload and the memory's new values are the host route's by a ``where`` on t
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from ..buckets import Bucket
@@ -41,13 +41,16 @@ class DenseRound:
     payload: Any  # what was sent (reduced in place, or the tensor the handle gives back)
     cctx: Any     # the compressor's context for decompress
     post: float   # scaling still to apply to the reduced result
+    # the round's fusion buffer where the payload is a cast of it, nothing reading it any more: the
+    # cast back is written there (Compressor.decompress_into; docs/auto-compression.md#dense-path)
+    into: Any = field(default=None, kw_only=True)
 
 
 @dataclass
 class _DeviceRound(DenseRound):
     """A round of the device route (docs/selection.md#device-route)."""
 
-    local_ok: Any  # this rank's contribution was finite (a 0-d device flag)
+    local_ok: Any = None  # this rank's contribution was finite (a 0-d device flag)
 
 
 def received(compressor: Compressor, pending: Pending, ctx: ReduceContext) -> Any:
@@ -55,7 +58,8 @@ def received(compressor: Compressor, pending: Pending, ctx: ReduceContext) -> An
     sent one alone, decompressed and scaled by what is still to apply."""
     st: DenseRound = pending.state
     payload = ctx.comm.wait(pending.handles[0]) if pending.handles else st.payload
-    out = compressor.decompress(ctx.ops, payload, st.cctx)
+    out = (compressor.decompress(ctx.ops, payload, st.cctx) if st.into is None else
+           compressor.decompress_into(ctx.ops, payload, st.cctx, st.into))
     return ctx.ops.scale(out, st.post) if st.post != 1.0 else out
 
 
@@ -91,9 +95,10 @@ class DenseAllreduce(Reducer):
             flat = ops.scale(flat, pre)
         if self.memory is not None:
             self.memory.snapshot(ops, bucket.name, flat, rnd.step)
-        local_ok = None
+        local_ok, into = None, None
         if self.memory is None:
             payload, cctx = comp.compress(ops, flat)
+            into = flat if payload is not flat else None  # a cast: flat is free for the cast back
         elif device_route(ops, flat):
             payload, cctx, local_ok = self._start_on_device(bucket, flat, ctx)
         elif not ops.all_finite(flat):  # docs/wrapper.md#nonfinite: the memory never sees it
@@ -108,7 +113,8 @@ class DenseAllreduce(Reducer):
             acc = self.memory.compensate(ops, bucket.name, flat)
             payload, cctx = comp.compress(ops, acc)
             self.memory.update_quantized(ops, bucket.name, acc, comp.decompress(ops, payload, cctx))
-        st = DenseRound(payload, cctx, post) if local_ok is None else _DeviceRound(payload, cctx, post, local_ok)
+        st = (DenseRound(payload, cctx, post, into=into) if local_ok is None else
+              _DeviceRound(payload, cctx, post, local_ok=local_ok))
         if comm.size == 1:
             return Pending(name, st)
         return Pending(name, st, (comm.allreduce_tensor_async(ops, payload, "sum", name),))
