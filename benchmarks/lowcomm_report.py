@@ -38,13 +38,14 @@ def _time_table(path: Path, data: dict) -> list[str]:
     with ``--curves``): each variant's measured step time x the steps its loss curve took."""
     a = data.get("args", {})
     ratio = data.get("comm_over_compute_ddp")
+    base = "DDP" if data.get("baseline") == "torch_ddp" else "S-SGD"  # the ratios' baseline (lowcomm_netemu)
     lines = ["", f"`{path.relative_to(path.parents[1])}`: step times on the emulated {data['net']} link ({a.get('hosts', 2)} ranks, "
              f"layers {a.get('layers', '?')}, width {a.get('width', '?')}, {a.get('batch', '?')}x{a.get('context', '?')} "
              f"tokens per rank and step, median of {a.get('repeats', 1)}), the time to S-SGD's final validation loss "
-             f"{data['target']:.4f} = steps to it x step time"
-             + ("" if ratio is None else f"; S-SGD's communication / compute per step {ratio:.1f}") + ".",
-             "", "| variant | ms/step | x S-SGD per step | steps to S-SGD's loss (run length) | time to it (s) | "
-             "x S-SGD |", "|---|---:|---:|---:|---:|---:|"]
+             f"{data['target']:.4f} = steps to it x step time; ratios against {base}"
+             + ("" if ratio is None else f"; {base}'s communication / compute per step {ratio:.1f}") + ".",
+             "", f"| variant | ms/step | x {base} per step | steps to S-SGD's loss (run length) | time to it (s) | "
+             f"x {base} |", "|---|---:|---:|---:|---:|---:|"]
     for v, r in data["results"].items():
         steps, t, x = r.get("steps_to_ddp_loss"), r.get("time_to_ddp_loss_s"), r.get("time_to_loss_speedup_vs_ddp")
         run = "" if r.get("run_steps") is None else f" ({r['run_steps']})"

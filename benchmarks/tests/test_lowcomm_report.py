@@ -42,6 +42,7 @@ def test_section_tables_the_time_to_ddps_loss_on_the_emulated_link(tmp_path):
 def _summary_with_curves(net):
     curve = [{"step": s, "tokens": 512 * s, "val_loss": v} for s, v in ((0, 5.4), (100, 2.0), (200, 1.5))]
     return {"net": net, "args": {"layers": 2, "width": 128, "batch": 4, "context": 64, "hosts": 2}, "target": 1.5,
+            "baseline": "torch_ddp",
             "curves": {"torch_ddp": curve, "diloco_h50": curve},
             "results": {"torch_ddp": {"step_s": 0.3}, "diloco_h50": {"step_s": 0.03},
                         "compute": {"step_s": 0.02}}}
@@ -67,3 +68,5 @@ def test_plot_draws_loss_against_tokens_and_time_on_the_link_for_each_summary_wi
     width, height = struct.unpack(">II", png[16:24])
     assert width > height  # two rows of two panels: 13 x 8.4 inches
     assert height > 600
+    lines = section(tmp_path)  # the ratios say which DDP they are against
+    assert "| variant | ms/step | x DDP per step | steps to S-SGD's loss (run length) | time to it (s) | x DDP |" in lines
