@@ -83,6 +83,16 @@ def parse_variant(name: str):
     return (lambda: Schedule.diloco(int(h), **kw)), comp
 
 
+_INNER_LR = re.compile(r"(.+)_ilr([\d.]+)$")
+
+
+def split_inner_lr(name: str) -> tuple[str, float]:
+    """``V_ilr{f}``: variant V with its inner learning rate (the peak of the schedule) f times
+    ``--lr``, for sweeps of the inner step against the per-worker batch (docs/diloco.md#measured-inner-lr)."""
+    m = _INNER_LR.match(name)
+    return (name, 1.0) if m is None else (m.group(1), float(m.group(2)))
+
+
 def inner_lr_factor(step: int, args) -> float:
     """The inner learning rate's factor at ``step`` (0-based): linear warm-up over ``--warmup``
     steps, then cosine decay to ``--min-lr`` of the peak at ``--steps`` (DiLoCo's inner schedule),
@@ -95,14 +105,14 @@ def inner_lr_factor(step: int, args) -> float:
     return args.min_lr + (1 - args.min_lr) * 0.5 * (1 + math.cos(math.pi * t))
 
 
-def train_variant(name, schedule, compression, args, shape, train_tok, val_xy, init_state):
+def train_variant(name, schedule, compression, args, shape, train_tok, val_xy, init_state, lr_scale=1.0):
     P = args.ranks
 
     def body(comm):
         torch.set_num_threads(1)
         model = GPT(shape)
         model.load_state_dict(init_state)
-        inner = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
+        inner = torch.optim.AdamW(model.parameters(), lr=args.lr * lr_scale, betas=(0.9, 0.95), weight_decay=0.01)
         opt = hco.DistributedOptimizer(inner, named_parameters=model.named_parameters(), communicator=comm,
                                        schedule=schedule(), compression=compression())
         lr_sched = torch.optim.lr_scheduler.LambdaLR(inner, lambda i: inner_lr_factor(i, args))
@@ -119,6 +129,7 @@ def train_variant(name, schedule, compression, args, shape, train_tok, val_xy, i
             curve.append({"step": step, "tokens": step * P * args.batch * shape.context, "compute_s": compute_s,
                           "bytes": comm.traffic.bytes_sent - sent0, "collectives": comm.traffic.collectives - coll0,
                           "val_loss": loss})
+            print(f"EVAL {name} step {step} val {loss:.4f}", flush=True)  # progress of a long run
         if comm.rank == 0:
             evaluate(0)
         for step in range(1, args.steps + 1):
@@ -271,8 +282,9 @@ def main(argv=None) -> None:
     path = out / (f"lowcomm_p{args.ranks}.json" if not args.baseline else f"lowcomm_p{args.ranks}_more.json")
     nparams = sum(t.numel() for t in init_state.values() if t.dtype.is_floating_point) - shape.vocab * shape.width
     for name in names:
-        sched, comp = table[name] if name in table else parse_variant(name)
-        results[name] = train_variant(name, sched, comp, args, shape, train_tok, val_xy, init_state)
+        base, lr_scale = split_inner_lr(name)
+        sched, comp = table[base] if base in table else parse_variant(base)
+        results[name] = train_variant(name, sched, comp, args, shape, train_tok, val_xy, init_state, lr_scale)
         r = results[name]
         print(f"LOWCOMM {name}: val {r['curve'][-1]['val_loss']:.4f}  bytes/step/rank "
               f"{r['bytes_per_step_per_rank']:.0f}  wall {r['wall_s']:.0f}s", flush=True)

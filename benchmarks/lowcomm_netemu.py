@@ -7,11 +7,15 @@ between them), for the time-to-loss comparison of docs/diloco.md#measured.
 A variant is any of benchmarks/lowcomm_bench.py's names (its table or a recipe such as
 ``diloco_h50_olr1.0_om0.5``), built by lowcomm_bench's own code, so a step time here and a loss
 curve there are the same configuration; ``compute`` is the same training step with the inner
-optimizer alone (no communication), the step's compute on these hosts. Each variant trains
-lowcomm_bench's GPT (``--layers/--width/--context/--batch``, inner AdamW) for ``--steps`` steps
-on 2 emulated hosts; rank 0 reports the mean wall time per training step (the first ``--skip``
-steps left out; keep ``steps - skip`` a multiple of the variants' periods so every period's sync
-is counted once) and the bytes its link sent. ``--repeats R`` runs the variants R times in turn
+optimizer alone (no communication), the step's compute on these hosts; ``torch_ddp`` and
+``torch_ddp_bf16`` are PyTorch's DistributedDataParallel itself (its C++ reducer, default buckets,
+Gloo over the emulated link) and DDP with torch's ``bf16_compress_hook``: the dense
+baselines, whose loss curves are lowcomm_bench's ``ddp`` (S-SGD) and ``ddp_bf16`` (S-SGD on bf16-rounded
+averaged gradients). Each variant trains lowcomm_bench's GPT
+(``--layers/--width/--context/--batch``, inner AdamW) for ``--steps`` steps on ``--hosts`` emulated
+hosts (2 by default); rank 0 reports the mean wall time per training step (the first ``--skip``
+steps left out; keep ``steps - skip`` a multiple of the variants' periods so every period's sync is
+counted once) and the bytes its link sent. ``--repeats R`` runs the variants R times in turn
 (interleaved, so a load change hits them alike) and takes each variant's median. A run this short
 measures the step's cost on the link, not the loss: the time to a loss is the loss curve's step
 count (lowcomm_bench, in-process ranks, the same model and data; ``--curves``, which may name
@@ -28,6 +32,9 @@ import time
 from pathlib import Path
 
 VARIANTS = ("compute", "ddp", "diloco_h50")
+# PyTorch DDP on Gloo (launched one process per host with env://), and with bf16_compress_hook;
+# the lowcomm_bench variant whose loss curve stands for each
+TORCH_DDP = {"torch_ddp": (None, "ddp"), "torch_ddp_bf16": ("bf16", "ddp_bf16")}
 
 
 def _schedule_and_compression(name: str):
@@ -45,35 +52,55 @@ def worker(args: argparse.Namespace) -> None:
     from benchmarks.suite.rankenv import link_counter
     from benchmarks.text_corpus import batches, load_text_corpus
     torch.set_num_threads(1)
-    comm = hco.init()
+    if args.variant in TORCH_DDP:
+        import torch.distributed as dist
+        dist.init_process_group("gloo", init_method="env://")
+        rank, barrier = dist.get_rank(), dist.barrier
+
+        def gather(obj):
+            out = [None] * dist.get_world_size()
+            dist.all_gather_object(out, obj)
+            return out
+    else:
+        comm = hco.init()
+        rank, barrier, gather = comm.rank, comm.barrier, comm.allgather_object
     shape = GPTShape(layers=args.layers, heads=4, width=args.width, context=args.context, vocab=256)
     torch.manual_seed(0)
     model = GPT(shape)
     inner = torch.optim.AdamW(model.parameters(), lr=2e-3, betas=(0.9, 0.95), weight_decay=0.01)
+    net = model
     if args.variant == "compute":  # the same step without communication
         opt = inner
+    elif args.variant in TORCH_DDP:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        from benchmarks.suite.baselines import DDP_HOOKS
+        net, opt = DDP(model), inner  # DDP's defaults: 25 MiB buckets after a 1 MiB first one
+        hook = TORCH_DDP[args.variant][0]
+        if hook is not None:
+            net.register_comm_hook(None, DDP_HOOKS[hook])
     else:
         schedule, compression = _schedule_and_compression(args.variant)
         opt = hco.DistributedOptimizer(inner, named_parameters=model.named_parameters(), schedule=schedule(),
                                        compression=compression())
     it = batches(load_text_corpus(shape.context, "train"), args.batch, shape.context,
-                 torch.Generator().manual_seed(1000 + comm.rank))
+                 torch.Generator().manual_seed(1000 + rank))
     _, tx = link_counter()
     times, b0 = [], 0
     for step in range(args.steps):
         if step == args.skip:
-            comm.barrier()
+            barrier()
             b0 = int(tx.read_text()) if tx else 0
         x, y = next(it)
         t0 = time.perf_counter()
         opt.zero_grad()
-        lm_loss(model(x), y).backward()
+        lm_loss(net(x), y).backward()
         opt.step()
         times.append(time.perf_counter() - t0)
     sent = (int(tx.read_text()) if tx else 0) - b0
     timed = times[args.skip:]
-    stats = comm.allgather_object({"step_s": sum(timed) / len(timed), "link_bytes": sent})
-    if comm.rank == 0:
+    stats = gather({"step_s": sum(timed) / len(timed), "link_bytes": sent})
+    if rank == 0:
         Path(args.out).write_text(json.dumps({"variant": args.variant, "steps": len(timed), "ranks": stats}))
 
 
@@ -110,18 +137,25 @@ def curves_from(paths: list[str]) -> tuple[float, dict[str, dict]]:
 
 
 def summarise(results: dict, target: float, curves: dict[str, dict]) -> dict:
-    """Per variant: the median step time, the steps and seconds to S-SGD's final loss, and the
-    ratios against S-SGD; compute's step time gives the configuration's communication/compute
-    ratio (S-SGD's step less compute, over compute)."""
-    out = {"target": target}
+    """Per variant: the median step time, the steps and seconds to S-SGD's final loss, the ratios
+    against S-SGD and its loss curve (the result's ``curves``, for the report's plot); compute's
+    step time gives the configuration's communication/compute ratio (S-SGD's step less compute,
+    over compute). The ratios are against ``torch_ddp`` (PyTorch DDP) when it was measured, else
+    against ``ddp`` (our S-SGD); the DDP variants take the curves of lowcomm_bench's ``ddp`` and
+    ``ddp_bf16``."""
+    out: dict = {"target": target, "curves": {}}
     for v, r in results.items():
-        c = curves.get(v)
+        c = curves.get(TORCH_DDP[v][1] if v in TORCH_DDP else v)
+        if c is not None:  # kept in the summary, for the report's plot (benchmarks/lowcomm_report.py)
+            out["curves"][v] = [{k: p.get(k) for k in ("step", "tokens", "val_loss")} for p in c["curve"]]
         steps = None if c is None else steps_to_loss(c["curve"], target)
         r["steps_to_ddp_loss"] = steps
         r["run_steps"] = None if c is None else c["steps"]
         r["curve_file"] = None if c is None else c["file"]
         r["time_to_ddp_loss_s"] = None if steps is None else steps * r["step_s"]
-    ddp = results.get("ddp")
+    # the baseline of the ratios: PyTorch DDP itself when it was measured, else our S-SGD
+    out["baseline"] = "torch_ddp" if "torch_ddp" in results else "ddp"
+    ddp = results.get(out["baseline"])
     if ddp is not None:
         for r in results.values():
             r["step_speedup_vs_ddp"] = ddp["step_s"] / r["step_s"]
@@ -147,6 +181,7 @@ def main(argv=None) -> None:
     ap.add_argument("--context", type=int, default=64)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--hosts", type=int, default=2, help="emulated hosts, one rank each")
     ap.add_argument("--curves", default=None,
                     help="comma-separated lowcomm_bench JSONs: time to the ddp run's final loss per variant "
                          "(a variant's longest run counts)")
@@ -169,7 +204,7 @@ def main(argv=None) -> None:
     root = str(Path(__file__).resolve().parent.parent)
     names = args.variants.split(",")
     runs: dict[str, list[dict]] = {v: [] for v in names}
-    with EmulatedCluster(n=2, rate=args.net) as cl:
+    with EmulatedCluster(n=args.hosts, rate=args.net) as cl:
         env = {"PYTHONPATH": root, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "HVD_COMMOPT_BACKEND": "mpi"}
         for rep in range(args.repeats):
             for v in names:
@@ -177,7 +212,8 @@ def main(argv=None) -> None:
                 path.unlink(missing_ok=True)
                 cmd = [sys.executable, "-m", "benchmarks.lowcomm_netemu", "--worker", "--variant", v, "--out", str(path)]
                 cmd += [f"--{k}={getattr(args, k)}" for k in ("steps", "skip", "layers", "width", "context", "batch")]
-                res = cl.run_mpi(cmd, env=env, timeout=args.timeout)
+                res = cl.run_torch(cmd, env=env, timeout=args.timeout) if v in TORCH_DDP else \
+                    cl.run_mpi(cmd, env=env, timeout=args.timeout)
                 if not path.exists():
                     raise SystemExit(f"{v}: no result on {cl.network}:\n{(res.stdout + res.stderr)[-3000:]}")
                 run = json.loads(path.read_text())
@@ -200,7 +236,7 @@ def main(argv=None) -> None:
             print(f"NETEMU {v}: {r['step_s'] * 1e3:.1f} ms/step, steps to ddp's final loss {r['steps_to_ddp_loss']} "
                   f"(of {r['run_steps']}), time {r['time_to_ddp_loss_s']}, x ddp {r.get('time_to_loss_speedup_vs_ddp')}")
     elif "ddp" in results and "compute" in results:
-        summary.update({k: v for k, v in summarise(results, float("nan"), {}).items() if k != "target"})
+        summary.update({k: v for k, v in summarise(results, float("nan"), {}).items() if k not in ("target", "curves")})
     if "comm_over_compute_ddp" in summary:
         print(f"NETEMU communication/compute of a ddp step: {summary['comm_over_compute_ddp']:.1f}")
     (out / "netemu_summary.json").write_text(json.dumps(summary, indent=1))

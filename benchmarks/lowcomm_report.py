@@ -1,7 +1,9 @@
 """The low-communication section of benchmarks/REPORT.md: the tables of benchmarks/lowcomm_bench.py's
 merged runs (docs/diloco.md#measured), read from its JSONs under ``benchmarks/results/lowcomm/``
 (git-ignored; copy a run's ``lowcomm_p*.json`` there to report it), and the times to S-SGD's
-final loss on an emulated link from benchmarks/lowcomm_netemu.py's ``netemu_summary.json``.
+final loss on an emulated link from benchmarks/lowcomm_netemu.py's ``netemu_summary.json``, with
+their curves as one plot (:func:`plot_section`: validation loss against tokens and against time on
+the link, ``benchmarks/report_lowcomm.png``).
 
     python -m benchmarks.lowcomm_report [results dir]     # print the section
 """
@@ -13,6 +15,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "lowcomm"
+PNG = "report_lowcomm.png"
 
 
 def _table(path: Path, data: dict) -> list[str]:
@@ -35,13 +38,14 @@ def _time_table(path: Path, data: dict) -> list[str]:
     with ``--curves``): each variant's measured step time x the steps its loss curve took."""
     a = data.get("args", {})
     ratio = data.get("comm_over_compute_ddp")
-    lines = ["", f"`{path.relative_to(path.parents[1])}`: step times on the emulated {data['net']} link (2 ranks, "
+    base = "DDP" if data.get("baseline") == "torch_ddp" else "S-SGD"  # the ratios' baseline (lowcomm_netemu)
+    lines = ["", f"`{path.relative_to(path.parents[1])}`: step times on the emulated {data['net']} link ({a.get('hosts', 2)} ranks, "
              f"layers {a.get('layers', '?')}, width {a.get('width', '?')}, {a.get('batch', '?')}x{a.get('context', '?')} "
              f"tokens per rank and step, median of {a.get('repeats', 1)}), the time to S-SGD's final validation loss "
-             f"{data['target']:.4f} = steps to it x step time"
-             + ("" if ratio is None else f"; S-SGD's communication / compute per step {ratio:.1f}") + ".",
-             "", "| variant | ms/step | x S-SGD per step | steps to S-SGD's loss (run length) | time to it (s) | "
-             "x S-SGD |", "|---|---:|---:|---:|---:|---:|"]
+             f"{data['target']:.4f} = steps to it x step time; ratios against {base}"
+             + ("" if ratio is None else f"; {base}'s communication / compute per step {ratio:.1f}") + ".",
+             "", f"| variant | ms/step | x {base} per step | steps to S-SGD's loss (run length) | time to it (s) | "
+             f"x {base} |", "|---|---:|---:|---:|---:|---:|"]
     for v, r in data["results"].items():
         steps, t, x = r.get("steps_to_ddp_loss"), r.get("time_to_ddp_loss_s"), r.get("time_to_loss_speedup_vs_ddp")
         run = "" if r.get("run_steps") is None else f" ({r['run_steps']})"
@@ -76,6 +80,68 @@ def section(results: Path = RESULTS) -> list[str]:
         lines += ["", f"No results under `{results.relative_to(ROOT) if results.is_relative_to(ROOT) else results}`: "
                       "run `python -m benchmarks.lowcomm_bench` (docs/diloco.md#measured)."]
     return lines
+
+
+def _summaries_with_curves(results: Path) -> list[tuple[Path, dict]]:
+    """The emulated-link summaries run with ``--curves`` that carry their loss curves."""
+    found = []
+    for p in sorted(results.glob("**/netemu_summary.json")) if results.is_dir() else []:
+        data = json.loads(p.read_text())
+        if "target" in data and data.get("curves"):
+            found.append((p, data))
+    return found
+
+
+def plot(results: Path, png: Path) -> bool:
+    """One PNG, one row per emulated-link time-to-loss summary: validation loss against tokens (all
+    ranks) and against time on the link (each evaluation's step x the variant's measured step
+    time), S-SGD's final loss dotted (the target). False (no file) without such summaries or
+    without matplotlib."""
+    runs = _summaries_with_curves(results)
+    if not runs:
+        return False
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, axes = plt.subplots(len(runs), 2, figsize=(13, 4.2 * len(runs)), squeeze=False)
+    for (path, data), (ax_tok, ax_time) in zip(runs, axes):
+        a = data.get("args", {})
+        for v, curve in data["curves"].items():
+            step_s = data["results"][v]["step_s"]
+            pts = [p for p in curve if p.get("val_loss") is not None]
+            line, = ax_tok.plot([p["tokens"] if p.get("tokens") is not None else p["step"] for p in pts],
+                                [p["val_loss"] for p in pts], marker=".", ms=3, label=v)
+            timed = [p for p in pts if p["step"] > 0]  # the time axis is logarithmic
+            ax_time.plot([p["step"] * step_s for p in timed], [p["val_loss"] for p in timed], marker=".", ms=3,
+                         color=line.get_color(), label=f"{v} ({1e3 * step_s:.1f} ms/step)")
+        ax_tok.set_xlabel("tokens (all ranks)")
+        ax_time.set_xlabel(f"time on the emulated {data['net']} link (s): steps x measured step time")
+        ax_time.set_xscale("log")
+        for ax in (ax_tok, ax_time):
+            ax.axhline(data["target"], color="grey", lw=0.8, ls=":")
+            ax.set_ylabel("validation loss (nats/byte)")
+            ax.set_ylim(top=min(3.0, ax.get_ylim()[1]))
+            ax.grid(alpha=0.3)
+        ax_time.legend(fontsize=7, loc="upper right")
+        ax_tok.set_title(f"{path.parent.name}: {data['net']}, {a.get('hosts', 2)} ranks, layers {a.get('layers', '?')}, "
+                         f"width {a.get('width', '?')}, {a.get('batch', '?')}x{a.get('context', '?')} tokens per rank "
+                         f"(dotted: S-SGD's final loss)", fontsize=9, loc="left")
+    fig.tight_layout()
+    fig.savefig(png, dpi=80)
+    plt.close(fig)
+    return True
+
+
+def plot_section(report_dir: Path, results: Path = RESULTS) -> list[str]:
+    """The report's plot of the time-to-loss curves (written to ``report_dir``/report_lowcomm.png)
+    and the line that embeds it; nothing when no summary carries curves."""
+    if not plot(results, report_dir / PNG):
+        return []
+    return ["", "Validation loss against tokens and against time on the emulated link, for the time-to-loss "
+            "runs above (time = steps x the variant's measured step time):", "", f"![low-communication curves]({PNG})"]
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ from benchmarks.common import RESULTS, machine_info  # noqa: E402
 from benchmarks.convergence_report import section as convergence_section  # noqa: E402
 from benchmarks.gpu_report import gpu_section  # noqa: E402
 from benchmarks.lowcomm_report import section as lowcomm_section  # noqa: E402
+from benchmarks.lowcomm_report import plot_section as lowcomm_plot_section  # noqa: E402
 from benchmarks.suite.report import paired_ratio  # noqa: E402
 from benchmarks import trust_table  # noqa: E402
 
@@ -345,6 +346,7 @@ def render(a: argparse.Namespace, out: Path, meta: dict[str, Any], cmd: str) -> 
     lines += gpu_section(Path(a.gpu_results))
     lines += convergence_section(report_dir)
     lines += lowcomm_section()  # DiLoCo / SparseLoCo tables (benchmarks/lowcomm_report.py)
+    lines += lowcomm_plot_section(report_dir)  # their time-to-loss curves as a plot (report_lowcomm.png)
     where = out.resolve().relative_to(ROOT) if out.resolve().is_relative_to(ROOT) else out
     lines += ["", f"Raw outputs of this run (JSON, per-job logs, timelines) were written to `{where}/` "
               "and are not kept in the repository.", ""]

@@ -38,3 +38,19 @@ def test_curves_take_ddps_final_loss_and_each_variants_longest_run(tmp_path):
 def test_curves_without_a_ddp_run_say_so(tmp_path):
     with pytest.raises(SystemExit, match="ddp"):
         curves_from([_run(tmp_path / "a.json", 10, {"diloco_h50": [(10, 2.0)]})])
+
+
+def test_summary_keeps_the_curves_and_counts_against_torch_ddp_when_measured(tmp_path):
+    run = _run(tmp_path / "a.json", 100, {"ddp": [(0, 3.0), (50, 2.0), (100, 1.5)],
+                                          "ddp_bf16": [(0, 3.0), (50, 2.0), (100, 1.5)],
+                                          "diloco_h50": [(0, 3.0), (50, 1.8), (100, 1.5)]})
+    results = {"torch_ddp": {"step_s": 0.1}, "torch_ddp_bf16": {"step_s": 0.05}, "ddp": {"step_s": 0.2},
+               "diloco_h50": {"step_s": 0.01}, "compute": {"step_s": 0.008}}
+    out = summarise(results, *curves_from([run]))
+    assert out["baseline"] == "torch_ddp"
+    assert set(out["curves"]) == {"torch_ddp", "torch_ddp_bf16", "ddp", "diloco_h50"}  # DDP's take ddp / ddp_bf16
+    assert out["curves"]["diloco_h50"][1] == {"step": 50, "tokens": None, "val_loss": 1.8}
+    assert results["torch_ddp_bf16"]["time_to_ddp_loss_s"] == pytest.approx(5.0)
+    assert results["ddp"]["time_to_loss_speedup_vs_ddp"] == pytest.approx(0.5)  # against torch DDP's 10 s
+    assert results["diloco_h50"]["time_to_loss_speedup_vs_ddp"] == pytest.approx(10.0)
+    assert out["comm_over_compute_ddp"] == pytest.approx((0.1 - 0.008) / 0.008)

@@ -37,3 +37,36 @@ def test_section_tables_the_time_to_ddps_loss_on_the_emulated_link(tmp_path):
     assert "| compute | 10.0 | 20.00 | - | - | - |" in lines
     assert sum("communication / compute per step 12.0" in line for line in lines) == 1
     assert not any("No results" in line for line in lines)
+
+
+def _summary_with_curves(net):
+    curve = [{"step": s, "tokens": 512 * s, "val_loss": v} for s, v in ((0, 5.4), (100, 2.0), (200, 1.5))]
+    return {"net": net, "args": {"layers": 2, "width": 128, "batch": 4, "context": 64, "hosts": 2}, "target": 1.5,
+            "baseline": "torch_ddp",
+            "curves": {"torch_ddp": curve, "diloco_h50": curve},
+            "results": {"torch_ddp": {"step_s": 0.3}, "diloco_h50": {"step_s": 0.03},
+                        "compute": {"step_s": 0.02}}}
+
+
+def test_plot_draws_loss_against_tokens_and_time_on_the_link_for_each_summary_with_curves(tmp_path):
+    from benchmarks.lowcomm_report import PNG, plot, plot_section
+    report_dir = tmp_path / "report"
+    report_dir.mkdir()
+    assert not plot(tmp_path, tmp_path / "none.png") and plot_section(report_dir, tmp_path) == []
+    (tmp_path / "old").mkdir()  # a summary from before the curves were kept: not plotted
+    (tmp_path / "old" / "netemu_summary.json").write_text(json.dumps({**_summary_with_curves("100mbit"),
+                                                                       "curves": {}}))
+    assert plot_section(report_dir, tmp_path) == []
+    for net in ("100mbit", "1gbit"):
+        (tmp_path / net).mkdir()
+        (tmp_path / net / "netemu_summary.json").write_text(json.dumps(_summary_with_curves(net)))
+    lines = plot_section(report_dir, tmp_path)
+    assert lines[-1] == f"![low-communication curves]({PNG})"
+    png = (report_dir / PNG).read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    import struct
+    width, height = struct.unpack(">II", png[16:24])
+    assert width > height  # two rows of two panels: 13 x 8.4 inches
+    assert height > 600
+    lines = section(tmp_path)  # the ratios say which DDP they are against
+    assert "| variant | ms/step | x DDP per step | steps to S-SGD's loss (run length) | time to it (s) | x DDP |" in lines
