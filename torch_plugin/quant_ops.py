@@ -27,6 +27,23 @@ def _blocks(t: torch.Tensor, n: int, block: int) -> torch.Tensor:
     return flat.view(nb, block)
 
 
+def _pack_whole(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """2 and 4 bits: ``8 // bits`` whole codes per byte, the first in the lowest bits: the same
+    bytes as the bit stream, without expanding each code into ``bits`` int32 values (4 bits on
+    1.4M codes: the stream took 10x the time of the quantisation itself on a CPU)."""
+    per = 8 // bits
+    pad = -codes.numel() % per
+    c = torch.cat([codes, codes.new_zeros(pad)]) if pad else codes
+    shifts = torch.arange(0, 8, bits, device=codes.device, dtype=torch.int32)
+    return (c.view(-1, per).to(torch.int32) << shifts).sum(dim=1, dtype=torch.int32).to(torch.uint8)
+
+
+def _unpack_whole(buf: torch.Tensor, n: int, bits: int) -> torch.Tensor:
+    """The inverse of :func:`_pack_whole`: n codes."""
+    shifts = torch.arange(0, 8, bits, device=buf.device, dtype=torch.int32)
+    return ((buf.to(torch.int32)[:, None] >> shifts) & ((1 << bits) - 1)).reshape(-1)[:n].to(torch.uint8)
+
+
 class QuantKernels:
     """The quantisation kernels of :class:`torch_plugin.ops.TorchOps`."""
 
@@ -50,6 +67,8 @@ class QuantKernels:
     def pack_bits(self, codes, bits):
         if bits == 8:
             return codes
+        if bits in (2, 4) and codes.numel():
+            return _pack_whole(codes, bits)
         n, dev = codes.numel(), codes.device
         stream = ((codes.to(torch.int32)[:, None] >> torch.arange(bits, device=dev, dtype=torch.int32)) & 1).reshape(-1)
         pad = -stream.numel() % 8
@@ -63,6 +82,8 @@ class QuantKernels:
     def unpack_bits(self, buf, n, bits):
         if bits == 8:
             return buf[:n]
+        if bits in (2, 4):
+            return _unpack_whole(buf, n, bits)
         dev = buf.device
         stream = ((buf.to(torch.int32)[:, None] >> torch.arange(8, device=dev, dtype=torch.int32)) & 1).reshape(-1)
         planes = stream[:n * bits].view(n, bits)
