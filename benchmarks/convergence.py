@@ -235,6 +235,13 @@ def variant_kwargs(name: str, steps_per_epoch: int, warmup: int) -> dict:
         "auto_quant8": lambda: {"compression": Compression.auto(cost_model=_link_model(1e-4, 8e-8), allow=["quant8"])},
         "auto_quant4": lambda: {"compression": Compression.auto(cost_model=_link_model(1e-4, 8e-8), allow=["quant4"])},
         "auto_quant2": lambda: {"compression": Compression.auto(cost_model=_link_model(1e-4, 8e-8), allow=["quant2"])},
+        # the same on a 1 Mbit/s link's model, where even the small models' buckets pay for it
+        "auto_quant8_1mbit": lambda: {"compression": Compression.auto(cost_model=_link_model(1e-4, 8e-6),
+                                                                      allow=["quant8"])},
+        "auto_quant4_1mbit": lambda: {"compression": Compression.auto(cost_model=_link_model(1e-4, 8e-6),
+                                                                      allow=["quant4"])},
+        "auto_quant2_1mbit": lambda: {"compression": Compression.auto(cost_model=_link_model(1e-4, 8e-6),
+                                                                      allow=["quant2"])},
         "od_reference": lambda: {"schedule": Schedule.od(warmup_steps=warmup, local="reference")},
         "ssd_reference": lambda: {"schedule": Schedule.ssd(warmup_steps=warmup, local="reference")},
         "cd_reference": lambda: {"schedule": Schedule.cd(warmup_steps=warmup, batch_size=BATCH,
