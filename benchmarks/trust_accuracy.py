@@ -5,7 +5,7 @@ is read from ``benchmarks.convergence``'s CONV lines (``conv_*.txt`` under the t
 counts only where every row of it that ran on the model's task at 2 ranks is within the target,
 0.5 points of S-SGD's accuracy or 1 % of its validation loss (the deep MLP: the digits MLP;
 ResNet-18: the digits CNN; the transformer: the GPT under AdamW, the optimizer the suite times it
-with); a variant with no row there does not count (docs/benchmarking.md#trust-table). The same
+with); a variant with no row there does not count (docs/auto-compression.md#best-fixed). The same
 lines give ``auto``'s own accuracy rows (:func:`conv_table`).
 """
 from __future__ import annotations

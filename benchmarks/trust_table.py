@@ -15,7 +15,7 @@ It reads what the runs of docs/benchmarking.md#trust-table wrote under ``--resul
   a model only where the convergence runs show it within the target (0.5 points of S-SGD's
   accuracy, 1 % of its validation loss) on that model's task, every row of it that ran (the deep
   MLP: the digits MLP; ResNet-18: the digits CNN; the transformer: the GPT under AdamW, the
-  optimizer its rows use); one with no row there does not count (docs/benchmarking.md#trust-table);
+  optimizer its rows use); one with no row there does not count (docs/auto-compression.md#best-fixed);
 * ``tta_digits/bench_1gbit.json``: the digits time-to-accuracy job of the same variants (shown
   beside, no longer deciding); ``tta_lm/bench_<net>.json``: the transformer's time to a validation loss.
 
