@@ -19,15 +19,15 @@ MU = 0.5
 
 
 def test_the_default_methods_are_those_within_target_on_every_task():
-    """docs/auto-compression.md#accuracy-floor: dense fp32, bf16, int8 and int4 with error feedback,
-    under SGD and Adam alike (the candidates of a 1-D bucket or an Adam-type optimizer are the
-    same); no sparse method unless named."""
+    """docs/auto-compression.md#accuracy-floor: dense fp32, bf16 and int8 with error feedback, under
+    SGD and Adam alike (the candidates of a 1-D bucket or an Adam-type optimizer are the same); no
+    int4, 2-bit or sparse method unless named."""
     assert DEFAULT_MIN_DENSITY == 0.1
-    assert DEFAULT_ALLOW == ("none", "bf16", "quant8", "quant4")
+    assert DEFAULT_ALLOW == ("none", "bf16", "quant8")
     opts = AutoOptions()
     assert opts.densities == (0.1,) and not opts.any_sparse
-    assert [m.key for m in opts.candidates()] == ["none", "bf16", "quant8", "quant4"]
-    assert [m.key for m in opts.candidates(sparse_ok=False)] == ["none", "bf16", "quant8", "quant4"]
+    assert [m.key for m in opts.candidates()] == ["none", "bf16", "quant8"]
+    assert [m.key for m in opts.candidates(sparse_ok=False)] == ["none", "bf16", "quant8"]
 
 
 def test_sparse_methods_and_lower_densities_stay_the_users_call():
