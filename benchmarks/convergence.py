@@ -227,21 +227,12 @@ def variant_kwargs(name: str, steps_per_epoch: int, warmup: int) -> dict:
         "auto_100mbit_floor": lambda: {"compression": Compression.auto(cost_model=_link_model(1e-4, 8e-8),
                                                                        min_density=d)},
         # the low-bit quantiser with its own error feedback (docs/quantize.md#exchange), as users run it
-        "quant8": lambda: {"compression": Compression.quantize(8)},
-        "quant4": lambda: {"compression": Compression.quantize(4)},
-        "quant2": lambda: {"compression": Compression.quantize(2)},
-        # auto with only a quantiser allowed, priced on a 100 Mbit/s link's model: the quantiser
-        # over auto's shared memory (momentum correction), as auto runs it when it picks it
-        "auto_quant8": lambda: {"compression": Compression.auto(cost_model=_link_model(1e-4, 8e-8), allow=["quant8"])},
-        "auto_quant4": lambda: {"compression": Compression.auto(cost_model=_link_model(1e-4, 8e-8), allow=["quant4"])},
-        "auto_quant2": lambda: {"compression": Compression.auto(cost_model=_link_model(1e-4, 8e-8), allow=["quant2"])},
-        # the same on a 1 Mbit/s link's model, where even the small models' buckets pay for it
-        "auto_quant8_1mbit": lambda: {"compression": Compression.auto(cost_model=_link_model(1e-4, 8e-6),
-                                                                      allow=["quant8"])},
-        "auto_quant4_1mbit": lambda: {"compression": Compression.auto(cost_model=_link_model(1e-4, 8e-6),
-                                                                      allow=["quant4"])},
-        "auto_quant2_1mbit": lambda: {"compression": Compression.auto(cost_model=_link_model(1e-4, 8e-6),
-                                                                      allow=["quant2"])},
+        **{f"quant{b}": (lambda b=b: {"compression": Compression.quantize(b)}) for b in (8, 4, 2)},
+        # auto with only a quantiser allowed, priced on a 100 Mbit/s (or 1 Mbit/s: the small models'
+        # buckets pay for it there) link's model: the quantiser over auto's memory, as auto runs it
+        **{f"auto_quant{b}{sfx}": (lambda b=b, beta=beta: {"compression": Compression.auto(
+            cost_model=_link_model(1e-4, beta), allow=[f"quant{b}"])}) for b in (8, 4, 2)
+           for sfx, beta in (("", 8e-8), ("_1mbit", 8e-6))},
         "od_reference": lambda: {"schedule": Schedule.od(warmup_steps=warmup, local="reference")},
         "ssd_reference": lambda: {"schedule": Schedule.ssd(warmup_steps=warmup, local="reference")},
         "cd_reference": lambda: {"schedule": Schedule.cd(warmup_steps=warmup, batch_size=BATCH,
