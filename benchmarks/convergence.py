@@ -226,6 +226,13 @@ def variant_kwargs(name: str, steps_per_epoch: int, warmup: int) -> dict:
         # the same with its density floor at --density: what a floor there would train to
         "auto_100mbit_floor": lambda: {"compression": Compression.auto(cost_model=_link_model(1e-4, 8e-8),
                                                                        min_density=d)},
+        # the low-bit quantiser with its own error feedback (docs/quantize.md#exchange), as users run it
+        **{f"quant{b}": (lambda b=b: {"compression": Compression.quantize(b)}) for b in (8, 4, 2)},
+        # auto with only a quantiser allowed, priced on a 100 Mbit/s (or 1 Mbit/s: the small models'
+        # buckets pay for it there) link's model: the quantiser over auto's memory, as auto runs it
+        **{f"auto_quant{b}{sfx}": (lambda b=b, beta=beta: {"compression": Compression.auto(
+            cost_model=_link_model(1e-4, beta), allow=[f"quant{b}"])}) for b in (8, 4, 2)
+           for sfx, beta in (("", 8e-8), ("_1mbit", 8e-6))},
         "od_reference": lambda: {"schedule": Schedule.od(warmup_steps=warmup, local="reference")},
         "ssd_reference": lambda: {"schedule": Schedule.ssd(warmup_steps=warmup, local="reference")},
         "cd_reference": lambda: {"schedule": Schedule.cd(warmup_steps=warmup, batch_size=BATCH,

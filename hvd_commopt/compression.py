@@ -211,6 +211,8 @@ class Compression:
                 ``"dgc"``, ``"gtopk"``, ``"oktopk"``, ``"randomk"``; default ``("none", "bf16",
                 "topk", "dgc", "gtopk")`` (docs/auto-compression.md#defaults). Dense fp32 is always
                 a candidate.
+                The quantisers with error feedback are ``"quant8"``, ``"quant4"``, ``"quant2"`` (docs/auto-compression.md#quantised).
+                The default is :data:`~hvd_commopt.autocompress.options.DEFAULT_ALLOW` (docs/auto-compression.md#accuracy-floor).
             margin: re-decide when the measured step and the prediction differ by more than this
                 fraction (checked every ``period`` steps).
             period: at least this many steps between two decisions.

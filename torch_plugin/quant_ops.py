@@ -22,9 +22,32 @@ def _levels(bits: int) -> int:
 def _blocks(t: torch.Tensor, n: int, block: int) -> torch.Tensor:
     """t's n values zero-padded to whole blocks, as (blocks, block)."""
     nb = -(-n // block)
+    if n == nb * block and t.dtype == torch.float32:  # whole blocks: a view (the callers only read it)
+        return t.reshape(nb, block)
     flat = torch.zeros(nb * block, dtype=torch.float32, device=t.device)
     flat[:n] = t.reshape(-1)
     return flat.view(nb, block)
+
+
+def _pack_whole(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """2 and 4 bits: ``8 // bits`` whole codes per byte, the first in the lowest bits: the same
+    bytes as the bit stream, in uint8 ops on strided views, without expanding each code into
+    ``bits`` int32 values (4 bits on 1.4M codes: the stream took 10x the time of the quantisation
+    itself on a CPU)."""
+    per = 8 // bits
+    pad = -codes.numel() % per
+    c = torch.cat([codes, codes.new_zeros(pad)]) if pad else codes
+    out = c[0::per].clone()
+    for j in range(1, per):
+        out.bitwise_or_(c[j::per] << (bits * j))
+    return out
+
+
+def _unpack_whole(buf: torch.Tensor, n: int, bits: int) -> torch.Tensor:
+    """The inverse of :func:`_pack_whole`: n codes."""
+    mask = (1 << bits) - 1
+    parts = [(buf >> (bits * j)) & mask for j in range(8 // bits)]
+    return torch.stack(parts, dim=1).reshape(-1)[:n]
 
 
 class QuantKernels:
@@ -50,6 +73,8 @@ class QuantKernels:
     def pack_bits(self, codes, bits):
         if bits == 8:
             return codes
+        if bits in (2, 4) and codes.numel():
+            return _pack_whole(codes, bits)
         n, dev = codes.numel(), codes.device
         stream = ((codes.to(torch.int32)[:, None] >> torch.arange(bits, device=dev, dtype=torch.int32)) & 1).reshape(-1)
         pad = -stream.numel() % 8
@@ -63,6 +88,8 @@ class QuantKernels:
     def unpack_bits(self, buf, n, bits):
         if bits == 8:
             return buf[:n]
+        if bits in (2, 4):
+            return _unpack_whole(buf, n, bits)
         dev = buf.device
         stream = ((buf.to(torch.int32)[:, None] >> torch.arange(8, device=dev, dtype=torch.int32)) & 1).reshape(-1)
         planes = stream[:n * bits].view(n, bits)

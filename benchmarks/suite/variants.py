@@ -336,6 +336,10 @@ VARIANTS: dict[str, tuple[Callable[[nn.Module, Ctx], Runner], str]] = {
                   "DGC at density 0.001 (the papers' setting), whatever --density says"),
     "bf16_nphalf": (ab_variant(b_bf16, "bf16_nphalf", native_half_sum=False),
                     "bf16 with MPI's half-precision ring adding through NumPy, not the native kernel"),
+    "quant8": (lambda m, c: _ours("quant8", m, c, compression=_hco().Compression.quantize(8)),
+               "int8 quantiser with error feedback (all-to-all, then allgather of the re-quantised sums)"),
+    "quant4": (lambda m, c: _ours("quant4", m, c, compression=_hco().Compression.quantize(4)),
+               "int4 quantiser with error feedback (all-to-all, then allgather of the re-quantised sums)"),
     "randomk": (b_sparse("randomk"), "Random-k (shared seed, allreduce of k values)"),
     "od": (b_schedule("od"), "OD-SGD (one-step delayed global update)"),
     "ssd": (b_schedule("ssd"), "SSD-SGD (k = 5 delay, GLU)"),
@@ -358,6 +362,7 @@ VARIANTS: dict[str, tuple[Callable[[nn.Module, Ctx], Runner], str]] = {
 NATIVE_AB = ("topk_np", "dgc_np", "lags_fused_np", "bf16_nphalf", "auto_nphalf")
 BACKEND_AB = ("topk_ar", "lags_queued")  # opt-in A/Bs of a backend choice, like the _np ones
 TRUST_ROWS = ("topk_10pct", "topk_1pct", "dgc_1pct", "topk_01pct", "dgc_01pct")  # opt-in: the trust table's fixed densities
+TRUST_ROWS += ("quant8", "quant4")  # opt-in too: the trust table's fixed quantisers
 DEFAULT = [n for n in VARIANTS if n != "ssgd_gloo" and n not in NATIVE_AB + BACKEND_AB + TRUST_ROWS]
 QUICK = ["compute", "ddp", "ddp_bf16", "ddp_powersgd1", "ssgd", "mgwfbp", "fp16", "topk", "gtopk", "dgc", "od", "local_sgd"]
 

@@ -54,6 +54,12 @@ class AutoMemory(MomentumCorrection):
         if ops.numel(sent_idx) >= ops.numel(acc):
             self._u.set(name, zero_sent(ops, self._u.get(ops, name, acc), sent_idx))
 
+    def update_quantized(self, ops: TensorOps, name: str, acc: Any, sent: Any) -> None:
+        """The velocity := ``acc - sent``: a quantiser sent every element of ``acc`` (:meth:`compensate`'s
+        ``v``, outside the snapshot) as ``sent``; the momentum is kept, as a sparse round keeps it
+        (docs/auto-compression.md#quantised). ``sent + v == acc`` bit for bit (docs/quantize.md#invariants)."""
+        self._v.set(name, ops.sub(acc, sent))
+
     def finish_average(self, ops: TensorOps, name: str, x: Any, post: float, verdict: bool = True) -> tuple[Any, Any]:
         """``(out, finite)`` of a bucket whose reduced sum is ``x`` (``x`` is written): ``out`` is
         ``u' = mu*u + x*post``, the momentum applied as :meth:`finish_dense` applies it, and what

@@ -1,5 +1,8 @@
 """The sub-reducer of each method ``compression="auto"`` can choose, over the shared memory
-(docs/auto-compression.md#shared-memory)."""
+(docs/auto-compression.md#shared-memory). The quantisers are ``Compression.quantize(bits)``'s
+dense exchange (all-to-all of the quantised parts, the owners' sums quantised again and
+all-gathered) with that memory in place of their own error feedback: momentum correction's
+velocity is quantised and what rounding dropped stays in it (docs/auto-compression.md#quantised)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,12 +11,14 @@ from typing import Any
 from ..buckets import Bucket
 from ..compress.base import Compressor
 from ..compress.cast import BF16Compressor, FP16Compressor
+from ..compress.quantize import DEFAULT_BLOCK
 from ..compress.randomk import RandomKSelector
 from ..compress.topk import TopKSelector
 from ..reduce.base import Pending, ReduceContext, Reducer, RoundInfo
 from ..reduce.dense import DenseRound, received
 from ..reduce.gtopk import GTopK
 from ..reduce.oktopk import OkTopK
+from ..reduce.quantized import QuantizedAllreduce
 from ..reduce.sparse import prescaled
 from ..reduce.sparse_allgather import SparseAllgather
 from .dense import AutoMemory, DenseMomentum, MomentumAverage
@@ -72,6 +77,8 @@ def build_method(method: Method, memory: AutoMemory) -> Reducer:
         return DenseMomentum(memory)
     if k in ("bf16", "fp16"):
         return CastWithMemory(BF16Compressor() if k == "bf16" else FP16Compressor(), memory)
+    if method.quantised:  # Compression.quantize(bits)'s exchange over the shared memory
+        return QuantizedAllreduce(method.bits, block=DEFAULT_BLOCK, memory=memory, whole_round_alone=True)
     if k in ("topk", "dgc"):  # DGC: the sampled threshold over the same momentum-corrected memory
         return SparseAllgather(TopKSelector(d, "sampled" if k == "dgc" else "exact", min_k=MIN_K), memory)
     if k == "randomk":

@@ -71,7 +71,7 @@ class Routing(Protocol):
     timing: Any
     like: Any
     memory: Any  # the shared memory (its momentum, for timing each candidate alike)
-    adaptive: bool  # an Adam-type optimizer is wrapped: dense candidates only
+    adaptive: bool  # an Adam-type optimizer is wrapped: no sparse candidates (casts and quantisers remain)
 
     def sub(self, method: Method) -> Reducer: ...
     def method_of(self, bucket_name: str) -> Method: ...

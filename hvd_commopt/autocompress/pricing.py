@@ -13,6 +13,10 @@ as one message (docs/topk.md#one-message), after a size round only where the cou
 ``CostModel.topk_time`` prices two allgathers, so every sparse bucket carried a second ``α``: with
 a light calibration's allgather ``α`` of 20 ms at 1 Gbit/s, 40 ms a bucket, and ResNet-18's 9 MB
 buckets went to bf16 where Top-k 1 % was faster (docs/auto-compression.md#sparse-wire).
+The quantisers are priced as :class:`~hvd_commopt.reduce.quantized.QuantizedAllreduce` sends them
+(:func:`quantised_time`): an all-to-all of the P quantised parts of the bucket, then an allgather of
+each owner's re-quantised part, each part ``bits/8`` bytes an element plus one float32 scale per
+block (docs/auto-compression.md#quantised).
 """
 from __future__ import annotations
 
@@ -21,13 +25,14 @@ from typing import Mapping, Sequence
 from ..errors import ConfigError
 from ..fusion.cost_model import CostModel, sparse_k
 from ..fusion.omgs import topk_select_time
+from ..compress.quantize import DEFAULT_BLOCK, encoded_bytes
 from ..fusion.pricing import dense_pricing, sparse_pricing
 from .choose import BucketCosts
 from .methods import MIN_K
 from .options import Method
 
 __all__ = ["SelectFit", "method_costs", "bucket_costs", "fit_kind", "compress_time", "allgather_sparse_time",
-           "INDEX_BYTES", "COUNT_BYTES"]
+           "quantised_time", "INDEX_BYTES", "COUNT_BYTES"]
 
 #: ``(s, c0)`` of ``c0 + s·x·log2 x`` seconds for x elements.
 SelectFit = tuple[float, float]
@@ -53,6 +58,19 @@ def allgather_sparse_time(method: Method, nbytes: int, cost: CostModel, min_k: i
     return t
 
 
+def quantised_time(method: Method, nbytes: int, cost: CostModel, block: int = DEFAULT_BLOCK) -> float:
+    """Seconds to exchange a bucket of ``nbytes`` fp32 bytes with the ``method.bits``-bit quantiser:
+    the all-to-all, where each rank sends its P-1 other parts and receives P-1 parts (the bytes of
+    an allgather of one part), then the allgather of the owner's part quantised again; a part is
+    ``ceil(n/P)`` elements, :func:`~hvd_commopt.compress.quantize.encoded_bytes` of them (the codes
+    and one float32 scale per ``block``). Priced with the calibrated allgather for both phases
+    (docs/auto-compression.md#quantised)."""
+    if cost.ranks <= 1 or nbytes <= 0:
+        return 0.0
+    part = encoded_bytes(-(-(nbytes // 4) // cost.ranks), method.bits, block)
+    return 2 * cost.allgather.time(part)
+
+
 def fit_kind(method: Method) -> str:
     """Whose selection cost prices ``method``: gTop-k and Ok-Topk select locally by the exact
     top-k, as Top-k does; DGC samples its threshold, random-k draws indices, casts cast."""
@@ -76,6 +94,8 @@ def method_costs(method: Method, nbytes: int, cost: CostModel, fits: Mapping[str
     if method.kind == "none":
         return 0.0, dense_pricing(cost, 1.0, "dense").comm_time(nbytes)
     sel = compress_time(method, nbytes, fits)
+    if method.quantised:
+        return sel, quantised_time(method, nbytes, cost)
     if not method.sparse:
         return sel, dense_pricing(cost, 0.5, method.kind).comm_time(nbytes)
     if method.kind in ("topk", "dgc"):

@@ -94,7 +94,7 @@ class AutoReducer(Reducer):
         """The dense rounds need a NaN/Inf verdict without momentum only while another bucket holds a
         memory (a sparse method, a flush pending), so that the step is skipped in every bucket
         (docs/wrapper.md#nonfinite-step); with every bucket dense, S-SGD's round checks nothing."""
-        need = bool(self._flush_next) or any(m.sparse for m in self.assignment.values())
+        need = bool(self._flush_next) or any(m.holds_residual for m in self.assignment.values())
         for r in self._subs.values():
             if isinstance(r, MomentumAverage):
                 r.verdict = need
@@ -107,9 +107,9 @@ class AutoReducer(Reducer):
         to dense sends its residual in its next round (module docstring)."""
         for name, new in methods.items():
             old = self.method_of(name)
-            if old.sparse and not new.sparse:
+            if old.holds_residual and not new.holds_residual:
                 self._flush_next.add(name)
-            elif new.sparse:
+            elif new.holds_residual:
                 self._flush_next.discard(name)
         self.assignment = dict(methods)
         self._tell_verdict()
@@ -169,7 +169,7 @@ class AutoReducer(Reducer):
         bucket starts dense until the policy decides again. A residual moved into a new bucket is
         sent by that bucket's first round (the flush)."""
         self.memory.relayout(ops, old, new)
-        moved = {t for b in old if self.method_of(b.name).sparse for t in b.names}
+        moved = {t for b in old if self.method_of(b.name).holds_residual for t in b.names}
         self.assignment = {}
         self._flush_next = {b.name for b in new if moved.intersection(b.names)}
         self._tell_verdict()

@@ -25,12 +25,15 @@ from typing import Any
 from ..errors import ConfigError
 from ..tensor_ops import TensorOps
 
-__all__ = ["check_bits", "levels", "encode", "decode", "encoded_bytes"]
+__all__ = ["check_bits", "levels", "encode", "decode", "encoded_bytes", "DEFAULT_BLOCK"]
 
 Tensor = Any
 
+#: Elements per float32 scale unless ``block=`` says otherwise (``Compression.quantize``, and ``auto``'s quantisers).
+DEFAULT_BLOCK = 256
 
-def check_bits(bits: object, block: object = 256) -> tuple[int, int]:
+
+def check_bits(bits: object, block: object = DEFAULT_BLOCK) -> tuple[int, int]:
     """``(bits, block)`` validated: bits in 2..8, block >= 1."""
     if isinstance(bits, bool) or not isinstance(bits, int) or not 2 <= bits <= 8:
         raise ConfigError(f"quantize bits must be an integer from 2 to 8 (8 = int8, 4 = int4, 2 = ternary), got "

@@ -44,6 +44,7 @@ from ..compress.quantize import check_bits, decode, encode, encoded_bytes
 from ..compress.selector import check_density
 from ..errors import ConfigError
 from ..fusion.pricing import Pricing, dense_pricing
+from ..memory.base import Memory
 from ..memory.error_feedback import ErrorFeedback
 from ..tensor_ops import TensorOps
 from .base import Pending, ReduceContext, Reducer, RoundInfo
@@ -84,6 +85,12 @@ class QuantizedAllreduce(Reducer):
             the context's postscale (1/P for an average); "senders" scales each coordinate by
             ``postscale * P / c`` instead, c the number of ranks that sent it (for an average: the
             mean over the senders, SparseLoCo's rule).
+        memory: the memory to use instead of a fresh :class:`ErrorFeedback` (``compression="auto"``
+            passes its shared momentum-correction memory, docs/auto-compression.md#quantised);
+            its ``update_quantized`` keeps ``acc - sent``. Dense exchange only.
+        whole_round_alone: on one rank, run the whole exchange (the owner's decode, sum and second
+            quantisation, and the decode of the gathered parts) instead of returning the first
+            quantisation: what ``auto`` times as the method's compute (docs/auto-compression.md#quantised).
     """
 
     name = "quantize"
@@ -91,7 +98,7 @@ class QuantizedAllreduce(Reducer):
 
     def __init__(self, bits: int, density: float | None = None, block: int = 256, error_feedback: bool = True,
                  nonfinite: str = "skip", chunk: int | None = None, ef_decay: float = 1.0,
-                 mean_over: str = "ranks"):
+                 mean_over: str = "ranks", memory: Memory | None = None, whole_round_alone: bool = False):
         self.bits, self.block = check_bits(bits, block)
         self.rho = None if density is None else float(check_density(density))
         self.chunk = check_chunk(chunk)
@@ -107,7 +114,13 @@ class QuantizedAllreduce(Reducer):
                               f"so it needs a density: pass e.g. Compression.quantize({bits}, density=0.01, "
                               f"mean_over='senders'); the dense exchange has every rank send every value")
         self.mean_over = mean_over
-        self.memory = ErrorFeedback(error_feedback, nonfinite, decay=ef_decay)
+        if memory is not None and self.rho is not None:
+            raise ConfigError("a quantiser with a memory of its own choosing is the dense exchange only; "
+                              "drop density or memory")
+        own = ErrorFeedback(error_feedback, nonfinite, decay=ef_decay)
+        self.ef_decay = own.decay
+        self.memory: Memory = own if memory is None else memory
+        self.whole_round_alone = bool(whole_round_alone) and self.rho is None
         self._layouts: dict[tuple[int, ...], ChunkLayout] = {}  # planned once per bucket layout
         self._scales: dict[tuple[str, str, float, int], Any] = {}  # _senders_scale, uploaded once per device
 
@@ -174,7 +187,7 @@ class QuantizedAllreduce(Reducer):
             sent, msg = ops.cat(decs), ops.cat(parts)
         if ops.all_finite(acc):
             self.memory.update_quantized(ops, bucket.name, acc, ops.reshape(sent, ops.shape(acc)))
-        if size == 1:
+        if size == 1 and not self.whole_round_alone:
             st.local = sent
             return Pending(rnd.wire(bucket), st)
         wire = msg
@@ -273,7 +286,7 @@ class QuantizedAllreduce(Reducer):
 
     def __repr__(self) -> str:
         extra = ("" if self.chunk is None else f", chunk={self.chunk}") + \
-            ("" if self.memory.decay == 1.0 else f", ef_decay={self.memory.decay}") + \
+            ("" if self.ef_decay == 1.0 else f", ef_decay={self.ef_decay}") + \
             ("" if self.mean_over == "ranks" else f", mean_over={self.mean_over!r}")
         return f"QuantizedAllreduce(bits={self.bits}, density={self.rho}, block={self.block}{extra})"
 

@@ -16,6 +16,9 @@ from hvd_commopt.fusion import AlphaBeta, CostModel  # noqa: E402
 # fact, so a wide margin keeps the guard (docs/auto-compression.md#revert) from undoing the choice.
 SLOW = CostModel(AlphaBeta(1e-3, 1e-7), AlphaBeta(1e-3, 1e-7), AlphaBeta(1e-3, 1e-7), ranks=2)
 FAST = CostModel(AlphaBeta(1e-7, 1e-14), AlphaBeta(1e-7, 1e-14), AlphaBeta(1e-7, 1e-14), ranks=2)
+# the sparse methods named (the default allows the quantisers instead, docs/auto-compression.md#accuracy-floor)
+SPARSE = ["bf16", "topk", "dgc"]
+QUANT = ["quant8", "quant4"]
 STEPS = 1 + 3 + 5 + 1 + 5  # first step, warm-up, profile, settle, measure
 TRIALS = 2 * (1 + 5)  # without a given cost model: up to two uniform assignments measured after (trial.py)
 _LOCK = threading.Lock()
@@ -76,7 +79,7 @@ def _check_agreed(res):
 
 
 def test_auto_trains_and_reports_its_choice_per_bucket():
-    res = run_ranks(2, lambda comm: train(comm, Compression.auto(cost_model=SLOW, margin=1e3)))
+    res = run_ranks(2, lambda comm: train(comm, Compression.auto(cost_model=SLOW, margin=1e3, allow=SPARSE)))
     rep = _check_agreed(res)
     big = max(rep["buckets"], key=lambda b: b["bytes"])
     assert "@" in big["method"]  # the bucket of the 1 MB layer goes sparse on the slow link
@@ -85,16 +88,18 @@ def test_auto_trains_and_reports_its_choice_per_bucket():
     assert all(b["why"] for b in rep["buckets"])
 
 
-def test_auto_under_adamw_keeps_every_bucket_dense_or_cast():
-    """Under an Adam-type optimizer no sparse method is a candidate, even on a link where one
-    would pay (docs/auto-compression.md#adaptive); the report says why."""
-    res = run_ranks(2, lambda comm: train(comm, Compression.auto(cost_model=SLOW, margin=1e3), adamw=True))
+def test_auto_under_adamw_keeps_every_bucket_dense_cast_or_quantised():
+    """Under an Adam-type optimizer no sparse method is a candidate, even named in ``allow`` on a
+    link where one would pay (docs/auto-compression.md#adaptive); the report says why. The casts
+    and the quantisers remain."""
+    res = run_ranks(2, lambda comm: train(comm, Compression.auto(cost_model=SLOW, margin=1e3, allow=SPARSE + QUANT),
+                                           adamw=True))
     rep = _check_agreed(res)
     assert rep["adaptive_optimizer"] is True
     assert all("@" not in b["method"] for b in rep["buckets"])
-    assert any(b["method"] == "bf16" for b in rep["buckets"])  # the slow link still pays for the cast
+    assert any(b["method"] in ("bf16", "quant8", "quant4") for b in rep["buckets"])  # the slow link still pays
     big = max(rep["buckets"], key=lambda b: b["bytes"])
-    assert "Adam-type optimizer" in big["why"] or big["method"] == "bf16"
+    assert "Adam-type optimizer" in big["why"] or big["method"] in ("bf16", "quant8", "quant4")
 
 
 def test_auto_composes_with_fusion_auto():
@@ -140,7 +145,7 @@ def test_auto_decides_before_step_0_from_the_link_and_the_compute_alone():
         model = make_model()
         opt = hco.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
                                        named_parameters=model.named_parameters(), communicator=comm,
-                                       compression=Compression.auto(cost_model=SLOW, margin=1e3))
+                                       compression=Compression.auto(cost_model=SLOW, margin=1e3, allow=SPARSE))
         policy = opt._hco_engine.engine.reducer.policy
         return {k: m.key for k, m in policy.reducer.assignment.items()}, dict(policy.report), policy.decisions
     (a0, rep0, d0), (a1, _, d1) = run_ranks(2, body)
@@ -186,3 +191,15 @@ def test_auto_calibrates_and_times_its_candidates_before_step_0_only(monkeypatch
     for before, rep in res:
         assert before == (2, 1)  # all of it before step 0
         assert rep["decisions"] == 1 and rep["phase"] == "watch"
+
+
+def test_auto_by_default_quantises_on_a_slow_link_and_trains():
+    """The default candidates (docs/auto-compression.md#accuracy-floor): no sparse method; on the
+    slow link the 1 MB layer's bucket goes to a quantiser, every rank applies the same update and
+    the loss falls."""
+    res = run_ranks(2, lambda comm: train(comm, Compression.auto(cost_model=SLOW, margin=1e3)))
+    rep = _check_agreed(res)
+    assert rep["allow"] == ["none", "bf16", "quant8"]
+    assert all("@" not in b["method"] for b in rep["buckets"])
+    big = max(rep["buckets"], key=lambda b: b["bytes"])
+    assert big["method"] == "quant8"

@@ -18,10 +18,12 @@ SLOW_LINK = CostModel(AlphaBeta(2e-4, 8e-8), AlphaBeta(2e-4, 8e-8), AlphaBeta(2e
 CHEAP_SELECT = {"topk": (1e-10, 5e-5), "dgc": (5e-11, 5e-5), "bf16": (5e-9, 1e-5)}
 SIZES = [4 * MB, 4 * MB, 2 * MB, 8 * MB]
 GAPS = [0.004, 0.003, 0.003, 0.002]
+# the sparse methods named (the chooser's behaviour with them; the default allows the quantisers instead)
+SPARSE_ALLOW = ("none", "bf16", "topk", "dgc")
 
 
 def costs(link, fits=CHEAP_SELECT, options=None, sizes=SIZES, gaps=GAPS, sparse_ok=None):
-    opts = options or AutoOptions()
+    opts = options or AutoOptions(allow=SPARSE_ALLOW)
     sparse_ok = sparse_ok or [True] * len(sizes)
     return [bucket_costs(f"b{i}", n, g, opts.candidates(ok), link, fits) for i, (n, g, ok)
             in enumerate(zip(sizes, gaps, sparse_ok))]
@@ -167,3 +169,17 @@ def test_the_tie_is_taken_over_the_whole_assignment_not_bucket_by_bucket():
     assert ch.dense_s == pytest.approx(1.03, rel=1e-12) and ch.predicted_s == pytest.approx(1.015, rel=1e-12)
     few = [_bucket(f"b{i}", 0.0, {"none": (0.0, 0.003), "topk@0.01": (0.0005, 0.001)}) for i in range(3)]
     assert [m.key for m in choose(few, update_s=1.0, comm_cpu=1.0).methods] == ["none"] * 3  # 4.5 ms < 1 %
+
+
+# the quantisers' compute, measured whole (c0 + s·x): int4 packs two codes a byte, so it costs more
+QUANT_FITS = {**CHEAP_SELECT, "quant8": (1e-9, 1e-4), "quant4": (2e-9, 1e-4)}
+
+
+def test_default_candidates_quantise_on_a_slow_link_and_stay_dense_on_a_fast_one():
+    slow = choose(costs(SLOW_LINK, fits=QUANT_FITS, options=AutoOptions()))
+    assert [m.key for m in slow.methods] == ["quant8"] * 4
+    assert slow.predicted_s < 0.3 * slow.dense_s
+    named = choose(costs(SLOW_LINK, fits=QUANT_FITS, options=AutoOptions(allow=("bf16", "quant8", "quant4"))))
+    assert [m.key for m in named.methods] == ["quant4"] * 4  # half of int8's send, for 1 ms more compute
+    fast = choose(costs(FAST_LINK, fits=QUANT_FITS, options=AutoOptions()))
+    assert [m.key for m in fast.methods] == ["none"] * 4

@@ -1,5 +1,6 @@
-"""compression="auto"'s accuracy rule (docs/auto-compression.md#accuracy-floor): the density floor
-and the methods chosen from by default, and the shared memory's momentum: kept where a sparse
+"""compression="auto"'s accuracy rule (docs/auto-compression.md#accuracy-floor): the methods chosen
+from by default (the casts and the int8/int4 quantisers), the density floor of the sparse methods
+named, and the shared memory's momentum: kept where a sparse
 method sent (no momentum factor masking), restarted from zero on every rank where a whole bucket
 was sent (the flush before a dense round). Exact values."""
 from __future__ import annotations
@@ -17,20 +18,27 @@ SPECS = [TensorSpec("l0.w", (300, 1), "float32")]
 MU = 0.5
 
 
-def test_the_default_floor_and_methods():
+def test_the_default_methods_are_those_within_target_on_every_task():
+    """docs/auto-compression.md#accuracy-floor: dense fp32, bf16 and int8 with error feedback, under
+    SGD and Adam alike (the candidates of a 1-D bucket or an Adam-type optimizer are the same); no
+    int4, 2-bit or sparse method unless named."""
     assert DEFAULT_MIN_DENSITY == 0.1
-    assert DEFAULT_ALLOW == ("none", "bf16", "topk", "dgc")
+    assert DEFAULT_ALLOW == ("none", "bf16", "quant8")
     opts = AutoOptions()
-    assert opts.densities == (0.1,)
+    assert opts.densities == (0.1,) and not opts.any_sparse
+    assert [m.key for m in opts.candidates()] == ["none", "bf16", "quant8"]
+    assert [m.key for m in opts.candidates(sparse_ok=False)] == ["none", "bf16", "quant8"]
+
+
+def test_sparse_methods_and_lower_densities_stay_the_users_call():
+    opts = AutoOptions(allow=("bf16", "topk", "dgc"))
+    assert opts.any_sparse
     assert [m.key for m in opts.candidates()] == ["none", "bf16", "topk@0.1", "dgc@0.1"]
     assert [m.key for m in opts.candidates(sparse_ok=False)] == ["none", "bf16"]
-
-
-def test_lower_densities_stay_the_users_call():
-    opts = AutoOptions(min_density=0.01)
+    opts = AutoOptions(allow=("bf16", "quant4", "topk", "dgc"), min_density=0.01)
     assert opts.densities == (0.1, 0.03, 0.01)
-    assert [m.key for m in opts.candidates()] == ["none", "bf16", "topk@0.1", "dgc@0.1", "topk@0.03", "dgc@0.03",
-                                                  "topk@0.01", "dgc@0.01"]
+    assert [m.key for m in opts.candidates()] == ["none", "bf16", "quant4", "topk@0.1", "dgc@0.1", "topk@0.03",
+                                                  "dgc@0.03", "topk@0.01", "dgc@0.01"]
     assert AutoOptions(min_density=0.0001).densities == DENSITY_GRID
 
 
