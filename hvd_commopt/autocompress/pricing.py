@@ -10,9 +10,9 @@ values for random-k. Top-k and DGC are priced as :class:`~hvd_commopt.reduce.spa
 sends them (:func:`allgather_sparse_time`): ONE allgather of the k values and k int32 indices packed
 as one message (docs/topk.md#one-message), after a size round only where the count varies by rank
 (DGC's sampled threshold; the exact top-k skips it, docs/topk.md#equal-sizes). The fusion planners'
-``CostModel.topk_time`` prices two allgathers, so every sparse bucket carried a second ``α``: with
-a light calibration's allgather ``α`` of 20 ms at 1 Gbit/s, 40 ms a bucket, and ResNet-18's 9 MB
-buckets went to bf16 where Top-k 1 % was faster (docs/auto-compression.md#sparse-wire).
+``CostModel.topk_time`` priced two allgathers until 2026-11-27, so every sparse bucket carried a
+second ``α`` (docs/auto-compression.md#sparse-wire); it now prices the same one packed message,
+and this module adds what only ``auto`` sends: ``MIN_K`` and DGC's size round.
 The quantisers are priced as :class:`~hvd_commopt.reduce.quantized.QuantizedAllreduce` sends them
 (:func:`quantised_time`): an all-to-all of the P quantised parts of the bucket, then an allgather of
 each owner's re-quantised part, each part ``bits/8`` bytes an element plus one float32 scale per

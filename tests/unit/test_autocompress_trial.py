@@ -36,7 +36,7 @@ def dense_alternative(monkeypatch):
 
 def run(comm, dense_s, sparse_s, steps):
     t = [0.0]
-    red = AutoReducer(AutoOptions(period=1000, allow=("bf16", "topk", "dgc")), clock=lambda: t[0])
+    red = AutoReducer(AutoOptions(period=1000, allow=("bf16", "topk")), clock=lambda: t[0])
     eng = build_engine(comm, NumpyOps(), compression=red, fusion_threshold=0)
     eng.register(BIG)
     rng = np.random.default_rng(comm.rank)
@@ -78,7 +78,7 @@ def test_no_trial_with_a_given_cost_model(monkeypatch):
 
     def body(comm):
         t = [0.0]
-        red = AutoReducer(AutoOptions(cost_model=SLOW, period=1000, allow=("bf16", "topk", "dgc")), clock=lambda: t[0])
+        red = AutoReducer(AutoOptions(cost_model=SLOW, period=1000, allow=("bf16", "topk")), clock=lambda: t[0])
         eng = build_engine(comm, NumpyOps(), compression=red, fusion_threshold=0)
         eng.register(BIG)
         for _ in range(STEPS):
