@@ -1,6 +1,8 @@
 """``compression="auto"`` under an Adam-type optimizer has S-SGD's buckets: only dense methods are
 candidates there, so the 1-D tensors stay in their groups instead of buckets of their own
-(docs/auto-compression.md#adaptive-buckets); under SGD they still get their own (docs/topk.md#dense-1d)."""
+(docs/auto-compression.md#adaptive-buckets). Under SGD they get their own only where a sparse method
+is a candidate, that is when ``allow=`` names one (docs/topk.md#dense-1d,
+docs/auto-compression.md#accuracy-floor)."""
 from __future__ import annotations
 
 import pytest
@@ -28,13 +30,14 @@ def _layout(comm, compression, adam: bool):
     return layout
 
 
-@pytest.mark.parametrize("adam", [True, False])
-def test_auto_buckets_under_adam_are_ssgds(adam):
+@pytest.mark.parametrize("adam,allow", [(True, None), (True, ("none", "bf16", "topk")), (False, None),
+                                        (False, ("none", "bf16", "topk"))])
+def test_auto_buckets_under_adam_are_ssgds(adam, allow):
     ssgd = run_ranks(2, lambda comm: _layout(comm, None, adam))[0]
-    auto = run_ranks(2, lambda comm: _layout(comm, Compression.auto(cost_model=FAST), adam))
+    auto = run_ranks(2, lambda comm: _layout(comm, Compression.auto(cost_model=FAST, **({} if allow is None else {'allow': allow})), adam))
     assert auto[0] == auto[1]
     assert ssgd == [["2.bias", "2.weight", "1.bias", "1.weight", "0.bias", "0.weight"]]
-    if adam:
+    if adam or allow is None:  # no sparse candidate: S-SGD's buckets
         assert auto[0] == ssgd
     else:  # the 1-D tensors whole in a bucket, the matrices in another, by their last arrival
         assert auto[0] == [["2.bias", "1.bias", "1.weight", "0.bias"], ["2.weight", "0.weight"]]
