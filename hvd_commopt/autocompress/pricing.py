@@ -11,8 +11,8 @@ sends them (:func:`allgather_sparse_time`): ONE allgather of the k values and k 
 as one message (docs/topk.md#one-message), after a size round only where the count varies by rank
 (DGC's sampled threshold; the exact top-k skips it, docs/topk.md#equal-sizes). The fusion planners'
 ``CostModel.topk_time`` priced two allgathers until 2026-11-27, so every sparse bucket carried a
-second ``α`` (docs/auto-compression.md#sparse-wire); it now prices the same one packed message,
-and this module adds what only ``auto`` sends: ``MIN_K`` and DGC's size round.
+second ``α`` (docs/auto-compression.md#sparse-wire); it now prices the one packed message, and
+this module calls it, adding DGC's size round.
 The quantisers are priced as :class:`~hvd_commopt.reduce.quantized.QuantizedAllreduce` sends them
 (:func:`quantised_time`): an all-to-all of the P quantised parts of the bucket, then an allgather of
 each owner's re-quantised part, each part ``bits/8`` bytes an element plus one float32 scale per
@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 from ..errors import ConfigError
-from ..fusion.cost_model import CostModel, sparse_k
+from ..fusion.cost_model import CostModel
 from ..fusion.omgs import topk_select_time
 from ..compress.quantize import DEFAULT_BLOCK, encoded_bytes
 from ..fusion.pricing import dense_pricing, sparse_pricing
@@ -51,8 +51,7 @@ def allgather_sparse_time(method: Method, nbytes: int, cost: CostModel, min_k: i
     ``k = max(sparse_k, min_k)``, at most the bucket's elements."""
     if cost.ranks <= 1 or nbytes <= 0:
         return 0.0
-    k = min(max(sparse_k(nbytes, method.density), min_k), nbytes // 4)
-    t = cost.allgather.time(k * (4 + INDEX_BYTES))
+    t = cost.topk_time(nbytes, method.density, index_bytes=INDEX_BYTES, min_k=min_k)  # the packed allgather
     if method.kind == "dgc":
         t += cost.allgather.time(COUNT_BYTES)
     return t

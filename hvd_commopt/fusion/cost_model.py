@@ -292,13 +292,14 @@ class CostModel:
         return self.allgather.time(nbytes_per_rank)
 
     def topk_time(self, nbytes: int, density: float, elem_bytes: int = 4, value_bytes: int = 4,
-                  index_bytes: int = 4) -> float:
+                  index_bytes: int = 4, min_k: int = 1) -> float:
         """Top-k of a dense bucket of ``nbytes``, exchanged as our runtime sends it: ONE allgather of
         each rank's k values and k indices packed as one message (docs/topk.md#one-message). The
-        reference code's two allgathers are :func:`topk_allgather_time` with ``fused=False``."""
+        reference code's two allgathers are :func:`topk_allgather_time` with ``fused=False``.
+        ``k = max(sparse_k, min_k)``, at most the bucket's elements (a selector's ``min_k``)."""
         if self.ranks == 1:
             return 0.0
-        k = sparse_k(nbytes, density, elem_bytes)
+        k = min(max(sparse_k(nbytes, density, elem_bytes), min_k), int(nbytes) // elem_bytes)
         return self.allgather.time(k * (value_bytes + index_bytes))
 
     def gtopk_time(self, nbytes: int, density: float, elem_bytes: int = 4, value_bytes: int = 4,
