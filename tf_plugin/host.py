@@ -32,7 +32,7 @@ import tensorflow as tf
 from hvd_commopt.host import ADAPTIVE
 
 from ._compat import learning_rate_variable
-from .ops import _t
+from .pack_buffer import value_of as _t
 
 __all__ = ["KerasScheduleHost", "adaptive_optimizers"]
 
