@@ -173,8 +173,9 @@ def measure_selection(n: int, density: float, reps: int, device) -> dict:
 
     from hvd_commopt.memory.error_feedback import ErrorFeedback
     from hvd_commopt.select.strategies import ExactTopK, ReuseTopK
+    from torch_plugin import device_route_ops as device_route
     from torch_plugin import ops as torch_ops
-    ops, triton_available = torch_ops.TorchOps(), torch_ops.TRITON_SELECT
+    ops, triton_available = torch_ops.TorchOps(), device_route.TRITON_SELECT
     k = max(int(n * density), 1)
     gen = torch.Generator(device=device).manual_seed(n)
     g = torch.randn(n, generator=gen, device=device)
@@ -193,11 +194,11 @@ def measure_selection(n: int, density: float, reps: int, device) -> dict:
     one = med(lambda: torch.abs(t, out=buf))
     out = {"n": n, "density": density, "k": k, "pass_ms": one * 1e3}
     out["torch.topk"] = med(lambda: torch.topk(t.abs(), k, sorted=False)) / one
-    out["triton"] = torch_ops._triton_takes(t, k)  # the Triton select runs the device route's top-k
+    out["triton"] = device_route._triton_takes(t, k)  # the Triton select runs the device route's top-k
     for suffix, triton_on in (("", out["triton"]), ("_torch", False)):  # "_torch": the torch-op route
         if suffix and not out["triton"]:
             continue
-        torch_ops.TRITON_SELECT = triton_on
+        device_route.TRITON_SELECT = triton_on
         try:
             ex = ExactTopK()
             out["exact" + suffix] = med(lambda: ex.select(ops, t, k)) / one
@@ -219,7 +220,7 @@ def measure_selection(n: int, density: float, reps: int, device) -> dict:
                 rs.select(ops, r, k, key="b", addend=a, out=o))
             out["ef_reuse" + suffix] = med(lambda: snapshotted(ef_r, fr)) / one  # exact once, then reused steps
         finally:
-            torch_ops.TRITON_SELECT = triton_available
+            device_route.TRITON_SELECT = triton_available
     if out["triton"]:  # the kernels alone: two reads of the data plus the fix-up
         from torch_plugin import triton_select
         out["triton_topk"] = med(lambda: triton_select.topk_abs_index(t, k)) / one

@@ -10,10 +10,10 @@ import torch
 
 from hvd_commopt import host_memory
 
-from . import triton_select
 from ._compat import storage_exclusive
 from .host_arrays import flat_np, host_ok, index_host
 from .cast_ops import CastKernels
+from .device_route_ops import _KEYS, DeviceRouteKernels, _flat
 from .quant_ops import QuantKernels
 
 __all__ = ["TorchOps", "TORCH_DTYPES"]
@@ -25,12 +25,6 @@ TORCH_DTYPES = {
 }
 _NAMES = {v: k for k, v in TORCH_DTYPES.items()}
 
-# float dtype -> key dtype: |x| as its bit pattern (docs/selection.md#order)
-_KEYS = {torch.float32: torch.int32, torch.float64: torch.int64, torch.float16: torch.int16,
-         torch.bfloat16: torch.int16}
-# float dtype -> (magnitude mask of its key, key of +Inf)
-_MAG_INF = {torch.float32: (0x7FFFFFFF, 0x7F800000), torch.float64: (0x7FFFFFFFFFFFFFFF, 0x7FF0000000000000),
-            torch.float16: (0x7FFF, 0x7C00), torch.bfloat16: (0x7FFF, 0x7F80)}
 # Below this many bytes a copy or fill stays ATen's (a Python call costs more than it saves);
 # above it the host kernel streams the stores (docs/selection.md#streaming-stores).
 _STREAM_MIN_BYTES = 1 << 20
@@ -40,22 +34,6 @@ _SCALE_ADD = (torch.float32, torch.float64)  # scale_add_into's one host pass (f
 # check pays only on long CPU tensors)
 _ONE_PASS_FINITE = 1 << 14
 _CMP = {"ge": torch.ge, "gt": torch.gt, "le": torch.le, "lt": torch.lt}
-
-
-def _flat(t):
-    """``t.reshape(-1)`` without the call when t is flat already (several per bucket and step)."""
-    return t if t.dim() == 1 else t.reshape(-1)
-
-
-def _triton_takes(t, k: int) -> bool:
-    """Whether the Triton select runs ``t``'s top-k: a large float32 CUDA tensor, Triton imported
-    (docs/selection.md#triton-select); else the torch-op route, its tested fallback."""
-    return (TRITON_SELECT and t.is_cuda and t.dtype == torch.float32
-            and triton_select.MIN_N <= t.numel() < 1 << 31 and 0 < k < t.numel())
-
-
-#: the Triton select on CUDA where it imports; tests and benchmarks switch it off to compare
-TRITON_SELECT = triton_select.AVAILABLE
 
 
 def _word_nonzero(m):
@@ -72,7 +50,7 @@ def _word_nonzero(m):
     return idx
 
 
-class TorchOps(QuantKernels, CastKernels):
+class TorchOps(QuantKernels, CastKernels, DeviceRouteKernels):
     """In place where PyTorch allows; every method returns its result.
 
     ``host_view`` gives the selection's host kernels (:mod:`hvd_commopt.select.host`) the memory
@@ -294,47 +272,6 @@ class TorchOps(QuantKernels, CastKernels):
 
     def kth_smallest(self, t, k):
         return int(torch.kthvalue(t.reshape(-1), int(k)).values)
-
-    # -- the device route (docs/selection.md#device-route): no host synchronisation ----------
-    def topk_abs_ranked(self, t, k):
-        """A composite int64 key ``(magnitude_key << 32) | (0xFFFFFFFF - i)`` makes every key
-        distinct, so ``topk`` picks exactly the lower-index ties, on any device and in any order;
-        float64 keys take 63 bits, so a stable descending sort there (and past 2^32 elements)."""
-        t = _flat(t)
-        n, k = t.numel(), int(k)
-        if _triton_takes(t, k):  # the same ranking in two reads (docs/selection.md#triton-select)
-            return triton_select.topk_abs_ranked(t.detach(), k)
-        with torch.no_grad():
-            kd = _KEYS[t.dtype]
-            mask, inf = _MAG_INF[t.dtype]
-            keys = torch.clamp(torch.bitwise_and(t.view(kd), mask), max=inf + 1).to(torch.int64)  # NaN: one key
-            if kd is torch.int64 or n >= 1 << 32:
-                top = torch.sort(keys, descending=True, stable=True).indices[:k]
-                return top, keys.index_select(0, top)
-            low = torch.arange(0xFFFFFFFF, 0xFFFFFFFF - n, -1, dtype=torch.int64, device=t.device)
-            comp = torch.topk(torch.bitwise_or(torch.bitwise_left_shift(keys, 32), low), k).values
-            return torch.rsub(torch.bitwise_and(comp, 0xFFFFFFFF), 0xFFFFFFFF), torch.bitwise_right_shift(comp, 32)
-
-    def threshold_reuse(self, t, k, lo_c, hi_c, tau, prev):
-        if prev is not None and _triton_takes(_flat(t), k):  # one read (docs/selection.md#triton-reuse)
-            return triton_select.threshold_reuse(_flat(t).detach(), k, lo_c, hi_c, tau, prev)
-        return None  # the torch-op route: select/device.py reuse_candidates
-
-    def add_topk_abs_index(self, t, addend, out, k):  # docs/selection.md#triton-fused-ef
-        fits = _triton_takes(t, int(k)) and triton_select.adds(t, addend, out)
-        return triton_select.add_topk_abs_index(t, addend, out, int(k)) if fits else None
-
-    def add_threshold_reuse(self, t, addend, out, k, lo_c, hi_c, tau, prev):
-        fits = _triton_takes(t, int(k)) and triton_select.adds(t, addend, out)
-        return triton_select.add_threshold_reuse(t, addend, out, k, lo_c, hi_c, tau, prev) if fits else None
-
-    def topk_abs_index(self, t, k):
-        t = _flat(t)
-        if int(k) >= t.numel():
-            return torch.arange(t.numel(), dtype=torch.int64, device=t.device)
-        if _triton_takes(t, int(k)):
-            return triton_select.topk_abs_index(t.detach(), int(k))
-        return torch.sort(self.topk_abs_ranked(t, k)[0]).values
 
     def count_true(self, mask):
         return torch.sum(mask.reshape(-1), dtype=torch.int64).reshape(1)

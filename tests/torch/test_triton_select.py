@@ -20,6 +20,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from hvd_commopt.select import device  # noqa: E402
+from torch_plugin import device_route_ops as device_route  # noqa: E402
 from torch_plugin import ops as torch_ops  # noqa: E402
 from torch_plugin import triton_select  # noqa: E402
 
@@ -79,7 +80,7 @@ def test_error_feedback_steps_with_the_kernels_equal_the_torch_route():
 
 def test_only_large_float32_cuda_tensors_take_it():
     t = torch.zeros(triton_select.MIN_N + 1)
-    assert not torch_ops._triton_takes(t, 10)  # a CPU tensor: the torch route
+    assert not device_route._triton_takes(t, 10)  # a CPU tensor: the torch route
     prev = (torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64))
     assert torch_ops.TorchOps().threshold_reuse(t, 10, 8, 12, 16, prev) is None  # so reuse_candidates runs
     assert torch_ops.TorchOps().add_topk_abs_index(t, t, None, 10) is None  # so the add runs first
@@ -97,10 +98,10 @@ def test_on_cuda_the_triton_select_equals_the_torch_route(monkeypatch, kind):
     ops = torch_ops.TorchOps()
     for n, k in ((1 << 21, 20_000), ((1 << 22) + 3, 400_000)):
         t = data(kind, n, seed=k).cuda()
-        assert torch_ops._triton_takes(t, k)
+        assert device_route._triton_takes(t, k)
         got, ranked = ops.topk_abs_index(t, k), ops.topk_abs_ranked(t, k)
         with monkeypatch.context() as m:
-            m.setattr(torch_ops, "TRITON_SELECT", False)
+            m.setattr(device_route, "TRITON_SELECT", False)
             want, wranked = ops.topk_abs_index(t, k), ops.topk_abs_ranked(t, k)
         assert torch.equal(got, want), (kind, n, k)
         assert torch.equal(ranked[0], wranked[0]) and torch.equal(ranked[1], wranked[1])
@@ -113,7 +114,7 @@ def test_on_cuda_the_triton_select_equals_the_torch_route(monkeypatch, kind):
             top, valid, state = native
             got_sel = device.padded(ops, t, top, valid)
             with monkeypatch.context() as m:
-                m.setattr(torch_ops, "TRITON_SELECT", False)
+                m.setattr(device_route, "TRITON_SELECT", False)
                 assert ops.threshold_reuse(t, k, int(k * 0.8), int(k * 1.2), 16, prev) is None
                 wtop, wvalid, wstate = device.reuse_candidates(ops, t, k, int(k * 0.8), int(k * 1.2), 16, prev)
             want_sel = device.padded(ops, t, wtop, wvalid)
@@ -126,7 +127,7 @@ def test_on_cuda_the_triton_select_equals_the_torch_route(monkeypatch, kind):
             want_acc = r.clone().add_(t)
             assert torch.equal(acc.view(torch.int32), want_acc.view(torch.int32))
             with monkeypatch.context() as m:
-                m.setattr(torch_ops, "TRITON_SELECT", False)
+                m.setattr(device_route, "TRITON_SELECT", False)
                 assert torch.equal(idx, ops.topk_abs_index(want_acc, k))
 
 
