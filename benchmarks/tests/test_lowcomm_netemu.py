@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from benchmarks.lowcomm_netemu import curves_from, summarise, time_to_loss
+from benchmarks.lowcomm_netemu import curves_from, steps_to_loss, summarise, time_to_loss
 
 
 def _run(path, steps, results):
@@ -54,3 +54,19 @@ def test_summary_keeps_the_curves_and_counts_against_torch_ddp_when_measured(tmp
     assert results["ddp"]["time_to_loss_speedup_vs_ddp"] == pytest.approx(0.5)  # against torch DDP's 10 s
     assert results["diloco_h50"]["time_to_loss_speedup_vs_ddp"] == pytest.approx(10.0)
     assert out["comm_over_compute_ddp"] == pytest.approx((0.1 - 0.008) / 0.008)
+
+
+def test_a_given_target_replaces_ddps_final_loss_and_the_summary_says_so(tmp_path):
+    from benchmarks.lowcomm_netemu import target_and_curves
+    run = _run(tmp_path / "a.json", 200, {"ddp": [(0, 3.0), (100, 1.6), (200, 1.4)],
+                                          "diloco_h50": [(0, 3.0), (100, 1.8), (200, 1.55)]})
+    target, curves, which = target_and_curves([run])
+    assert (target, which) == (1.4, {"target_from": "ddp_final"})
+    assert steps_to_loss(curves["diloco_h50"]["curve"], target) is None  # never reaches S-SGD's final loss
+    target, curves, which = target_and_curves([run], 1.55)
+    assert (target, which) == (1.55, {"target_from": "given", "ddp_final_loss": 1.4})
+    results = {"ddp": {"step_s": 0.2}, "diloco_h50": {"step_s": 0.05}}
+    out = summarise(results, target, curves)
+    assert out["target"] == 1.55
+    assert results["ddp"]["steps_to_ddp_loss"] == 200 and results["diloco_h50"]["steps_to_ddp_loss"] == 200
+    assert results["diloco_h50"]["time_to_loss_speedup_vs_ddp"] == pytest.approx(4.0)
