@@ -70,3 +70,22 @@ def test_a_given_target_replaces_ddps_final_loss_and_the_summary_says_so(tmp_pat
     assert out["target"] == 1.55
     assert results["ddp"]["steps_to_ddp_loss"] == 200 and results["diloco_h50"]["steps_to_ddp_loss"] == 200
     assert results["diloco_h50"]["time_to_loss_speedup_vs_ddp"] == pytest.approx(4.0)
+
+
+def test_the_summary_written_after_each_run_holds_the_medians_of_the_runs_so_far(tmp_path):
+    import argparse
+
+    from benchmarks.lowcomm_netemu import write_summary
+    curves = _run(tmp_path / "c.json", 100, {"ddp": [(0, 3.0), (100, 1.5)], "diloco_h50": [(0, 3.0), (100, 1.5)]})
+    args = argparse.Namespace(net="100mbit", variants="ddp,diloco_h50,compute", curves=curves, target=None, worker=False)
+
+    def run(step_s):
+        return {"variant": "v", "steps": 100, "ranks": [{"step_s": step_s, "link_bytes": 0}], "step_s": step_s,
+                "at": "10:45:00"}
+    runs = {"ddp": [run(0.3), run(0.1), run(0.2)], "diloco_h50": [run(0.05)], "compute": []}  # cut off here
+    write_summary(runs, "netns-100mbit", args, tmp_path, final=False)
+    summary = json.loads((tmp_path / "netemu_summary.json").read_text())
+    assert set(summary["results"]) == {"ddp", "diloco_h50"}  # compute has not run yet
+    assert summary["results"]["ddp"]["step_s"] == 0.2 and len(summary["results"]["ddp"]["repeats"]) == 3
+    assert summary["results"]["diloco_h50"]["time_to_loss_speedup_vs_ddp"] == pytest.approx(4.0)
+    assert summary["target"] == 1.5 and summary["target_from"] == "ddp_final"
