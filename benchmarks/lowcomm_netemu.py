@@ -139,7 +139,7 @@ def curves_from(paths: list[str]) -> tuple[float, dict[str, dict]]:
 def target_and_curves(paths: list[str], given: float | None = None) -> tuple[float, dict[str, dict], dict]:
     """:func:`curves_from`'s target and curves, the target replaced by ``given`` when set (``--target``:
     a loss every variant reaches, where a low-communication curve never gets down to S-SGD's final
-    loss, docs/diloco.md#measured); the third item goes into the summary and says which."""
+    loss, docs/diloco.md#measured-4-hosts); the third item goes into the summary and says which."""
     final, curves = curves_from(paths)
     if given is None:
         return final, curves, {"target_from": "ddp_final"}
