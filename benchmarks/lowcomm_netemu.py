@@ -136,6 +136,16 @@ def curves_from(paths: list[str]) -> tuple[float, dict[str, dict]]:
     return target, curves
 
 
+def target_and_curves(paths: list[str], given: float | None = None) -> tuple[float, dict[str, dict], dict]:
+    """:func:`curves_from`'s target and curves, the target replaced by ``given`` when set (``--target``:
+    a loss every variant reaches, where a low-communication curve never gets down to S-SGD's final
+    loss, docs/diloco.md#measured-4-hosts); the third item goes into the summary and says which."""
+    final, curves = curves_from(paths)
+    if given is None:
+        return final, curves, {"target_from": "ddp_final"}
+    return given, curves, {"target_from": "given", "ddp_final_loss": final}
+
+
 def summarise(results: dict, target: float, curves: dict[str, dict]) -> dict:
     """Per variant: the median step time, the steps and seconds to S-SGD's final loss, the ratios
     against S-SGD and its loss curve (the result's ``curves``, for the report's plot); compute's
@@ -167,6 +177,33 @@ def summarise(results: dict, target: float, curves: dict[str, dict]) -> dict:
     return out
 
 
+def write_summary(runs: dict[str, list[dict]], network: str, args: argparse.Namespace, out: Path,
+                  final: bool = True) -> None:
+    """OUT/netemu_summary.json from the runs so far: each variant's median step time over its repeats
+    (variants not run yet left out) and, with ``--curves``, the times to the target; printed when
+    ``final``. Written after every run, so a job stopped at a timing window's end keeps what ran."""
+    results = {}
+    for v, rs in runs.items():
+        if not rs:
+            continue
+        mid = sorted(rs, key=lambda r: r["step_s"])[len(rs) // 2]
+        results[v] = {**mid, "network": network, "step_s": statistics.median(r["step_s"] for r in rs),
+                      "repeats": [{"step_s": r["step_s"], "ranks": r["ranks"], "at": r["at"]} for r in rs]}
+    summary = {"net": args.net, "args": {k: v for k, v in vars(args).items() if k != "worker"}, "results": results}
+    if args.curves:
+        target, curves, which = target_and_curves(args.curves.split(","), args.target)
+        summary.update({**summarise(results, target, curves), **which})
+        for v, r in results.items():
+            if final:
+                print(f"NETEMU {v}: {r['step_s'] * 1e3:.1f} ms/step, steps to the target {r['steps_to_ddp_loss']} "
+                      f"(of {r['run_steps']}), time {r['time_to_ddp_loss_s']}, x ddp {r.get('time_to_loss_speedup_vs_ddp')}")
+    elif "ddp" in results and "compute" in results:
+        summary.update({k: v for k, v in summarise(results, float("nan"), {}).items() if k not in ("target", "curves")})
+    if final and "comm_over_compute_ddp" in summary:
+        print(f"NETEMU communication/compute of a ddp step: {summary['comm_over_compute_ddp']:.1f}")
+    (out / "netemu_summary.json").write_text(json.dumps(summary, indent=1))
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -185,6 +222,9 @@ def main(argv=None) -> None:
     ap.add_argument("--curves", default=None,
                     help="comma-separated lowcomm_bench JSONs: time to the ddp run's final loss per variant "
                          "(a variant's longest run counts)")
+    ap.add_argument("--target", type=float, default=None,
+                    help="with --curves: the time to this validation loss instead of the ddp run's final one "
+                         "(a loss every variant's curve reaches)")
     ap.add_argument("--out", default="benchmarks/results/lowcomm/netemu")
     ap.add_argument("--rescore", action="store_true",
                     help="measure nothing: apply --curves to the step times of OUT/netemu_summary.json")
@@ -195,7 +235,8 @@ def main(argv=None) -> None:
     if args.rescore:
         path = Path(args.out) / "netemu_summary.json"
         summary = json.loads(path.read_text())
-        summary.update(summarise(summary["results"], *curves_from(args.curves.split(","))))
+        target, curves, which = target_and_curves(args.curves.split(","), args.target)
+        summary.update({**summarise(summary["results"], target, curves), **which})
         path.write_text(json.dumps(summary, indent=1))
         return
     from benchmarks.netemu import EmulatedCluster
@@ -222,24 +263,8 @@ def main(argv=None) -> None:
                 runs[v].append(run)
                 print(f"NETEMU {v} on {cl.network} (repeat {rep}): {run['step_s'] * 1e3:.1f} ms/step, link bytes/step "
                       f"{run['ranks'][0]['link_bytes'] / run['steps']:.0f}", flush=True)
-        network = cl.network
-    results = {}
-    for v, rs in runs.items():
-        mid = sorted(rs, key=lambda r: r["step_s"])[len(rs) // 2]
-        results[v] = {**mid, "network": network, "step_s": statistics.median(r["step_s"] for r in rs),
-                      "repeats": [{"step_s": r["step_s"], "ranks": r["ranks"], "at": r["at"]} for r in rs]}
-    summary = {"net": args.net, "args": {k: v for k, v in vars(args).items() if k != "worker"}, "results": results}
-    if args.curves:
-        target, curves = curves_from(args.curves.split(","))
-        summary.update(summarise(results, target, curves))
-        for v, r in results.items():
-            print(f"NETEMU {v}: {r['step_s'] * 1e3:.1f} ms/step, steps to ddp's final loss {r['steps_to_ddp_loss']} "
-                  f"(of {r['run_steps']}), time {r['time_to_ddp_loss_s']}, x ddp {r.get('time_to_loss_speedup_vs_ddp')}")
-    elif "ddp" in results and "compute" in results:
-        summary.update({k: v for k, v in summarise(results, float("nan"), {}).items() if k not in ("target", "curves")})
-    if "comm_over_compute_ddp" in summary:
-        print(f"NETEMU communication/compute of a ddp step: {summary['comm_over_compute_ddp']:.1f}")
-    (out / "netemu_summary.json").write_text(json.dumps(summary, indent=1))
+                last = rep == args.repeats - 1 and v == names[-1]
+                write_summary(runs, cl.network, args, out, last)  # after every run: a cut-off job keeps its runs
 
 
 if __name__ == "__main__":

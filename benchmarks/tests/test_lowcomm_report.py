@@ -70,3 +70,14 @@ def test_plot_draws_loss_against_tokens_and_time_on_the_link_for_each_summary_wi
     assert height > 600
     lines = section(tmp_path)  # the ratios say which DDP they are against
     assert "| variant | ms/step | x DDP per step | steps to S-SGD's loss (run length) | time to it (s) | x DDP |" in lines
+
+
+def test_a_given_target_is_named_with_ddps_final_loss_beside_it(tmp_path):
+    summary = {**_summary_with_curves("100mbit"), "target": 1.55, "target_from": "given", "ddp_final_loss": 1.4}
+    summary["results"]["torch_ddp"].update(steps_to_ddp_loss=200, run_steps=200, time_to_ddp_loss_s=60.0)
+    (tmp_path / "net").mkdir()
+    (tmp_path / "net" / "netemu_summary.json").write_text(json.dumps(summary))
+    lines = section(tmp_path)
+    assert any("the validation loss 1.5500 (given; S-SGD's final loss 1.4000 is not reached by every curve)" in line
+               for line in lines)
+    assert "| variant | ms/step | x DDP per step | steps to the loss (run length) | time to it (s) | x DDP |" in lines
