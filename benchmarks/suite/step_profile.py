@@ -45,12 +45,26 @@ def cpu_seconds() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def _launch(argv: list[str], ranks: int) -> None:
-    """Re-run this module on ``ranks`` local ranks (with a Gloo rendezvous for DDP) and exit."""
-    from benchmarks.common import relaunch_under_mpirun
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(random.randint(20000, 40000)))
-    relaunch_under_mpirun(ranks, ["-m", "benchmarks.suite.step_profile"] + argv)
+def _launch(argv: list[str], ranks: int, net: str) -> None:
+    """Re-run this module on ``ranks`` ranks (with a Gloo rendezvous for DDP) and exit: local
+    ranks on loopback, or one emulated host per rank on the link ``net`` ("10gbit", ...), as
+    ``benchmarks.run`` places them, so the profile sees the trust row's transport (Gloo across
+    hosts for our variants, docs/backends.md#choice) and link."""
+    from benchmarks.common import relaunch_under_mpirun, under_launcher
+    if net == "loopback" or under_launcher():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(random.randint(20000, 40000)))
+        relaunch_under_mpirun(ranks, ["-m", "benchmarks.suite.step_profile"] + argv)
+        return
+    from benchmarks.common import ROOT
+    from benchmarks.netemu import EmulatedCluster
+    with EmulatedCluster(n=ranks, rate=net) as cl:
+        env = {"PYTHONPATH": str(ROOT), "MASTER_ADDR": cl.hosts[0], "MASTER_PORT": str(random.randint(20000, 40000)),
+               "GLOO_SOCKET_IFNAME": "veth0" if cl.netns else "lo", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        res = cl.run_mpi([sys.executable, "-m", "benchmarks.suite.step_profile"] + argv, env=env, timeout=1800)
+        print(res.stdout + res.stderr, end="")
+        print(f"(network: {cl.network})")
+    sys.exit(res.returncode)
 
 
 def _pstats_top(prof: cProfile.Profile, total_s: float, n: int) -> list[dict[str, Any]]:
@@ -166,6 +180,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--optimizer", default=None, choices=["sgd", "adamw"])
     ap.add_argument("--variants", default="ssgd,auto_dense,bf16,ddp,ddp_bf16")
     ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--net", default="loopback", help="loopback (local ranks) or a tc rate (10gbit, 1gbit, ...): "
+                    "one emulated host per rank, as benchmarks.run runs the trust rows")
     ap.add_argument("--blocks", type=int, default=2)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=2)
@@ -174,7 +190,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--out", default="benchmarks/results/step_profile")
     args = ap.parse_args(argv)
-    _launch(argv, args.ranks)
+    _launch(argv, args.ranks, args.net)
     try:
         res = run(args)
     except BaseException:
@@ -182,8 +198,10 @@ def main(argv: list[str] | None = None) -> None:
         traceback.print_exc()
         sys.stderr.flush()
         raise
-    os.makedirs(args.out, exist_ok=True)
-    with open(f"{args.out}/{args.model}.rank{res['rank']}.json", "w") as f:
+    from benchmarks.common import ROOT
+    out = os.path.join(ROOT, args.out)  # the emulated hosts' ranks run in the cluster's work folder
+    os.makedirs(out, exist_ok=True)
+    with open(f"{out}/{args.model}.rank{res['rank']}.json", "w") as f:
         json.dump(res, f, indent=1, default=str)
     if res["rank"] == 0:
         print(f"{args.model} rank 0, load {res['loadavg'][0]:.2f}; medians in ms per step")

@@ -88,6 +88,18 @@ def test_paired_ratio_is_the_median_of_same_block_ratios() -> None:
     assert "| topk | 106.7 | 150.0 | 2.00x | 2.00x | 67% |" in md
 
 
+def test_paired_spread_prints_each_blocks_ratio_in_block_order() -> None:
+    res = {"ddp": {"block_step_s_rank0": [0.30, 0.60, 0.32, 0.31]},
+           "ssgd": {"block_step_s_rank0": [0.30, 0.50, 0.40, 0.31]},
+           "topk": {"block_step_s_rank0": [0.10, 0.20, 0.10]}}
+    assert report.paired_ratios(res, "ssgd") == [0.30 / 0.30, 0.60 / 0.50, 0.32 / 0.40, 0.31 / 0.31]
+    assert report.paired_spread(res, "ssgd") == "0.80-1.20: 1.00 1.20 0.80 1.00"
+    assert report.paired_spread(res, "topk") == "–" and report.paired_ratios(res, "topk") is None
+    md = report.net_markdown({**_run(), "jobs": [{**_run()["jobs"][0], "results": {
+        k: {**v, "block_step_s_rank0": [v["step_s"], 2 * v["step_s"]]} for k, v in _run()["jobs"][0]["results"].items()}}]})
+    assert "| 1.05 | 2.00-2.00: 2.00 2.00 |" in md  # topk's row: DDP's blocks are twice its own
+
+
 def test_backend_switch_names_our_variants_on_mpi() -> None:
     from benchmarks.run import parse_args
     from hvd_commopt import run_ranks
