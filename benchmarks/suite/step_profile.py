@@ -45,11 +45,12 @@ def cpu_seconds() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def _launch(argv: list[str], ranks: int, net: str) -> None:
+def _launch(argv: list[str], ranks: int, net: str, ranks_per_host: int = 1) -> None:
     """Re-run this module on ``ranks`` ranks (with a Gloo rendezvous for DDP) and exit: local
     ranks on loopback, or one emulated host per rank on the link ``net`` ("10gbit", ...), as
-    ``benchmarks.run`` places them, so the profile sees the trust row's transport (Gloo across
-    hosts for our variants, docs/backends.md#choice) and link."""
+    ``benchmarks.run`` places them (``ranks_per_host`` on each: 4 ranks, 2 per host, are the 2 x 2
+    hosts row), so the profile sees the trust row's transport (Gloo across hosts for our
+    variants, docs/backends.md#choice) and link."""
     from benchmarks.common import relaunch_under_mpirun, under_launcher
     if net == "loopback" or under_launcher():
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -58,7 +59,9 @@ def _launch(argv: list[str], ranks: int, net: str) -> None:
         return
     from benchmarks.common import ROOT
     from benchmarks.netemu import EmulatedCluster
-    with EmulatedCluster(n=ranks, rate=net) as cl:
+    if ranks_per_host < 1 or ranks % ranks_per_host:
+        raise SystemExit(f"--ranks {ranks} is not a multiple of --ranks-per-host {ranks_per_host}")
+    with EmulatedCluster(n=ranks // ranks_per_host, rate=net, ranks_per_host=ranks_per_host) as cl:
         env = {"PYTHONPATH": str(ROOT), "MASTER_ADDR": cl.hosts[0], "MASTER_PORT": str(random.randint(20000, 40000)),
                "GLOO_SOCKET_IFNAME": "veth0" if cl.netns else "lo", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
         res = cl.run_mpi([sys.executable, "-m", "benchmarks.suite.step_profile"] + argv, env=env, timeout=1800)
@@ -182,6 +185,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--net", default="loopback", help="loopback (local ranks) or a tc rate (10gbit, 1gbit, ...): "
                     "one emulated host per rank, as benchmarks.run runs the trust rows")
+    ap.add_argument("--ranks-per-host", type=int, default=1, help="with --net: ranks on each emulated host")
     ap.add_argument("--blocks", type=int, default=2)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=2)
@@ -190,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--out", default="benchmarks/results/step_profile")
     args = ap.parse_args(argv)
-    _launch(argv, args.ranks, args.net)
+    _launch(argv, args.ranks, args.net, args.ranks_per_host)
     try:
         res = run(args)
     except BaseException:
