@@ -168,3 +168,18 @@ def test_blocks_alternate_the_variants_order() -> None:
     names = ["compute", "ddp", "topk"]
     assert [block_order(names, b) for b in range(3)] == [names, names[::-1], names]
     assert names == ["compute", "ddp", "topk"]  # the caller's list is not reordered in place
+
+
+def test_the_poll200_ab_switches_the_waiters_pauses_for_its_own_steps() -> None:
+    from hvd_commopt.comm import direct
+    from benchmarks.suite.worker import timed_step
+    library = (direct.PAUSE_MAX_S, direct.LATE_FRACTION)
+    assert "ssgd_poll200" in V.VARIANTS and "ssgd_poll200" not in V.DEFAULT  # an opt-in A/B
+    model = torch.nn.Linear(4, 5)
+    x, y = torch.randn(3, 2, 4), torch.randint(0, 5, (3, 2))
+    old = V.Runner("ssgd_poll200", model, torch.optim.SGD(model.parameters(), lr=0.1), model, long_wait_pauses=False)
+    new = V.Runner("ssgd", model, torch.optim.SGD(model.parameters(), lr=0.1), model)
+    timed_step(old, x, y)
+    assert (direct.PAUSE_MAX_S, direct.LATE_FRACTION) == (direct.PAUSE_SHORT_S, 0.0)  # 200 us, however long
+    timed_step(new, x, y)
+    assert (direct.PAUSE_MAX_S, direct.LATE_FRACTION) == library
