@@ -12,7 +12,8 @@ from typing import Any
 
 from . import variants as V
 
-__all__ = ["net_markdown", "summary_markdown", "load_runs", "fmt_bytes", "best_ours", "paired_ratio", "tta_missed"]
+__all__ = ["net_markdown", "summary_markdown", "load_runs", "fmt_bytes", "best_ours", "paired_ratio", "paired_ratios",
+           "paired_spread", "tta_missed"]
 
 BASELINES = V.BASELINES
 
@@ -37,16 +38,32 @@ def best_ours(res: dict[str, Any], exclude: tuple[str, ...] = ()) -> str | None:
     return max(ours, key=lambda k: ours[k]["samples_per_s"]) if ours else None
 
 
-def paired_ratio(res: dict[str, Any], name: str, base: str = "ddp") -> float | None:
-    """The median over blocks of ``base``'s block time over ``name``'s in the same block (rank 0):
-    the variants take turns block by block, so a load that slows one block slows both sides of
-    its ratio, where the ratio of the two medians takes them from different blocks."""
+def paired_ratios(res: dict[str, Any], name: str, base: str = "ddp") -> list[float] | None:
+    """Each block's ``base`` block time over ``name``'s in the same block (rank 0), in block
+    order; None where the blocks do not pair up."""
     a = res.get(name, {}).get("block_step_s_rank0")
     b = res.get(base, {}).get("block_step_s_rank0")
     if not a or not b or len(a) != len(b):
         return None
-    ratios = [y / x for x, y in zip(a, b) if x > 0]
+    return [y / x for x, y in zip(a, b) if x > 0] or None
+
+
+def paired_ratio(res: dict[str, Any], name: str, base: str = "ddp") -> float | None:
+    """The median over blocks of ``base``'s block time over ``name``'s in the same block (rank 0):
+    the variants take turns block by block, so a load that slows one block slows both sides of
+    its ratio, where the ratio of the two medians takes them from different blocks."""
+    ratios = paired_ratios(res, name, base)
     return statistics.median(ratios) if ratios else None
+
+
+def paired_spread(res: dict[str, Any], name: str, base: str = "ddp") -> str:
+    """The per-block ratios as the table prints them: their range and each block's, in block
+    order ("0.88-1.13: 0.88 0.95 1.13"); what a job can resolve is read from it: a median of
+    ratios that spread 0.88-1.13 does not settle a 5 % difference (docs/benchmarking.md#paired-blocks)."""
+    ratios = paired_ratios(res, name, base)
+    if not ratios:
+        return "–"
+    return f"{min(ratios):.2f}-{max(ratios):.2f}: " + " ".join(f"{r:.2f}" for r in ratios)
 
 
 def _throughput_table(job: dict[str, Any]) -> list[str]:
@@ -60,7 +77,8 @@ def _throughput_table(job: dict[str, Any]) -> list[str]:
     if ddp and comp:
         lines += [f"DDP communication-to-computation ratio (DDP step / compute-only step): **{ddp / comp:.2f}**", ""]
     lines += ["| variant | samples/s | step (ms) | speed-up vs DDP | paired vs DDP | of compute bound | "
-              "accounted B/step/rank | link B/step/rank | link/acct |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "accounted B/step/rank | link B/step/rank | link/acct | paired vs DDP per block |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for name, r in sorted(res.items(), key=lambda kv: -kv[1]["samples_per_s"]):
         acct = _mean(r.get("bytes_sent_per_step_accounted"))
         kind = ""
@@ -73,7 +91,7 @@ def _throughput_table(job: dict[str, Any]) -> list[str]:
         paired = f"{pr:.2f}x" if pr is not None else "–"
         of_bound = f"{comp / r['step_s'] * 100:.0f}%" if comp else "–"
         lines.append(f"| {name} | {r['samples_per_s']:.1f} | {r['step_s'] * 1e3:.1f} | {vs_ddp} | {paired} | "
-                     f"{of_bound} | {fmt_bytes(acct)}{kind} | {fmt_bytes(link)} | {ratio} |")
+                     f"{of_bound} | {fmt_bytes(acct)}{kind} | {fmt_bytes(link)} | {ratio} | {paired_spread(res, name)} |")
     return lines
 
 

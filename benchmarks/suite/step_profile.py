@@ -45,12 +45,29 @@ def cpu_seconds() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def _launch(argv: list[str], ranks: int) -> None:
-    """Re-run this module on ``ranks`` local ranks (with a Gloo rendezvous for DDP) and exit."""
-    from benchmarks.common import relaunch_under_mpirun
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(random.randint(20000, 40000)))
-    relaunch_under_mpirun(ranks, ["-m", "benchmarks.suite.step_profile"] + argv)
+def _launch(argv: list[str], ranks: int, net: str, ranks_per_host: int = 1) -> None:
+    """Re-run this module on ``ranks`` ranks (with a Gloo rendezvous for DDP) and exit: local
+    ranks on loopback, or one emulated host per rank on the link ``net`` ("10gbit", ...), as
+    ``benchmarks.run`` places them (``ranks_per_host`` on each: 4 ranks, 2 per host, are the 2 x 2
+    hosts row), so the profile sees the trust row's transport (Gloo across hosts for our
+    variants, docs/backends.md#choice) and link."""
+    from benchmarks.common import relaunch_under_mpirun, under_launcher
+    if net == "loopback" or under_launcher():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(random.randint(20000, 40000)))
+        relaunch_under_mpirun(ranks, ["-m", "benchmarks.suite.step_profile"] + argv)
+        return
+    from benchmarks.common import ROOT
+    from benchmarks.netemu import EmulatedCluster
+    if ranks_per_host < 1 or ranks % ranks_per_host:
+        raise SystemExit(f"--ranks {ranks} is not a multiple of --ranks-per-host {ranks_per_host}")
+    with EmulatedCluster(n=ranks // ranks_per_host, rate=net, ranks_per_host=ranks_per_host) as cl:
+        env = {"PYTHONPATH": str(ROOT), "MASTER_ADDR": cl.hosts[0], "MASTER_PORT": str(random.randint(20000, 40000)),
+               "GLOO_SOCKET_IFNAME": "veth0" if cl.netns else "lo", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        res = cl.run_mpi([sys.executable, "-m", "benchmarks.suite.step_profile"] + argv, env=env, timeout=1800)
+        print(res.stdout + res.stderr, end="")
+        print(f"(network: {cl.network})")
+    sys.exit(res.returncode)
 
 
 def _pstats_top(prof: cProfile.Profile, total_s: float, n: int) -> list[dict[str, Any]]:
@@ -84,11 +101,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         runners[name] = V.build(name, copy.deepcopy(base), ctx)
         env.barrier()
 
-    from hvd_commopt.comm import half_sum
+    from hvd_commopt.comm import direct, half_sum
+    long_wait = (direct.PAUSE_MAX_S, direct.LATE_FRACTION)
     from hvd_commopt.select import host_native
 
     def step(r: V.Runner, rec: dict[str, list[float]] | None, prof: cProfile.Profile | None = None) -> None:
         host_native.USE_NATIVE, half_sum.USE_NATIVE = r.native_kernels, r.native_half_sum  # the A/B variants
+        direct.PAUSE_MAX_S, direct.LATE_FRACTION = long_wait if r.long_wait_pauses else (direct.PAUSE_SHORT_S, 0.0)
         t0, c0, m0 = time.perf_counter(), cpu_seconds(), time.thread_time()
         if prof is not None:
             prof.enable()
@@ -166,6 +185,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--optimizer", default=None, choices=["sgd", "adamw"])
     ap.add_argument("--variants", default="ssgd,auto_dense,bf16,ddp,ddp_bf16")
     ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--net", default="loopback", help="loopback (local ranks) or a tc rate (10gbit, 1gbit, ...): "
+                    "one emulated host per rank, as benchmarks.run runs the trust rows")
+    ap.add_argument("--ranks-per-host", type=int, default=1, help="with --net: ranks on each emulated host")
     ap.add_argument("--blocks", type=int, default=2)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=2)
@@ -174,7 +196,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--out", default="benchmarks/results/step_profile")
     args = ap.parse_args(argv)
-    _launch(argv, args.ranks)
+    _launch(argv, args.ranks, args.net, args.ranks_per_host)
     try:
         res = run(args)
     except BaseException:
@@ -182,8 +204,10 @@ def main(argv: list[str] | None = None) -> None:
         traceback.print_exc()
         sys.stderr.flush()
         raise
-    os.makedirs(args.out, exist_ok=True)
-    with open(f"{args.out}/{args.model}.rank{res['rank']}.json", "w") as f:
+    from benchmarks.common import ROOT
+    out = os.path.join(ROOT, args.out)  # the emulated hosts' ranks run in the cluster's work folder
+    os.makedirs(out, exist_ok=True)
+    with open(f"{out}/{args.model}.rank{res['rank']}.json", "w") as f:
         json.dump(res, f, indent=1, default=str)
     if res["rank"] == 0:
         print(f"{args.model} rank 0, load {res['loadavg'][0]:.2f}; medians in ms per step")

@@ -79,6 +79,7 @@ class Runner:
     native_half_sum: bool = True  # False: MPI's bf16 ring adds through NumPy (docs/backends.md#half-ring)
     pair_sum: bool = True  # False: small sums at 2 ranks by Gloo's allreduce (docs/backends.md#pair-sum)
     direct: bool = True  # False: every collective through the progress thread (docs/backends.md#direct-start)
+    long_wait_pauses: bool = True  # False: the waiter polls every 200 us however long (docs/backends.md#direct-wait)
     analytic_bytes: int | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -315,6 +316,8 @@ VARIANTS: dict[str, tuple[Callable[[nn.Module, Ctx], Runner], str]] = {
                     "lags with its small collectives on Gloo, not the MPI lane (multi-host Gloo only)"),
     "ssgd_nolane": (without_lane(lambda m, c: _ours("ssgd", m, c), "ssgd_nolane"),
                     "ssgd with its small collectives on Gloo, not the MPI lane (multi-host Gloo only)"),
+    "ssgd_poll200": (ab_variant(lambda m, c: _ours("ssgd", m, c), "ssgd_poll200", long_wait_pauses=False),
+                     "ssgd whose waiter polls every 200 us however long the collective runs (before 2026-11-27)"),
     "dgc_nolane": (without_lane(b_sparse("dgc"), "dgc_nolane"),
                    "dgc with its small collectives on Gloo, not the MPI lane (multi-host Gloo only)"),
     "dgc_exact": (b_sparse("dgc", selection="exact", name="dgc_exact"), "DGC with the exact (fast) top-k selection"),
@@ -361,6 +364,7 @@ VARIANTS: dict[str, tuple[Callable[[nn.Module, Ctx], Runner], str]] = {
 # the _np variants are opt-in as well: an A/B of the native host kernels, not methods of their own.
 NATIVE_AB = ("topk_np", "dgc_np", "lags_fused_np", "bf16_nphalf", "auto_nphalf")
 BACKEND_AB = ("topk_ar", "lags_queued")  # opt-in A/Bs of a backend choice, like the _np ones
+BACKEND_AB += ("ssgd_poll200",)
 TRUST_ROWS = ("topk_10pct", "topk_1pct", "dgc_1pct", "topk_01pct", "dgc_01pct")  # opt-in: the trust table's fixed densities
 TRUST_ROWS += ("quant8", "quant4")  # opt-in too: the trust table's fixed quantisers
 DEFAULT = [n for n in VARIANTS if n != "ssgd_gloo" and n not in NATIVE_AB + BACKEND_AB + TRUST_ROWS]

@@ -44,6 +44,7 @@ from .workloads import MODELS, TRANSFORMER_SHAPES, Workload, rank_device, worklo
 __all__ = ["main", "timed_step", "add_ready_instants"]
 
 _PAIR_SUM_BYTES = pair_sum.MAX_BYTES  # the library's bound, restored after a topk_ar step
+_LONG_WAIT = (direct.PAUSE_MAX_S, direct.LATE_FRACTION)  # the library's, restored after an ssgd_poll200 step
 
 
 def add_ready_instants(model: torch.nn.Module) -> None:
@@ -69,6 +70,7 @@ def timed_step(r: V.Runner, x: torch.Tensor, y: torch.Tensor) -> None:
     # runs on a backend built without the MPI lane (variants.py)
     pair_sum.MAX_BYTES = _PAIR_SUM_BYTES if r.pair_sum else 0
     direct.START_ON_CALLER = r.direct
+    direct.PAUSE_MAX_S, direct.LATE_FRACTION = _LONG_WAIT if r.long_wait_pauses else (direct.PAUSE_SHORT_S, 0.0)
     with timeline.span("step", "step"):
         r.opt.zero_grad()
         with timeline.span("forward", "forward"):

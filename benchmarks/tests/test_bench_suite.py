@@ -88,6 +88,18 @@ def test_paired_ratio_is_the_median_of_same_block_ratios() -> None:
     assert "| topk | 106.7 | 150.0 | 2.00x | 2.00x | 67% |" in md
 
 
+def test_paired_spread_prints_each_blocks_ratio_in_block_order() -> None:
+    res = {"ddp": {"block_step_s_rank0": [0.30, 0.60, 0.32, 0.31]},
+           "ssgd": {"block_step_s_rank0": [0.30, 0.50, 0.40, 0.31]},
+           "topk": {"block_step_s_rank0": [0.10, 0.20, 0.10]}}
+    assert report.paired_ratios(res, "ssgd") == [0.30 / 0.30, 0.60 / 0.50, 0.32 / 0.40, 0.31 / 0.31]
+    assert report.paired_spread(res, "ssgd") == "0.80-1.20: 1.00 1.20 0.80 1.00"
+    assert report.paired_spread(res, "topk") == "–" and report.paired_ratios(res, "topk") is None
+    md = report.net_markdown({**_run(), "jobs": [{**_run()["jobs"][0], "results": {
+        k: {**v, "block_step_s_rank0": [v["step_s"], 2 * v["step_s"]]} for k, v in _run()["jobs"][0]["results"].items()}}]})
+    assert "| 1.05 | 2.00-2.00: 2.00 2.00 |" in md  # topk's row: DDP's blocks are twice its own
+
+
 def test_backend_switch_names_our_variants_on_mpi() -> None:
     from benchmarks.run import parse_args
     from hvd_commopt import run_ranks
@@ -156,3 +168,18 @@ def test_blocks_alternate_the_variants_order() -> None:
     names = ["compute", "ddp", "topk"]
     assert [block_order(names, b) for b in range(3)] == [names, names[::-1], names]
     assert names == ["compute", "ddp", "topk"]  # the caller's list is not reordered in place
+
+
+def test_the_poll200_ab_switches_the_waiters_pauses_for_its_own_steps() -> None:
+    from hvd_commopt.comm import direct
+    from benchmarks.suite.worker import timed_step
+    library = (direct.PAUSE_MAX_S, direct.LATE_FRACTION)
+    assert "ssgd_poll200" in V.VARIANTS and "ssgd_poll200" not in V.DEFAULT  # an opt-in A/B
+    model = torch.nn.Linear(4, 5)
+    x, y = torch.randn(3, 2, 4), torch.randint(0, 5, (3, 2))
+    old = V.Runner("ssgd_poll200", model, torch.optim.SGD(model.parameters(), lr=0.1), model, long_wait_pauses=False)
+    new = V.Runner("ssgd", model, torch.optim.SGD(model.parameters(), lr=0.1), model)
+    timed_step(old, x, y)
+    assert (direct.PAUSE_MAX_S, direct.LATE_FRACTION) == (direct.PAUSE_SHORT_S, 0.0)  # 200 us, however long
+    timed_step(new, x, y)
+    assert (direct.PAUSE_MAX_S, direct.LATE_FRACTION) == library

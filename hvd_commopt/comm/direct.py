@@ -30,6 +30,11 @@ __all__ = ["DirectHandle", "START_ON_CALLER"]
 #: False to send everything through the progress thread and compare the two
 START_ON_CALLER = True
 
+#: The waiter's pauses (docs/backends.md#direct-wait): from 50 us, doubling to 200 us; once the
+#: collective has run longer than 20 ms, up to 1 % of its age (so it is seen done at most 1 % of
+#: its time late), at most 2 ms. A 2 s wait then wakes about 1,300 times instead of 10,000.
+PAUSE_MIN_S, PAUSE_SHORT_S, PAUSE_MAX_S, LATE_FRACTION = 5e-5, 2e-4, 2e-3, 0.01
+
 
 class DirectHandle(Handle):
     """A :class:`Handle` whose collective was started on the calling thread.
@@ -60,15 +65,17 @@ class DirectHandle(Handle):
 
     def wait_ready(self, seconds: float) -> bool:
         """Wait up to ``seconds`` for the backend to finish; True when it has (the handle is then
-        completed). Polls with pauses growing from 50 to 200 us (docs/backends.md#direct-wait)."""
+        completed). Polls with pauses growing from 50 to 200 us, and on a collective older than
+        20 ms to 1 % of its age, at most 2 ms (docs/backends.md#direct-wait)."""
         end = time.monotonic() + seconds
-        pause = 5e-5
+        pause = PAUSE_MIN_S
         while not self.poll():
             left = end - time.monotonic()
             if left <= 0:
                 return False
             time.sleep(min(pause, left))
-            pause = min(pause * 2, 2e-4)
+            age = time.perf_counter() - self._submitted
+            pause = min(max(min(pause * 2, PAUSE_SHORT_S), LATE_FRACTION * age), PAUSE_MAX_S)
         return True
 
     def wait(self, timeout: float | None = None) -> Any:
