@@ -14,10 +14,13 @@ the wrapped optimizer has momentum, without momentum factor masking) at a densit
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from .kinds import KindRule
 
 __all__ = ["Method", "AutoOptions", "METHODS", "DEFAULT_ALLOW", "DENSITY_GRID", "DEFAULT_MIN_DENSITY"]
 
@@ -101,9 +104,11 @@ class AutoOptions:
     """What ``Compression.auto(...)`` was given (docs/auto-compression.md#options).
 
     Attributes:
-        min_density: the lowest density a sparse method may use (default 0.1).
-        allow: the methods to choose from (default :data:`DEFAULT_ALLOW`); "none" (dense fp32)
-            is always a candidate, being the reference.
+        min_density: the lowest density a sparse method may use (default: the rule of the
+            optimizer and model kinds, :mod:`.kinds`; :data:`DEFAULT_MIN_DENSITY` until they are read).
+        allow: the methods to choose from (default: the rule of the kinds; :data:`DEFAULT_ALLOW`
+            until they are read); "none" (dense fp32) is always a candidate, being the reference.
+        allow_given, min_density_given: the user set them (the kinds' rule does not replace them).
         margin: re-decide when the measured step differs from the predicted one by more than
             this fraction (default 0.25).
         period: at least this many steps between two decisions (default 200).
@@ -114,8 +119,8 @@ class AutoOptions:
             profiled, steps measured after a decision.
     """
 
-    min_density: float = DEFAULT_MIN_DENSITY
-    allow: tuple[str, ...] = DEFAULT_ALLOW
+    min_density: float = None  # type: ignore[assignment]  # None: the kinds' rule (__post_init__ fills it)
+    allow: tuple[str, ...] = None  # type: ignore[assignment]  # None: the kinds' rule
     margin: float = 0.25
     period: int = 200
     verbose: bool = False
@@ -124,9 +129,15 @@ class AutoOptions:
     profile_steps: int = 5
     measure_steps: int = 5
     densities: tuple[float, ...] = field(default=(), init=False)
+    allow_given: bool = field(default=False, init=False)
+    min_density_given: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
-        allow = self.allow
+        object.__setattr__(self, "allow_given", self.allow is not None)
+        object.__setattr__(self, "min_density_given", self.min_density is not None)
+        if self.min_density is None:
+            object.__setattr__(self, "min_density", DEFAULT_MIN_DENSITY)
+        allow = DEFAULT_ALLOW if self.allow is None else self.allow
         if isinstance(allow, str):
             allow = (allow,)
         allow = tuple(allow)
@@ -153,6 +164,17 @@ class AutoOptions:
                 raise ConfigError(f"{name} must be an integer >= {low}, got {v!r}")
         object.__setattr__(self, "allow", tuple(dict.fromkeys(("none",) + allow)))
         object.__setattr__(self, "densities", dens)
+
+    def under(self, rule: KindRule) -> AutoOptions:
+        """These options with the methods and density floor the user did not set taken from
+        ``rule`` (the optimizer and model kinds' cell, :func:`~hvd_commopt.autocompress.kinds.rule_for`);
+        what the user set stays (docs/auto-compression.md#kinds). The flags keep saying what the
+        user set."""
+        out = replace(self, allow=self.allow if self.allow_given else rule.methods,
+                      min_density=self.min_density if self.min_density_given else rule.min_density)
+        object.__setattr__(out, "allow_given", self.allow_given)
+        object.__setattr__(out, "min_density_given", self.min_density_given)
+        return out
 
     def candidates(self, sparse_ok: bool = True) -> tuple[Method, ...]:
         """The methods a bucket may use, least lossy first (``sparse_ok`` False: 1-D buckets)."""
