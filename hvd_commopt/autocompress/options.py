@@ -119,8 +119,8 @@ class AutoOptions:
             profiled, steps measured after a decision.
     """
 
-    min_density: float = None  # type: ignore[assignment]  # None: the kinds' rule (__post_init__ fills it)
-    allow: tuple[str, ...] = None  # type: ignore[assignment]  # None: the kinds' rule
+    min_density: float = None  # None: the kinds' rule (__post_init__ fills it)
+    allow: tuple[str, ...] = None  # None: the kinds' rule
     margin: float = 0.25
     period: int = 200
     verbose: bool = False

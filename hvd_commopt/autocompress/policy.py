@@ -72,7 +72,9 @@ class Routing(Protocol):
     like: Any
     memory: Any  # the shared memory (its momentum, for timing each candidate alike)
     adaptive: bool  # an Adam-type optimizer is wrapped: no sparse candidates (casts and quantisers remain)
-    kinds_text: str  # the kinds read and the candidates they give (docs/auto-compression.md#kinds)
+
+    @property
+    def kinds_text(self) -> str: ...  # the kinds read and the candidates they give (docs/auto-compression.md#kinds)
 
     def sub(self, method: Method) -> Reducer: ...
     def method_of(self, bucket_name: str) -> Method: ...
