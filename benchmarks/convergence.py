@@ -226,6 +226,9 @@ def variant_kwargs(name: str, steps_per_epoch: int, warmup: int) -> dict:
         # the same with its density floor at --density: what a floor there would train to
         "auto_100mbit_floor": lambda: {"compression": Compression.auto(cost_model=_link_model(1e-4, 8e-8),
                                                                        min_density=d)},
+        # auto with Top-k/DGC allowed down to --density, priced on a 1 Mbit/s link (small models' buckets go sparse)
+        "auto_sparse_1mbit": lambda: {"compression": Compression.auto(cost_model=_link_model(1e-4, 8e-6),
+                                                                      allow=["topk", "dgc"], min_density=d)},
         # the low-bit quantiser with its own error feedback (docs/quantize.md#exchange), as users run it
         **{f"quant{b}": (lambda b=b: {"compression": Compression.quantize(b)}) for b in (8, 4, 2)},
         # auto with only a quantiser allowed, priced on a 100 Mbit/s (or 1 Mbit/s: the small models'
