@@ -330,7 +330,8 @@ def _auto_choice(opt) -> dict:
     rep = opt.compression_report
     if not rep:
         return {}
-    return {"chosen": [b["method"] for b in rep["buckets"]], "decisions": rep.get("decisions", 1)}
+    return {"chosen": [b["method"] for b in rep["buckets"]], "decisions": rep.get("decisions", 1),
+            "kinds": rep.get("kinds")}  # the optimizer and model kinds read (docs/auto-compression.md#kinds)
 
 
 def _val_loss(opt, model, x, y, finalized: bool = False) -> float:
