@@ -30,7 +30,8 @@ __all__ = ["Method", "AutoOptions", "METHODS", "DEFAULT_ALLOW", "DENSITY_GRID", 
 #: docs/auto-compression.md#shared-memory).
 CASTS = ("bf16", "fp16")
 QUANT = ("quant8", "quant4", "quant2")
-SPARSE = ("topk", "dgc", "gtopk", "oktopk", "randomk")
+#: ``dgc_masked``: DGC with momentum factor masking on its buckets (docs/auto-compression.md#dgc-masked).
+SPARSE = ("topk", "dgc", "dgc_masked", "gtopk", "oktopk", "randomk")
 METHODS = ("none",) + CASTS + QUANT + SPARSE
 #: Chosen from unless ``allow=`` says otherwise: the methods within the accuracy target on every
 #: convergence task (module docstring, docs/auto-compression.md#accuracy-floor). fp16 needs a loss

@@ -117,7 +117,12 @@ class AutoReducer(Reducer):
             elif new.holds_residual:
                 self._flush_next.discard(name)
         self.assignment = dict(methods)
+        self._tell_masked()
         self._tell_verdict()
+
+    def _tell_masked(self) -> None:
+        """The memory masks the momentum where sent in the buckets assigned ``dgc_masked``."""
+        self.memory.masked = frozenset(k for k, m in self.assignment.items() if m.kind == "dgc_masked")
 
     # -- the Reducer interface, routed per bucket ----------------------------------------------
     def start(self, bucket: Bucket, rnd: RoundInfo, flat: Any, ctx: ReduceContext) -> Pending:
@@ -210,6 +215,7 @@ class AutoReducer(Reducer):
         moved = {t for b in old if self.method_of(b.name).holds_residual for t in b.names}
         self.assignment = {}
         self._flush_next = {b.name for b in new if moved.intersection(b.names)}
+        self._tell_masked()
         self._tell_verdict()
         self.policy.restart()
 
@@ -224,6 +230,7 @@ class AutoReducer(Reducer):
         self.memory.load_state_dict(dict(state.get("memory", {})))
         self.assignment = {k: Method.parse(v) for k, v in dict(state.get("assignment", {})).items()}
         self._flush_next = set(state.get("flush", ()))
+        self._tell_masked()
         self._tell_verdict()
 
     def __repr__(self) -> str:
