@@ -229,6 +229,7 @@ def variant_kwargs(name: str, steps_per_epoch: int, warmup: int) -> dict:
         # auto with Top-k/DGC allowed down to --density, priced on a 1 Mbit/s link (small models' buckets go sparse)
         "auto_sparse_1mbit": lambda: {"compression": Compression.auto(cost_model=_link_model(1e-4, 8e-6),
                                                                       allow=["topk", "dgc"], min_density=d)},
+        "auto_1mbit": lambda: {"compression": Compression.auto(cost_model=_link_model(1e-4, 8e-6))},
         "auto_dgcm_1mbit": lambda: {"compression": Compression.auto(cost_model=_link_model(1e-4, 8e-6),
                                                                     allow=["dgc_masked"], min_density=d)},
         # the low-bit quantiser with its own error feedback (docs/quantize.md#exchange), as users run it

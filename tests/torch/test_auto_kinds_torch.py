@@ -1,7 +1,7 @@
 """``compression="auto"`` reads the optimizer and model kinds from torch's optimizer and parameters,
 and takes its default candidates from the table (docs/auto-compression.md#kinds): a conv net under
-SGD gets the every-task methods (rings, the convolutional task, trained int8 but not int4 or 1 %
-sparse), an MLP under SGD and a GPT-like model under AdamW get int4 too; ``allow=`` stays."""
+SGD gets DGC with masking at >= 1 % (rings, the convolutional task, trained it, not int4), an MLP
+under SGD and a GPT-like model under AdamW get int4 instead; ``allow=`` stays."""
 from __future__ import annotations
 
 import pytest
@@ -65,7 +65,7 @@ def _run(comm, model_name: str, adam: bool, **auto):
 
 
 @pytest.mark.parametrize("model_name,adam,kinds,allow", [
-    ("conv", False, ("sgd", "convolutional"), DEFAULT_ALLOW),
+    ("conv", False, ("sgd", "convolutional"), DEFAULT_ALLOW + ("dgc_masked",)),
     ("mlp", False, ("sgd", "other"), INT4),
     ("gpt", True, ("adaptive", "other"), INT4),
     ("conv", True, ("adaptive", "convolutional"), DEFAULT_ALLOW),  # no task measured: every task's rule
@@ -78,9 +78,12 @@ def test_auto_reads_the_kinds_and_takes_the_cells_candidates(model_name, adam, k
     assert ("optimizer: Adam-type" if adam else "optimizer: SGD") in r0[3]
 
 
-def test_the_users_allow_stays_and_splits_the_1d_tensors_under_sgd():
-    plain = run_ranks(2, lambda comm: _run(comm, "conv", False))[0]
-    given = run_ranks(2, lambda comm: _run(comm, "conv", False, allow=["bf16", "topk"], min_density=0.01))[0]
+def test_the_users_allow_stays_and_the_1d_tensors_follow_the_candidates():
+    plain = run_ranks(2, lambda comm: _run(comm, "mlp", False))[0]  # int4, no sparse method: one bucket
+    given = run_ranks(2, lambda comm: _run(comm, "mlp", False, allow=["bf16", "topk"], min_density=0.01))[0]
     assert given[2] == ("none", "bf16", "topk")
     assert "the user's allow= and min_density= in place of the rule's" in given[3]
     assert given[4] == plain[4] + 1  # the biases in a bucket of their own (a sparse method may be chosen)
+    conv = run_ranks(2, lambda comm: _run(comm, "conv", False))[0]
+    dense = run_ranks(2, lambda comm: _run(comm, "conv", False, allow=["bf16"]))[0]
+    assert conv[4] == dense[4] + 1  # the conv net's default (masked DGC) splits them off too
