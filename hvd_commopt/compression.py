@@ -210,12 +210,13 @@ class Compression:
                 model under SGD, 0.1 otherwise (sparse methods never run under Adam).
             allow: the methods to choose from, of ``"none"``, ``"bf16"``, ``"fp16"``, ``"quant8"``,
                 ``"quant4"``, ``"quant2"`` (the quantisers with error feedback, docs/auto-compression.md#quantised),
-                ``"topk"``, ``"dgc"``, ``"gtopk"``, ``"oktopk"``, ``"randomk"``. By default the
-                methods within the accuracy target on every convergence task of the wrapped
-                optimizer's and the model's kind (:data:`~hvd_commopt.autocompress.kinds.RULES`,
-                docs/auto-compression.md#kinds): dense fp32, bf16, int8; plus int4, Top-k and DGC
-                for a convolutional model under SGD, int4 under Adam. Dense fp32 is always a
-                candidate.
+                ``"topk"``, ``"dgc"``, ``"dgc_masked"`` (DGC with momentum factor masking,
+                docs/auto-compression.md#dgc-masked), ``"gtopk"``, ``"oktopk"``, ``"randomk"``. By
+                default the methods within the accuracy target on every convergence task of the
+                wrapped optimizer's and the model's kind (:data:`~hvd_commopt.autocompress.kinds.RULES`,
+                docs/auto-compression.md#kinds): dense fp32, bf16, int8; plus ``dgc_masked`` for a
+                convolutional model under SGD, int4 for any other model under SGD or Adam. Dense
+                fp32 is always a candidate.
             margin: re-decide when the measured step and the prediction differ by more than this
                 fraction (checked every ``period`` steps).
             period: at least this many steps between two decisions.

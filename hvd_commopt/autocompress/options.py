@@ -1,16 +1,16 @@
 """The options of ``Compression.auto(...)`` and the candidate methods it may choose from.
 
-Accuracy first (docs/auto-compression.md#accuracy-floor): ``auto`` chooses by default from the
-methods that the convergence runs of 2026-11-27 show within the target (0.5 points of S-SGD's
-accuracy, 1 % of its validation loss) on *every* task, since it cannot tell one task from another:
-dense fp32, bf16, and the int8 quantiser with error feedback (as ``auto`` runs it, over its
-memory), under SGD with momentum and under AdamW alike. int4 trained four of the five tasks but
-missed rings by 0.53 points, 2-bit missed four; the sparse methods are not among them either: at
-density 0.1 Top-k, DGC and ``auto`` itself trained the digits CNN, the digits MLP and the rings
-task within the target but missed it by about 1.9 % on the GPT under SGD, and under AdamW Top-k
-10 % missed on the digits MLP. Named in ``allow=``, a sparse method still runs with error feedback (momentum correction when
-the wrapped optimizer has momentum, without momentum factor masking) at a density no lower than
-``min_density`` (default 0.1); lower densities and the sparse methods are the user's call.
+Accuracy first (docs/auto-compression.md#accuracy-floor): :data:`DEFAULT_ALLOW` and
+:data:`DEFAULT_MIN_DENSITY` are the rule of every task, the methods that the convergence runs of
+2026-11-27 show within the target (0.5 points of S-SGD's accuracy, 1 % of its validation loss) on
+*every* task: dense fp32, bf16, and the int8 quantiser with error feedback (as ``auto`` runs it,
+over its memory). int4 missed rings by 0.53 points, 2-bit missed four tasks, and the sparse
+methods missed the GPT under SGD at every density. Once the optimizer and model kinds are read,
+the methods and the floor the user did not give come from their cell of
+:data:`~hvd_commopt.autocompress.kinds.RULES` (:meth:`AutoOptions.under`,
+docs/auto-compression.md#kinds). Named in ``allow=``, a sparse method runs with error feedback
+(momentum correction when the wrapped optimizer has momentum, without momentum factor masking but
+for ``dgc_masked``) at a density no lower than ``min_density``.
 """
 from __future__ import annotations
 
