@@ -167,6 +167,7 @@ class AutoReducer(Reducer):
         return self.options.any_sparse and not self.adaptive
 
     def keeps_dense(self, spec: Any) -> bool:
+        """A 1-D tensor when :attr:`splits_1d`; the layout built remembers which (:attr:`layout_stale`)."""
         self._split_built = self.splits_1d
         return self._split_built and len(spec.shape) <= 1
 
