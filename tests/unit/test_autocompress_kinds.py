@@ -65,8 +65,8 @@ def test_optimizer_kind_from_the_hosts_family():
 
 
 def test_the_table_per_cell():
-    conv = rule_for("sgd", "convolutional")  # rings: int4 and unmasked sparse missed, masked DGC 1 % trained
-    assert conv.methods == DEFAULT_ALLOW + ("dgc_masked",) and conv.min_density == 0.01
+    conv = rule_for("sgd", "convolutional")  # rings: int4 and unmasked sparse missed, masked DGC 3 % trained
+    assert conv.methods == DEFAULT_ALLOW + ("dgc_masked",) and conv.min_density == 0.03
     assert rule_for("sgd", "other").methods == ("none", "bf16", "quant8", "quant4")
     assert rule_for("adaptive", "other").methods == ("none", "bf16", "quant8", "quant4")
     assert rule_for("adaptive", "convolutional") is EVERY_TASK  # no task measured
@@ -75,7 +75,7 @@ def test_the_table_per_cell():
     for cell, rule in RULES.items():  # the unmasked sparse methods are defaults nowhere; sparse only for conv
         assert not {"topk", "dgc", "gtopk", "oktopk", "randomk"} & set(rule.methods) and rule.evidence
         assert ("dgc_masked" in rule.methods) == (cell == ("sgd", "convolutional"))
-        assert rule.min_density == (0.01 if cell == ("sgd", "convolutional") else 0.1)
+        assert rule.min_density == (0.03 if cell == ("sgd", "convolutional") else 0.1)
     with pytest.raises(TypeError):
         RULES[("sgd", "other")] = EVERY_TASK  # type: ignore[index]
 
@@ -110,7 +110,7 @@ def test_the_reducer_reads_the_kinds_and_resolves_its_options():
     assert red.policy.options is red.options  # the policy decides with the resolved options
     assert red.requested.allow == DEFAULT_ALLOW  # what the user gave (nothing) is kept apart
     conv = _reducer(RESNET_LIKE, "sgd").options
-    assert conv.allow == DEFAULT_ALLOW + ("dgc_masked",) and conv.densities == (0.1, 0.03, 0.01)
+    assert conv.allow == DEFAULT_ALLOW + ("dgc_masked",) and conv.densities == (0.1, 0.03)
     assert _reducer(VIT_LIKE, ADAPTIVE).options.allow == ("none", "bf16", "quant8", "quant4")
     assert _reducer(RESNET_LIKE, ADAPTIVE).options.allow == DEFAULT_ALLOW
     assert _reducer(MLP, "sgd", allow=["bf16"]).options.allow == ("none", "bf16")
@@ -144,7 +144,7 @@ def test_the_report_says_the_kinds_read_and_why():
     share = model_kind(RESNET_LIKE).conv_share
     assert text.startswith(f"model: convolutional, {share:.0%} of {model_kind(RESNET_LIKE).elements} gradient "
                            f"elements in conv kernels (4-/5-D); optimizer: SGD; candidates: none, bf16, quant8, "
-                           f"dgc_masked (sparse at density >= 0.01)")
+                           f"dgc_masked (sparse at density >= 0.03)")
     assert "rings" in text and "docs/auto-compression.md#kinds" in text
     assert "user's" not in text
     user = _reducer(MLP, ADAPTIVE, allow=["quant4", "topk"], min_density=0.01).kinds_text
