@@ -206,7 +206,7 @@ class Compression:
 
         Args:
             min_density: the lowest density a sparse method may use; by default the rule of the
-                optimizer and model kinds (docs/auto-compression.md#kinds): 0.01 for a convolutional
+                optimizer and model kinds (docs/auto-compression.md#kinds): 0.03 for a convolutional
                 model under SGD, 0.1 otherwise (sparse methods never run under Adam).
             allow: the methods to choose from, of ``"none"``, ``"bf16"``, ``"fp16"``, ``"quant8"``,
                 ``"quant4"``, ``"quant2"`` (the quantisers with error feedback, docs/auto-compression.md#quantised),
