@@ -206,17 +206,16 @@ class Compression:
 
         Args:
             min_density: the lowest density a sparse method may use; by default the rule of the
-                optimizer and model kinds (docs/auto-compression.md#kinds): 0.03 for a convolutional
-                model under SGD, 0.1 otherwise (sparse methods never run under Adam).
+                optimizer and model kinds (docs/auto-compression.md#kinds): 0.1 in every cell (no sparse
+                method is a default; they never run under Adam).
             allow: the methods to choose from, of ``"none"``, ``"bf16"``, ``"fp16"``, ``"quant8"``,
                 ``"quant4"``, ``"quant2"`` (the quantisers with error feedback, docs/auto-compression.md#quantised),
                 ``"topk"``, ``"dgc"``, ``"dgc_masked"`` (DGC with momentum factor masking,
                 docs/auto-compression.md#dgc-masked), ``"gtopk"``, ``"oktopk"``, ``"randomk"``. By
                 default the methods within the accuracy target on every convergence task of the
                 wrapped optimizer's and the model's kind (:data:`~hvd_commopt.autocompress.kinds.RULES`,
-                docs/auto-compression.md#kinds): dense fp32, bf16, int8; plus ``dgc_masked`` for a
-                convolutional model under SGD, int4 for any other model under SGD or Adam. Dense
-                fp32 is always a candidate.
+                docs/auto-compression.md#kinds): dense fp32, bf16, int8; plus int4 for a model that
+                is not convolutional, under SGD or Adam. Dense fp32 is always a candidate.
             margin: re-decide when the measured step and the prediction differ by more than this
                 fraction (checked every ``period`` steps).
             period: at least this many steps between two decisions.

@@ -65,17 +65,16 @@ def test_optimizer_kind_from_the_hosts_family():
 
 
 def test_the_table_per_cell():
-    conv = rule_for("sgd", "convolutional")  # rings: int4 and unmasked sparse missed, masked DGC 3 % trained
-    assert conv.methods == DEFAULT_ALLOW + ("dgc_masked",) and conv.min_density == 0.03
+    conv = rule_for("sgd", "convolutional")  # rings: int4 missed, every sparse method at 2 or 4 ranks
+    assert conv.methods == DEFAULT_ALLOW and conv.min_density == 0.1
     assert rule_for("sgd", "other").methods == ("none", "bf16", "quant8", "quant4")
     assert rule_for("adaptive", "other").methods == ("none", "bf16", "quant8", "quant4")
     assert rule_for("adaptive", "convolutional") is EVERY_TASK  # no task measured
     assert rule_for("other", "convolutional") is EVERY_TASK and rule_for("other", "other") is EVERY_TASK
     assert EVERY_TASK.methods == DEFAULT_ALLOW and EVERY_TASK.min_density == 0.1
-    for cell, rule in RULES.items():  # the unmasked sparse methods are defaults nowhere; sparse only for conv
-        assert not {"topk", "dgc", "gtopk", "oktopk", "randomk"} & set(rule.methods) and rule.evidence
-        assert ("dgc_masked" in rule.methods) == (cell == ("sgd", "convolutional"))
-        assert rule.min_density == (0.03 if cell == ("sgd", "convolutional") else 0.1)
+    for rule in RULES.values():  # no sparse method is a default in any cell; the floor stays 0.1
+        assert not {"topk", "dgc", "dgc_masked", "gtopk", "oktopk", "randomk"} & set(rule.methods)
+        assert rule.min_density == 0.1 and rule.evidence
     with pytest.raises(TypeError):
         RULES[("sgd", "other")] = EVERY_TASK  # type: ignore[index]
 
@@ -109,8 +108,7 @@ def test_the_reducer_reads_the_kinds_and_resolves_its_options():
     assert red.kinds == Kinds("sgd", model_kind(MLP)) and red.options.allow == ("none", "bf16", "quant8", "quant4")
     assert red.policy.options is red.options  # the policy decides with the resolved options
     assert red.requested.allow == DEFAULT_ALLOW  # what the user gave (nothing) is kept apart
-    conv = _reducer(RESNET_LIKE, "sgd").options
-    assert conv.allow == DEFAULT_ALLOW + ("dgc_masked",) and conv.densities == (0.1, 0.03)
+    assert _reducer(RESNET_LIKE, "sgd").options.allow == DEFAULT_ALLOW
     assert _reducer(VIT_LIKE, ADAPTIVE).options.allow == ("none", "bf16", "quant8", "quant4")
     assert _reducer(RESNET_LIKE, ADAPTIVE).options.allow == DEFAULT_ALLOW
     assert _reducer(MLP, "sgd", allow=["bf16"]).options.allow == ("none", "bf16")
@@ -131,11 +129,11 @@ def test_the_layout_is_stale_when_the_kinds_change_the_1d_split():
     assert not red.keeps_dense(TensorSpec("b", (4,), "float32")) and not red.layout_stale
     fresh = AutoReducer()
     assert not fresh.layout_stale  # no layout built yet
-    conv = AutoReducer()  # the default: no sparse method until the kinds are read
-    assert not conv.keeps_dense(TensorSpec("b", (4,), "float32"))
+    conv = AutoReducer(AutoOptions(allow=["dgc_masked"]))  # a sparse method allowed, before the optimizer
+    assert conv.keeps_dense(TensorSpec("b", (4,), "float32"))
     conv.bind_host(Host("sgd"), ["w", "b"])
     conv.read_model([(8, 4, 3, 3), (4,)])
-    assert conv.layout_stale and conv.keeps_dense(TensorSpec("b", (4,), "float32"))  # masked DGC: 1-D apart
+    assert not conv.layout_stale  # SGD: the sparse method stays a candidate, the 1-D tensors apart
 
 
 def test_the_report_says_the_kinds_read_and_why():
@@ -143,8 +141,7 @@ def test_the_report_says_the_kinds_read_and_why():
     text = red.kinds_text
     share = model_kind(RESNET_LIKE).conv_share
     assert text.startswith(f"model: convolutional, {share:.0%} of {model_kind(RESNET_LIKE).elements} gradient "
-                           f"elements in conv kernels (4-/5-D); optimizer: SGD; candidates: none, bf16, quant8, "
-                           f"dgc_masked (sparse at density >= 0.03)")
+                           f"elements in conv kernels (4-/5-D); optimizer: SGD; candidates: none, bf16, quant8 (")
     assert "rings" in text and "docs/auto-compression.md#kinds" in text
     assert "user's" not in text
     user = _reducer(MLP, ADAPTIVE, allow=["quant4", "topk"], min_density=0.01).kinds_text
