@@ -15,12 +15,9 @@ for ``dgc_masked``) at a density no lower than ``min_density``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..errors import ConfigError
-
-if TYPE_CHECKING:
-    from .kinds import KindRule
 
 __all__ = ["Method", "AutoOptions", "METHODS", "DEFAULT_ALLOW", "DENSITY_GRID", "DEFAULT_MIN_DENSITY"]
 
@@ -100,6 +97,15 @@ class Method:
         return cls(kind, float(dens) if dens else 1.0)
 
 
+class CandidateRule(Protocol):
+    """A cell's default candidates (:class:`~hvd_commopt.autocompress.kinds.KindRule`)."""
+
+    @property
+    def methods(self) -> tuple[str, ...]: ...
+    @property
+    def min_density(self) -> float: ...
+
+
 @dataclass(frozen=True)
 class AutoOptions:
     """What ``Compression.auto(...)`` was given (docs/auto-compression.md#options).
@@ -166,7 +172,7 @@ class AutoOptions:
         object.__setattr__(self, "allow", tuple(dict.fromkeys(("none",) + allow)))
         object.__setattr__(self, "densities", dens)
 
-    def under(self, rule: KindRule) -> AutoOptions:
+    def under(self, rule: CandidateRule) -> AutoOptions:
         """These options with the methods and density floor the user did not set taken from
         ``rule`` (the optimizer and model kinds' cell, :func:`~hvd_commopt.autocompress.kinds.rule_for`);
         what the user set stays (docs/auto-compression.md#kinds). The flags keep saying what the
