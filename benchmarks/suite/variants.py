@@ -366,8 +366,8 @@ NATIVE_AB = ("topk_np", "dgc_np", "lags_fused_np", "bf16_nphalf", "auto_nphalf")
 BACKEND_AB = ("topk_ar", "lags_queued")  # opt-in A/Bs of a backend choice, like the _np ones
 TRUST_ROWS = ("topk_10pct", "topk_1pct", "dgc_1pct", "topk_01pct", "dgc_01pct")  # opt-in: the trust table's fixed densities
 TRUST_ROWS += ("quant8", "quant4")  # opt-in too: the trust table's fixed quantisers
+TRUST_ROWS += ("auto_dgcm",)  # opt-in too: auto with the masked DGC allowed, the trust rows' A/B
 DEFAULT = [n for n in VARIANTS if n != "ssgd_gloo" and n not in NATIVE_AB + BACKEND_AB + TRUST_ROWS]
-DEFAULT.remove("auto_dgcm")  # an A/B of auto's candidates for the trust rows, opt-in
 QUICK = ["compute", "ddp", "ddp_bf16", "ddp_powersgd1", "ssgd", "mgwfbp", "fp16", "topk", "gtopk", "dgc", "od", "local_sgd"]
 
 
