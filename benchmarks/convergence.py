@@ -226,6 +226,12 @@ def variant_kwargs(name: str, steps_per_epoch: int, warmup: int) -> dict:
         # the same with its density floor at --density: what a floor there would train to
         "auto_100mbit_floor": lambda: {"compression": Compression.auto(cost_model=_link_model(1e-4, 8e-8),
                                                                        min_density=d)},
+        # auto with Top-k/DGC allowed down to --density, priced on a 1 Mbit/s link (small models' buckets go sparse)
+        "auto_sparse_1mbit": lambda: {"compression": Compression.auto(cost_model=_link_model(1e-4, 8e-6),
+                                                                      allow=["topk", "dgc"], min_density=d)},
+        "auto_1mbit": lambda: {"compression": Compression.auto(cost_model=_link_model(1e-4, 8e-6))},
+        "auto_dgcm_1mbit": lambda: {"compression": Compression.auto(cost_model=_link_model(1e-4, 8e-6),
+                                                                    allow=["dgc_masked"], min_density=d)},
         # the low-bit quantiser with its own error feedback (docs/quantize.md#exchange), as users run it
         **{f"quant{b}": (lambda b=b: {"compression": Compression.quantize(b)}) for b in (8, 4, 2)},
         # auto with only a quantiser allowed, priced on a 100 Mbit/s (or 1 Mbit/s: the small models'
@@ -327,7 +333,8 @@ def _auto_choice(opt) -> dict:
     rep = opt.compression_report
     if not rep:
         return {}
-    return {"chosen": [b["method"] for b in rep["buckets"]], "decisions": rep.get("decisions", 1)}
+    return {"chosen": [b["method"] for b in rep["buckets"]], "decisions": rep.get("decisions", 1),
+            "kinds": rep.get("kinds")}  # the optimizer and model kinds read (docs/auto-compression.md#kinds)
 
 
 def _val_loss(opt, model, x, y, finalized: bool = False) -> float:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any, Sequence, TypeVar
 
 from .errors import ConfigError
-from .autocompress.options import DEFAULT_ALLOW, DEFAULT_MIN_DENSITY, AutoOptions
+from .autocompress.options import AutoOptions
 from .autocompress.reducer import AutoReducer
 from .compress.cast import BF16Compressor, FP16Compressor, NoneCompressor
 from .compress.dgc import DGCSelector
@@ -196,7 +196,7 @@ class Compression:
                      warmup_steps)
 
     @staticmethod
-    def auto(min_density: float = DEFAULT_MIN_DENSITY, allow: Sequence[str] = DEFAULT_ALLOW, margin: float = 0.25,
+    def auto(min_density: float | None = None, allow: Sequence[str] | None = None, margin: float = 0.25,
              period: int = 200, verbose: bool = False, cost_model: Any = None) -> AutoReducer:
         """Per bucket, the method with the shortest predicted step (docs/auto-compression.md#model):
         dense fp32, bf16/fp16, or Top-k / DGC / gTop-k / Ok-Topk / random-k at a density, all
@@ -205,14 +205,17 @@ class Compression:
         ``Compression.auto()``.
 
         Args:
-            min_density: the lowest density a sparse method may use; 0.1 by default, the density
-                the convergence tables show reaching S-SGD's accuracy (docs/auto-compression.md#accuracy-floor).
-            allow: the methods to choose from, of ``"none"``, ``"bf16"``, ``"fp16"``, ``"topk"``,
-                ``"dgc"``, ``"gtopk"``, ``"oktopk"``, ``"randomk"``; default ``("none", "bf16",
-                "topk", "dgc", "gtopk")`` (docs/auto-compression.md#defaults). Dense fp32 is always
-                a candidate.
-                The quantisers with error feedback are ``"quant8"``, ``"quant4"``, ``"quant2"`` (docs/auto-compression.md#quantised).
-                The default is :data:`~hvd_commopt.autocompress.options.DEFAULT_ALLOW` (docs/auto-compression.md#accuracy-floor).
+            min_density: the lowest density a sparse method may use; by default the rule of the
+                optimizer and model kinds (docs/auto-compression.md#kinds): 0.1 in every cell (no sparse
+                method is a default; they never run under Adam).
+            allow: the methods to choose from, of ``"none"``, ``"bf16"``, ``"fp16"``, ``"quant8"``,
+                ``"quant4"``, ``"quant2"`` (the quantisers with error feedback, docs/auto-compression.md#quantised),
+                ``"topk"``, ``"dgc"``, ``"dgc_masked"`` (DGC with momentum factor masking,
+                docs/auto-compression.md#dgc-masked), ``"gtopk"``, ``"oktopk"``, ``"randomk"``. By
+                default the methods within the accuracy target on every convergence task of the
+                wrapped optimizer's and the model's kind (:data:`~hvd_commopt.autocompress.kinds.RULES`,
+                docs/auto-compression.md#kinds): dense fp32, bf16, int8; plus int4 for a model that
+                is not convolutional, under SGD or Adam. Dense fp32 is always a candidate.
             margin: re-decide when the measured step and the prediction differ by more than this
                 fraction (checked every ``period`` steps).
             period: at least this many steps between two decisions.
@@ -224,8 +227,8 @@ class Compression:
             ConfigError: ``allow`` naming an unknown method or nothing, or a bound that excludes
                 every method allowed.
         """
-        return AutoReducer(AutoOptions(min_density=min_density, allow=tuple(allow) if not isinstance(allow, str)
-                                       else (allow,), margin=margin, period=period, verbose=verbose,
+        allowed = None if allow is None else (allow,) if isinstance(allow, str) else tuple(allow)
+        return AutoReducer(AutoOptions(min_density=min_density, allow=allowed, margin=margin, period=period, verbose=verbose,
                                        cost_model=cost_model))
 
     @staticmethod

@@ -47,14 +47,16 @@ class Profile:
 
 def decide(buckets: Sequence[Any], profile: Profile, current: Sequence[Method], cost: CostModel,
            options: AutoOptions, fits_for: Callable[[Sequence[Method], int], dict[str, SelectFit]], *,
-           ranks: int, adaptive: bool, banned: set[tuple[str, str]], comm_cpu: float) -> dict[str, Any]:
+           ranks: int, adaptive: bool, banned: set[tuple[str, str]], comm_cpu: float,
+           kinds: str = "") -> dict[str, Any]:
     """``{"assignment", "report", "warning", "alternatives"}`` of the engine's ``buckets`` (name, numel, dtype,
     dense), the current methods ``current`` and the ``profile``; ``fits_for(methods, max_numel)``
     measures the candidates' compute (:func:`.local_cost.measure_local_costs`); ``banned`` are
     (bucket, kind) pairs measured slower than predicted (docs/auto-compression.md#revert);
     ``alternatives`` are the (at most :data:`TRIALS`) fastest predicted uniform assignments (each
     bucket that cannot take the method dense) that differ from the decision and are predicted
-    within ``options.margin`` of it, which the policy measures after it."""
+    within ``options.margin`` of it, which the policy measures after it. ``kinds``: the line on
+    the optimizer and model kinds read and the candidates they gave (docs/auto-compression.md#kinds)."""
     warning = None
     notes = []
     for b in buckets:
@@ -95,6 +97,7 @@ def decide(buckets: Sequence[Any], profile: Profile, current: Sequence[Method], 
         "select_fits": {k: list(v) for k, v in fits.items()},
         "cost_model": cost.to_dict() if cost is not None else None,
         "allow": list(options.allow), "min_density": options.min_density, "adaptive_optimizer": adaptive,
+        "kinds": kinds,
     }
     assignment = {c.name: c.method.key for c in choice.buckets}
     # the fastest predicted uniform assignments that differ from the decision, measured after it

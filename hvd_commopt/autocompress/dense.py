@@ -46,12 +46,16 @@ class AutoMemory(MomentumCorrection):
 
     def __init__(self) -> None:
         super().__init__(momentum_masking=False, auto=True)
+        #: the buckets whose method masks the momentum where sent (``dgc_masked``, set by
+        #: ``AutoReducer.assign``; docs/auto-compression.md#dgc-masked)
+        self.masked: frozenset[str] = frozenset()
 
     def update(self, ops: TensorOps, name: str, acc: Any, sent_idx: Any) -> None:
         """The velocity zeroed where sent; the momentum too where the whole bucket was sent (the
-        flush before a dense round), so every rank's dense rounds continue from the same momentum."""
+        flush before a dense round), so every rank's dense rounds continue from the same momentum,
+        and where sent in a bucket of :attr:`masked` (DGC's momentum factor masking)."""
         super().update(ops, name, acc, sent_idx)
-        if ops.numel(sent_idx) >= ops.numel(acc):
+        if name in self.masked or ops.numel(sent_idx) >= ops.numel(acc):
             self._u.set(name, zero_sent(ops, self._u.get(ops, name, acc), sent_idx))
 
     def update_quantized(self, ops: TensorOps, name: str, acc: Any, sent: Any) -> None:

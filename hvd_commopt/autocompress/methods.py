@@ -79,8 +79,9 @@ def build_method(method: Method, memory: AutoMemory) -> Reducer:
         return CastWithMemory(BF16Compressor() if k == "bf16" else FP16Compressor(), memory)
     if method.quantised:  # Compression.quantize(bits)'s exchange over the shared memory
         return QuantizedAllreduce(method.bits, block=DEFAULT_BLOCK, memory=memory, whole_round_alone=True)
-    if k in ("topk", "dgc"):  # DGC: the sampled threshold over the same momentum-corrected memory
-        return SparseAllgather(TopKSelector(d, "sampled" if k == "dgc" else "exact", min_k=MIN_K), memory)
+    if k in ("topk", "dgc", "dgc_masked"):  # DGC: the sampled threshold over the same momentum-corrected
+        # memory; dgc_masked's buckets also have their momentum masked where sent (AutoMemory.masked)
+        return SparseAllgather(TopKSelector(d, "exact" if k == "topk" else "sampled", min_k=MIN_K), memory)
     if k == "randomk":
         return SparseAllgather(RandomKSelector(d, seed=0, min_k=MIN_K), memory)
     if k == "gtopk":

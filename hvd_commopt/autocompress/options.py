@@ -1,21 +1,21 @@
 """The options of ``Compression.auto(...)`` and the candidate methods it may choose from.
 
-Accuracy first (docs/auto-compression.md#accuracy-floor): ``auto`` chooses by default from the
-methods that the convergence runs of 2026-11-27 show within the target (0.5 points of S-SGD's
-accuracy, 1 % of its validation loss) on *every* task, since it cannot tell one task from another:
-dense fp32, bf16, and the int8 quantiser with error feedback (as ``auto`` runs it, over its
-memory), under SGD with momentum and under AdamW alike. int4 trained four of the five tasks but
-missed rings by 0.53 points, 2-bit missed four; the sparse methods are not among them either: at
-density 0.1 Top-k, DGC and ``auto`` itself trained the digits CNN, the digits MLP and the rings
-task within the target but missed it by about 1.9 % on the GPT under SGD, and under AdamW Top-k
-10 % missed on the digits MLP. Named in ``allow=``, a sparse method still runs with error feedback (momentum correction when
-the wrapped optimizer has momentum, without momentum factor masking) at a density no lower than
-``min_density`` (default 0.1); lower densities and the sparse methods are the user's call.
+Accuracy first (docs/auto-compression.md#accuracy-floor): :data:`DEFAULT_ALLOW` and
+:data:`DEFAULT_MIN_DENSITY` are the rule of every task, the methods that the convergence runs of
+2026-11-27 show within the target (0.5 points of S-SGD's accuracy, 1 % of its validation loss) on
+*every* task: dense fp32, bf16, and the int8 quantiser with error feedback (as ``auto`` runs it,
+over its memory). int4 missed rings by 0.53 points, 2-bit missed four tasks, and the sparse
+methods missed the GPT under SGD at every density. Once the optimizer and model kinds are read,
+the methods and the floor the user did not give come from their cell of
+:data:`~hvd_commopt.autocompress.kinds.RULES` (:meth:`AutoOptions.under`,
+docs/auto-compression.md#kinds). Named in ``allow=``, a sparse method runs with error feedback
+(momentum correction when the wrapped optimizer has momentum, without momentum factor masking but
+for ``dgc_masked``) at a density no lower than ``min_density``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
 
 from ..errors import ConfigError
 
@@ -27,7 +27,8 @@ __all__ = ["Method", "AutoOptions", "METHODS", "DEFAULT_ALLOW", "DENSITY_GRID", 
 #: docs/auto-compression.md#shared-memory).
 CASTS = ("bf16", "fp16")
 QUANT = ("quant8", "quant4", "quant2")
-SPARSE = ("topk", "dgc", "gtopk", "oktopk", "randomk")
+#: ``dgc_masked``: DGC with momentum factor masking on its buckets (docs/auto-compression.md#dgc-masked).
+SPARSE = ("topk", "dgc", "dgc_masked", "gtopk", "oktopk", "randomk")
 METHODS = ("none",) + CASTS + QUANT + SPARSE
 #: Chosen from unless ``allow=`` says otherwise: the methods within the accuracy target on every
 #: convergence task (module docstring, docs/auto-compression.md#accuracy-floor). fp16 needs a loss
@@ -96,14 +97,25 @@ class Method:
         return cls(kind, float(dens) if dens else 1.0)
 
 
+class CandidateRule(Protocol):
+    """A cell's default candidates (:class:`~hvd_commopt.autocompress.kinds.KindRule`)."""
+
+    @property
+    def methods(self) -> tuple[str, ...]: ...
+    @property
+    def min_density(self) -> float: ...
+
+
 @dataclass(frozen=True)
 class AutoOptions:
     """What ``Compression.auto(...)`` was given (docs/auto-compression.md#options).
 
     Attributes:
-        min_density: the lowest density a sparse method may use (default 0.1).
-        allow: the methods to choose from (default :data:`DEFAULT_ALLOW`); "none" (dense fp32)
-            is always a candidate, being the reference.
+        min_density: the lowest density a sparse method may use (default: the rule of the
+            optimizer and model kinds, :mod:`.kinds`; :data:`DEFAULT_MIN_DENSITY` until they are read).
+        allow: the methods to choose from (default: the rule of the kinds; :data:`DEFAULT_ALLOW`
+            until they are read); "none" (dense fp32) is always a candidate, being the reference.
+        allow_given, min_density_given: the user set them (the kinds' rule does not replace them).
         margin: re-decide when the measured step differs from the predicted one by more than
             this fraction (default 0.25).
         period: at least this many steps between two decisions (default 200).
@@ -114,8 +126,8 @@ class AutoOptions:
             profiled, steps measured after a decision.
     """
 
-    min_density: float = DEFAULT_MIN_DENSITY
-    allow: tuple[str, ...] = DEFAULT_ALLOW
+    min_density: float = None  # None: the kinds' rule (__post_init__ fills it)
+    allow: tuple[str, ...] = None  # None: the kinds' rule
     margin: float = 0.25
     period: int = 200
     verbose: bool = False
@@ -124,9 +136,15 @@ class AutoOptions:
     profile_steps: int = 5
     measure_steps: int = 5
     densities: tuple[float, ...] = field(default=(), init=False)
+    allow_given: bool = field(default=False, init=False)
+    min_density_given: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
-        allow = self.allow
+        object.__setattr__(self, "allow_given", self.allow is not None)
+        object.__setattr__(self, "min_density_given", self.min_density is not None)
+        if self.min_density is None:
+            object.__setattr__(self, "min_density", DEFAULT_MIN_DENSITY)
+        allow = DEFAULT_ALLOW if self.allow is None else self.allow
         if isinstance(allow, str):
             allow = (allow,)
         allow = tuple(allow)
@@ -153,6 +171,17 @@ class AutoOptions:
                 raise ConfigError(f"{name} must be an integer >= {low}, got {v!r}")
         object.__setattr__(self, "allow", tuple(dict.fromkeys(("none",) + allow)))
         object.__setattr__(self, "densities", dens)
+
+    def under(self, rule: CandidateRule) -> AutoOptions:
+        """These options with the methods and density floor the user did not set taken from
+        ``rule`` (the optimizer and model kinds' cell, :func:`~hvd_commopt.autocompress.kinds.rule_for`);
+        what the user set stays (docs/auto-compression.md#kinds). The flags keep saying what the
+        user set."""
+        out = replace(self, allow=self.allow if self.allow_given else rule.methods,
+                      min_density=self.min_density if self.min_density_given else rule.min_density)
+        object.__setattr__(out, "allow_given", self.allow_given)
+        object.__setattr__(out, "min_density_given", self.min_density_given)
+        return out
 
     def candidates(self, sparse_ok: bool = True) -> tuple[Method, ...]:
         """The methods a bucket may use, least lossy first (``sparse_ok`` False: 1-D buckets)."""

@@ -73,6 +73,9 @@ class Routing(Protocol):
     memory: Any  # the shared memory (its momentum, for timing each candidate alike)
     adaptive: bool  # an Adam-type optimizer is wrapped: no sparse candidates (casts and quantisers remain)
 
+    @property
+    def kinds_text(self) -> str: ...  # the kinds read and the candidates they give (docs/auto-compression.md#kinds)
+
     def sub(self, method: Method) -> Reducer: ...
     def method_of(self, bucket_name: str) -> Method: ...
     def assign(self, methods: dict[str, Method]) -> None: ...
@@ -282,7 +285,8 @@ class AutoPolicy(TrialChecks):
         comm_cpu = 0.0 if like is not None and port.ops.on_device(like) else 1.0
         return decide(buckets, Profile.of(self._samples, len(buckets)), [self.reducer.method_of(b.name) for b in buckets],
                       self.cost_model, self.options, lambda ms, top: self._fits(port, ms, top), ranks=port.comm.size,
-                      adaptive=self.reducer.adaptive, banned=self._banned, comm_cpu=comm_cpu)
+                      adaptive=self.reducer.adaptive, banned=self._banned, comm_cpu=comm_cpu,
+                      kinds=self.reducer.kinds_text)
 
     def _measured(self, port: PolicyPort) -> None:
         """The decision's steps are measured. Rank 0 checks it against the step it replaced and

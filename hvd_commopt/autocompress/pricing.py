@@ -52,7 +52,7 @@ def allgather_sparse_time(method: Method, nbytes: int, cost: CostModel, min_k: i
     if cost.ranks <= 1 or nbytes <= 0:
         return 0.0
     t = cost.topk_time(nbytes, method.density, index_bytes=INDEX_BYTES, min_k=min_k)  # the packed allgather
-    if method.kind == "dgc":
+    if method.kind in ("dgc", "dgc_masked"):
         t += cost.allgather.time(COUNT_BYTES)
     return t
 
@@ -73,7 +73,7 @@ def quantised_time(method: Method, nbytes: int, cost: CostModel, block: int = DE
 def fit_kind(method: Method) -> str:
     """Whose selection cost prices ``method``: gTop-k and Ok-Topk select locally by the exact
     top-k, as Top-k does; DGC samples its threshold, random-k draws indices, casts cast."""
-    return {"gtopk": "topk", "oktopk": "topk"}.get(method.kind, method.kind)
+    return {"gtopk": "topk", "oktopk": "topk", "dgc_masked": "dgc"}.get(method.kind, method.kind)
 
 
 def compress_time(method: Method, nbytes: int, fits: Mapping[str, SelectFit]) -> float:
@@ -97,7 +97,7 @@ def method_costs(method: Method, nbytes: int, cost: CostModel, fits: Mapping[str
         return sel, quantised_time(method, nbytes, cost)
     if not method.sparse:
         return sel, dense_pricing(cost, 0.5, method.kind).comm_time(nbytes)
-    if method.kind in ("topk", "dgc"):
+    if method.kind in ("topk", "dgc", "dgc_masked"):
         return sel, allgather_sparse_time(method, nbytes, cost, MIN_K)
     try:
         pr = sparse_pricing(cost, _COMM_KIND[method.kind], method.density)

@@ -36,6 +36,7 @@ from ..reduce.sparse_allgather import SparseAllgather
 from ..tensor_ops import TensorOps
 from .choose import DENSE
 from .dense import AutoMemory, MomentumAverage
+from .kinds import Kinds, ModelReading, model_kind, optimizer_kind
 from .methods import build_method
 from .options import AutoOptions, Method
 from .policy import AutoPolicy
@@ -72,7 +73,11 @@ class AutoReducer(Reducer):
     holds_rank_state = True
 
     def __init__(self, options: AutoOptions | None = None, clock: Callable[[], float] = time.perf_counter):
-        self.options = options if options is not None else AutoOptions()
+        self.requested = options if options is not None else AutoOptions()  # what the user gave
+        self.options = self.requested  # resolved by the kinds' rule once read (read_model)
+        self.kinds: Kinds | None = None
+        self._optimizer_kind = optimizer_kind(None)
+        self._split_built: bool | None = None  # whether the layout in use splits off the 1-D tensors
         self.memory = AutoMemory()
         self._subs: dict[Method, Reducer] = {}
         self._flush = SparseAllgather(TopKSelector(1.0, min_k=1), self.memory, dense_when_full=False)
@@ -112,7 +117,12 @@ class AutoReducer(Reducer):
             elif new.holds_residual:
                 self._flush_next.discard(name)
         self.assignment = dict(methods)
+        self._tell_masked()
         self._tell_verdict()
+
+    def _tell_masked(self) -> None:
+        """The memory masks the momentum where sent in the buckets assigned ``dgc_masked``."""
+        self.memory.masked = frozenset(k for k, m in self.assignment.items() if m.kind == "dgc_masked")
 
     # -- the Reducer interface, routed per bucket ----------------------------------------------
     def start(self, bucket: Bucket, rnd: RoundInfo, flat: Any, ctx: ReduceContext) -> Pending:
@@ -149,19 +159,53 @@ class AutoReducer(Reducer):
     def rollback(self, bucket: Bucket, rnd: RoundInfo, ctx: ReduceContext) -> None:
         self.sub(self.method_of(bucket.name)).rollback(bucket, rnd, ctx)
 
-    def keeps_dense(self, spec: Any) -> bool:
+    @property
+    def splits_1d(self) -> bool:
         """1-D tensors go to buckets of their own, sent whole, when a sparse method may be chosen
         (docs/topk.md#dense-1d): not under an Adam-type optimizer, where only the dense methods are
         candidates and the buckets are S-SGD's (docs/auto-compression.md#adaptive-buckets)."""
-        return self.options.any_sparse and not self.adaptive and len(spec.shape) <= 1
+        return self.options.any_sparse and not self.adaptive
+
+    def keeps_dense(self, spec: Any) -> bool:
+        """A 1-D tensor when :attr:`splits_1d`; the layout built remembers which (:attr:`layout_stale`)."""
+        self._split_built = self.splits_1d
+        return self._split_built and len(spec.shape) <= 1
+
+    @property
+    def layout_stale(self) -> bool:
+        """The buckets were built for other candidates than the optimizer and model kinds now allow
+        (:attr:`splits_1d` changed): the engine rebuilds them before step 0."""
+        return self._split_built is not None and self._split_built != self.splits_1d
+
+    def read_model(self, shapes: Sequence[Sequence[int]]) -> None:
+        """The model kind from the registered gradients' ``shapes``, and with the optimizer kind
+        of :meth:`bind_host` the default candidates (docs/auto-compression.md#kinds); what the
+        user set in ``allow=``/``min_density=`` stays. Every rank reads the same shapes."""
+        self._resolve(model_kind(shapes))
+
+    def _resolve(self, model: ModelReading) -> None:
+        self.kinds = Kinds(self._optimizer_kind, model)
+        self.options = self.requested.under(self.kinds.rule)
+        self.policy.options = self.options
+
+    @property
+    def kinds_text(self) -> str:
+        """The report's line on the kinds read and the candidates they give (docs/auto-compression.md#kinds)."""
+        if self.kinds is None:
+            return f"kinds not read (no model registered): candidates {', '.join(self.options.allow)}"
+        return self.kinds.describe(self.options)
 
     def bind_host(self, host: ScheduleHost, names: list[str]) -> Any:
         """The shared memory takes the optimizer's momentum (docs/dgc.md#optimizer-momentum). An
         Adam-type optimizer (the host's typed answer, :func:`~hvd_commopt.reduce.adaptive.is_adaptive`:
         torch's and Keras's Adam and kin) keeps the candidates dense: no sparse
         method with error feedback has reached S-SGD's loss under AdamW here
-        (docs/auto-compression.md#adaptive)."""
+        (docs/auto-compression.md#adaptive). The optimizer kind also picks, with the model kind,
+        the default candidates (:meth:`read_model`, docs/auto-compression.md#kinds)."""
         self.adaptive = bool(names) and is_adaptive(host)
+        self._optimizer_kind = optimizer_kind(host)
+        if self.kinds is not None:  # a host bound again: the optimizer kind may differ
+            self._resolve(self.kinds.model)
         return bind_momentum_memory(self.memory, host, names)
 
     def relayout(self, ops: TensorOps, old: Sequence[Bucket], new: Sequence[Bucket]) -> None:
@@ -172,6 +216,7 @@ class AutoReducer(Reducer):
         moved = {t for b in old if self.method_of(b.name).holds_residual for t in b.names}
         self.assignment = {}
         self._flush_next = {b.name for b in new if moved.intersection(b.names)}
+        self._tell_masked()
         self._tell_verdict()
         self.policy.restart()
 
@@ -186,6 +231,7 @@ class AutoReducer(Reducer):
         self.memory.load_state_dict(dict(state.get("memory", {})))
         self.assignment = {k: Method.parse(v) for k, v in dict(state.get("assignment", {})).items()}
         self._flush_next = set(state.get("flush", ()))
+        self._tell_masked()
         self._tell_verdict()
 
     def __repr__(self) -> str:

@@ -17,6 +17,8 @@ def format_report(rep: dict[str, Any]) -> str:
     lines = [f"[hvd_commopt] compression='auto' ({which}): predicted step "
              f"{_ms(rep['predicted_s'])} (dense fp32 {_ms(rep['dense_predicted_s'])}), measured "
              f"{_ms(rep.get('measured_s'))}; re-decides beyond {rep['margin']:.0%} after {rep['period']} steps"]
+    if rep.get("kinds"):
+        lines.append(f"  {rep['kinds']}")
     if rep.get("reverted"):
         lines.append(f"  reverted: {rep['reverted']}")
     if rep.get("revert_check"):

@@ -132,8 +132,9 @@ class Trainer:
         self.scheduler.attach(host)
         reducer = self.engine.reducer
         if isinstance(reducer, AutoReducer):  # compression="auto" prices before step 0
-            if reducer.adaptive and self.engine.plan:  # dense candidates only: S-SGD's buckets
-                self.engine.set_plan(self.engine.plan)  # docs/auto-compression.md#adaptive-buckets
+            reducer.read_model([s.shape for s in self.engine.specs.values()])  # docs/auto-compression.md#kinds
+            if reducer.layout_stale and self.engine.plan and not self.engine.in_flight:  # e.g. Adam: S-SGD's
+                self.engine.set_plan(self.engine.plan)  # buckets (docs/auto-compression.md#adaptive-buckets)
             reducer.policy.prepare(self.engine, host)  # docs/auto-compression.md#before-step-0
 
     @property

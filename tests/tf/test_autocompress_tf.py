@@ -45,3 +45,32 @@ def test_keras_optimizer_with_auto_agrees_across_ranks():
     assert m0 == m1 and any(m != "none" for _, m in m0)  # the kernel is compressed on the slow link
     for a, b in zip(w0, w1):
         np.testing.assert_array_equal(a, b)
+
+
+def _kinds_after_one_step(make, optimizer, x):
+    models = [make() for _ in range(2)]
+
+    def body(comm):
+        model = models[comm.rank]
+        opt = hco.DistributedOptimizer(optimizer(), communicator=comm, compression=Compression.auto(cost_model=SLOW))
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(x))
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        red = opt.comm_engine.reducer
+        return red.kinds.optimizer, red.kinds.model.kind, red.options.allow
+    r0, r1 = run_ranks(2, body)
+    assert r0 == r1
+    return r0
+
+
+def test_keras_models_get_the_candidates_of_their_kinds():
+    """docs/auto-compression.md#kinds through the Keras optimizer: Conv2D kernels are 4-D, Keras'
+    SGD and Adam are recognised by class."""
+    def conv():
+        return keras.Sequential([keras.layers.Input((8, 8, 3)), keras.layers.Conv2D(16, 3), keras.layers.Conv2D(16, 3),
+                                 keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(4)])
+    img = np.ones((2, 8, 8, 3), np.float32)
+    assert _kinds_after_one_step(conv, lambda: keras.optimizers.SGD(0.05), img) == (
+        "sgd", "convolutional", ("none", "bf16", "quant8"))
+    assert _kinds_after_one_step(make_model, lambda: keras.optimizers.Adam(1e-3), np.ones((2, 16), np.float32)) == (
+        "adaptive", "other", ("none", "bf16", "quant8", "quant4"))

@@ -99,3 +99,32 @@ def test_the_flush_to_dense_restarts_every_ranks_momentum_and_the_ranks_agree():
     for t in (3, 4):
         u = MU * u + (res[0][t][0] + res[1][t][0]) / 2
         assert res[0][t][1].tobytes() == u.tobytes()
+
+
+def test_dgc_masked_zeroes_the_momentum_where_it_sent_and_only_on_its_buckets():
+    """docs/auto-compression.md#dgc-masked: one DGC 10 % round with masking from zero momentum: u = g
+    but 0 where the velocity was sent (the same entries), on every rank; a following Top-k round on
+    the same bucket keeps the momentum where it sends (no masking)."""
+    for rows in run_ranks(2, lambda c: _run(c, ["dgc_masked@0.1", "topk@0.1"])):
+        g, _, u, v = rows[0]
+        (uu,), (vv,) = u.values(), v.values()
+        sent = vv != g
+        assert int(np.count_nonzero(sent)) > 0 and not np.any(vv[sent])
+        assert not np.any(uu[sent]) and uu[~sent].tobytes() == g[~sent].tobytes()
+        g1, _, u1, _ = rows[1]
+        (uu1,) = u1.values()
+        assert uu1.tobytes() == (MU * uu + g1).astype(np.float32).tobytes()  # Top-k: nothing masked
+
+
+def test_dgc_masked_is_priced_and_timed_as_dgc():
+    from hvd_commopt.autocompress.pricing import allgather_sparse_time, fit_kind
+    from hvd_commopt.fusion import AlphaBeta, CostModel
+    cost = CostModel(AlphaBeta(1e-4, 1e-8), AlphaBeta(1e-4, 1e-8), None, ranks=2)
+    assert fit_kind(Method("dgc_masked", 0.01)) == "dgc"
+    assert allgather_sparse_time(Method("dgc_masked", 0.01), 4 << 20, cost) == allgather_sparse_time(
+        Method("dgc", 0.01), 4 << 20, cost)
+    red = AutoReducer(AutoOptions(allow=("dgc_masked",), min_density=0.01))
+    red.assign({"b0": Method("dgc_masked", 0.01), "b1": Method("dgc", 0.01)})
+    assert red.memory.masked == frozenset({"b0"})
+    red.assign({"b0": Method("none")})
+    assert red.memory.masked == frozenset()

@@ -17,7 +17,7 @@ from hvd_commopt.numpy_ops import NumpyOps
 SPECS = [TensorSpec(f"l{i}.w", (n, 1), "float32") for i, n in enumerate([300, 500, 200])]
 # switches every bucket through every method: sparse -> sparse keeps the memory, sparse -> dense flushes
 SCHEDULE = ["none", "topk@0.1", "topk@0.1", "none", "none", "dgc@0.1", "gtopk@0.1", "bf16", "oktopk@0.1",
-            "randomk@0.1", "topk@0.1", "none", "none"]
+            "randomk@0.1", "topk@0.1", "none", "dgc_masked@0.1", "dgc_masked@0.1", "topk@0.1", "none", "none"]
 
 
 def int_grads(rank: int, step: int) -> dict:
@@ -39,7 +39,8 @@ def velocities(eng) -> dict:
 
 def test_switching_methods_loses_no_gradient_mass_exactly():
     def body(comm):
-        red = AutoReducer(AutoOptions(allow=["bf16", "topk", "dgc", "gtopk", "oktopk", "randomk"], min_density=0.1,
+        red = AutoReducer(AutoOptions(allow=["bf16", "topk", "dgc", "dgc_masked", "gtopk", "oktopk", "randomk"],
+                                      min_density=0.1,
                                       warmup_steps=10 ** 6))
         eng = build_engine(comm, NumpyOps(), compression=red, fusion_threshold=0)
         eng.register(SPECS)

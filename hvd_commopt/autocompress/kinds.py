@@ -1,0 +1,159 @@
+"""What ``compression="auto"`` chooses from by default: the rule per (optimizer kind x model kind).
+
+``auto`` cannot tell one task from another, but it can see two things about every task: the type of
+the optimizer it wraps and the shapes of the gradients it sends. So its default candidates are the
+methods that the convergence runs show within the target (0.5 points of S-SGD's final accuracy, 1 %
+of its validation loss) on every task measured *of the same kind* (docs/auto-compression.md#kinds):
+
+* the **optimizer kind**, from the host's typed answer (:class:`~hvd_commopt.host.OptimizerFamily`):
+  ``"adaptive"`` (Adam and kin, :func:`~hvd_commopt.reduce.adaptive.is_adaptive`), ``"sgd"``
+  (SGD and its momentum forms: the optimizer every SGD row was measured with), or ``"other"``
+  (anything else, a host that does not say: the rule of every task);
+* the **model kind**, from the registered shapes (:func:`model_kind`): ``"convolutional"`` when at
+  least half of the gradient elements are in convolution kernels, tensors of 4 or 5 dimensions
+  (torch's conv2d/conv3d weights, Keras' Conv2D/Conv3D kernels; 3-D tensors do not count, so a
+  conv1d or a stack of MoE experts does not, and a ViT's patch embedding is too small to tip it),
+  else ``"other"``.
+
+A cell with no task measured falls back to the rule of every task (:data:`EVERY_TASK`). A user's
+``allow=`` and ``min_density=`` override the cell's (:meth:`AutoOptions.under
+<hvd_commopt.autocompress.options.AutoOptions.under>`). Each cell rests on one to three tasks: it
+is evidence of those tasks, not a proof for the kind (docs/auto-compression.md#kinds-measured).
+Pure functions and frozen values only: no framework, no state.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Iterable, Literal, Mapping, Sequence
+
+from ..host import OptimizerFamily
+from ..reduce.adaptive import is_adaptive
+from .options import DEFAULT_ALLOW, DEFAULT_MIN_DENSITY, AutoOptions
+
+__all__ = ["OptimizerKind", "ModelKind", "ModelReading", "KindRule", "RULES", "EVERY_TASK", "Kinds",
+           "model_kind", "optimizer_kind", "rule_for", "CONV_NDIMS"]
+
+OptimizerKind = Literal["adaptive", "sgd", "other"]
+ModelKind = Literal["convolutional", "other"]
+
+#: The ranks of a convolution kernel: conv2d/Conv2D (4), conv3d/Conv3D (5). Not 3: conv1d kernels
+#: and stacked MoE expert matrices are 3-D and train like dense layers here (no row says otherwise).
+CONV_NDIMS = (4, 5)
+
+
+@dataclass(frozen=True)
+class ModelReading:
+    """The model kind and what it was read from: ``conv_elements`` of ``elements`` gradient
+    elements are in 4-/5-D tensors."""
+
+    kind: ModelKind
+    conv_elements: int
+    elements: int
+
+    @property
+    def conv_share(self) -> float:
+        return self.conv_elements / self.elements if self.elements else 0.0
+
+
+def model_kind(shapes: Iterable[Sequence[int]]) -> ModelReading:
+    """``"convolutional"`` when at least half of the elements of ``shapes`` (the registered
+    gradients) are in tensors of :data:`CONV_NDIMS` dimensions, else ``"other"`` (also for no
+    tensors at all)."""
+    conv = total = 0
+    for shape in shapes:
+        n = 1
+        for d in shape:
+            n *= int(d)
+        total += n
+        if len(shape) in CONV_NDIMS:
+            conv += n
+    kind: ModelKind = "convolutional" if total > 0 and 2 * conv >= total else "other"
+    return ModelReading(kind, conv, total)
+
+
+def optimizer_kind(host: Any) -> OptimizerKind:
+    """``"adaptive"`` (Adam-type), ``"sgd"`` (the host says SGD), else ``"other"`` (module docstring)."""
+    if is_adaptive(host):
+        return "adaptive"
+    if isinstance(host, OptimizerFamily) and host.optimizer_family() == "sgd":
+        return "sgd"
+    return "other"
+
+
+@dataclass(frozen=True)
+class KindRule:
+    """One cell: the methods chosen from by default, the lowest density of a sparse one, and the
+    tasks that back them (their gaps to S-SGD, docs/auto-compression.md#kinds)."""
+
+    methods: tuple[str, ...]
+    min_density: float
+    evidence: str
+
+
+#: The rule of every task (docs/auto-compression.md#accuracy-floor): dense fp32, bf16, int8 with
+#: error feedback; within the target on all five tasks measured. The cells without a task of their
+#: own, and the optimizers that are neither SGD nor Adam-type, use it.
+EVERY_TASK = KindRule(DEFAULT_ALLOW, DEFAULT_MIN_DENSITY,
+                      "every task measured (digits CNN, digits MLP, rings, the GPT under SGD and AdamW)")
+
+#: The cells with tasks of their own (docs/auto-compression.md#kinds; 2 ranks, seeds 0-2, the gap
+#: of the mean to S-SGD in points, % of the validation loss for the GPT):
+#:
+#: * SGD x convolutional, rings (a small ResNet, 96 % of its elements in conv kernels): int8
+#:   -0.23 as ``auto`` runs it: the every-task methods. int4 missed (-0.53), ``auto``'s unmasked
+#:   Top-k/DGC at 1 % (-1.50) and 3 % (-0.87). DGC with momentum factor masking as ``auto`` runs it
+#:   (``dgc_masked``) was within at 2 ranks and 8 epochs (+0.20 at 3 %, -0.03 at 10 %; 1 % at the
+#:   edge) but missed at 4 ranks and 4 epochs by 2.3-3.0 points, so it is not a default; DGC's
+#:   ResNet results (Lin et al., ICLR 2018) support it, a user may allow it.
+#: * SGD x other, the digits CNN (12 % of its elements in conv kernels: its dense layer dominates),
+#:   the digits MLP and the GPT under SGD: int8 (+0.09, -0.37, +0.00 %) and int4 (+0.09, -0.28,
+#:   +0.18 %) as ``auto`` runs them; the sparse methods missed the GPT at every density (10 %: Top-k
+#:   +1.88 %, DGC +1.90 %), Top-k 10 % the digits MLP at 8 epochs (-0.56).
+#: * Adam-type x other, the GPT under AdamW: int8 (-0.00 %) and int4 (+0.55 %, as ``auto`` runs it
+#:   and fixed); no sparse method under Adam (docs/auto-compression.md#adaptive).
+#: * Adam-type x convolutional: no task measured, the every-task rule (no entry).
+RULES: Mapping[tuple[OptimizerKind, ModelKind], KindRule] = MappingProxyType({
+    ("sgd", "convolutional"): KindRule(DEFAULT_ALLOW, DEFAULT_MIN_DENSITY,
+                                       "rings (int8; int4 and every sparse method missed at 2 or 4 ranks)"),
+    ("sgd", "other"): KindRule(("none", "bf16", "quant8", "quant4"), DEFAULT_MIN_DENSITY,
+                               "the digits CNN, the digits MLP and the GPT under SGD (int8, int4; sparse missed the GPT)"),
+    ("adaptive", "other"): KindRule(("none", "bf16", "quant8", "quant4"), DEFAULT_MIN_DENSITY,
+                                    "the GPT under AdamW (int8, int4; no sparse method under Adam)"),
+})
+
+
+def rule_for(optimizer: OptimizerKind, model: ModelKind) -> KindRule:
+    """The cell's rule, or :data:`EVERY_TASK` where no task of that kind was measured."""
+    return RULES.get((optimizer, model), EVERY_TASK)
+
+
+_OPTIMIZER_NAMES = {"adaptive": "Adam-type", "sgd": "SGD", "other": "neither SGD nor Adam-type (or not said)"}
+
+
+@dataclass(frozen=True)
+class Kinds:
+    """What ``auto`` read (the optimizer kind, the model reading) and the rule it took from it."""
+
+    optimizer: OptimizerKind
+    model: ModelReading
+
+    @property
+    def rule(self) -> KindRule:
+        return rule_for(self.optimizer, self.model.kind)
+
+    def describe(self, options: AutoOptions) -> str:
+        """One line for the report: the kinds, why, and the candidates ``options`` (resolved by
+        :meth:`AutoOptions.under <hvd_commopt.autocompress.options.AutoOptions.under>`) hold."""
+        m = self.model
+        cell = (f"the rule of {self.rule.evidence}" if (self.optimizer, m.kind) in RULES
+                else "no task of this kind measured: the rule of every task")
+        given = [n for n, g in (("allow=", options.allow_given), ("min_density=", options.min_density_given)) if g]
+        return (f"model: {m.kind}, {m.conv_share:.0%} of {m.elements} gradient elements in conv kernels (4-/5-D); "
+                f"optimizer: {_OPTIMIZER_NAMES[self.optimizer]}; candidates: {', '.join(options.allow)}"
+                + (("" if self.optimizer != "adaptive" else " (no sparse method under Adam)") if not options.any_sparse
+                   else " (sparse methods: none under Adam)" if self.optimizer == "adaptive"
+                   else f" (sparse at density >= {options.min_density:g})")
+                + f" ({cell}"
+                + (f"; the user's {' and '.join(given)} in place of the rule's" if given else "")
+                + "; docs/auto-compression.md#kinds)")
