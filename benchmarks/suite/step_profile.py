@@ -101,13 +101,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         runners[name] = V.build(name, copy.deepcopy(base), ctx)
         env.barrier()
 
-    from hvd_commopt.comm import direct, half_sum
-    long_wait = (direct.PAUSE_MAX_S, direct.LATE_FRACTION)
-    from hvd_commopt.select import host_native
+    from benchmarks.suite.worker import apply_ab_switches
 
     def step(r: V.Runner, rec: dict[str, list[float]] | None, prof: cProfile.Profile | None = None) -> None:
-        host_native.USE_NATIVE, half_sum.USE_NATIVE = r.native_kernels, r.native_half_sum  # the A/B variants
-        direct.PAUSE_MAX_S, direct.LATE_FRACTION = long_wait if r.long_wait_pauses else (direct.PAUSE_SHORT_S, 0.0)
+        apply_ab_switches(r)  # the A/B variants' module switches, as the suite's timed step sets them
         t0, c0, m0 = time.perf_counter(), cpu_seconds(), time.thread_time()
         if prof is not None:
             prof.enable()

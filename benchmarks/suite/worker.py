@@ -41,7 +41,7 @@ from . import variants as V
 from .rankenv import RankEnv, setup
 from .workloads import MODELS, TRANSFORMER_SHAPES, Workload, rank_device, workload
 
-__all__ = ["main", "timed_step", "add_ready_instants"]
+__all__ = ["main", "timed_step", "apply_ab_switches", "add_ready_instants"]
 
 _PAIR_SUM_BYTES = pair_sum.MAX_BYTES  # the library's bound, restored after a topk_ar step
 _LONG_WAIT = (direct.PAUSE_MAX_S, direct.LATE_FRACTION)  # the library's, restored after an ssgd_poll200 step
@@ -61,8 +61,9 @@ def engine_traces() -> bool:
     return hasattr(engine, "_timeline")
 
 
-def timed_step(r: V.Runner, x: torch.Tensor, y: torch.Tensor) -> None:
-    """One training step, with timeline spans when a timeline is recording."""
+def apply_ab_switches(r: V.Runner) -> None:
+    """The library's module switches as the variant ``r`` wants them for its step (the A/B variants;
+    every other variant gets the library's defaults back)."""
     host_native.USE_NATIVE = bool(r.native_kernels)  # the _np variants: the NumPy host kernels
     half_sum.USE_NATIVE = bool(r.native_half_sum)  # the _nphalf variants: MPI's bf16 ring sums through NumPy
     # topk_ar / lags_queued: the library's module defaults for small sums and direct starts,
@@ -71,6 +72,11 @@ def timed_step(r: V.Runner, x: torch.Tensor, y: torch.Tensor) -> None:
     pair_sum.MAX_BYTES = _PAIR_SUM_BYTES if r.pair_sum else 0
     direct.START_ON_CALLER = r.direct
     direct.PAUSE_MAX_S, direct.LATE_FRACTION = _LONG_WAIT if r.long_wait_pauses else (direct.PAUSE_SHORT_S, 0.0)
+
+
+def timed_step(r: V.Runner, x: torch.Tensor, y: torch.Tensor) -> None:
+    """One training step, with timeline spans when a timeline is recording."""
+    apply_ab_switches(r)
     with timeline.span("step", "step"):
         r.opt.zero_grad()
         with timeline.span("forward", "forward"):
