@@ -25,6 +25,7 @@ from .autocompress.options import AutoOptions
 from .autocompress.reducer import AutoReducer
 from .compress.cast import BF16Compressor, FP16Compressor, NoneCompressor
 from .compress.dgc import DGCSelector
+from .compress.quantize import DEFAULT_BLOCK
 from .compress.randomk import RandomKSelector
 from .compress.selector import Density
 from .compress.topk import TopKSelector
@@ -232,7 +233,7 @@ class Compression:
                                        cost_model=cost_model))
 
     @staticmethod
-    def quantize(bits: int, density: float | None = None, block: int = 256, error_feedback: bool = True,
+    def quantize(bits: int, density: float | None = None, block: int = DEFAULT_BLOCK, error_feedback: bool = True,
                  nonfinite: str = "skip", chunk: int | None = None, ef_decay: float = 1.0,
                  mean_over: str = "ranks") -> QuantizedAllreduce:
         """Low-bit quantisation with a float32 scale per ``block`` elements and error feedback

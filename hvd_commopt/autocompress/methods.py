@@ -11,7 +11,6 @@ from typing import Any
 from ..buckets import Bucket
 from ..compress.base import Compressor
 from ..compress.cast import BF16Compressor, FP16Compressor
-from ..compress.quantize import DEFAULT_BLOCK
 from ..compress.randomk import RandomKSelector
 from ..compress.topk import TopKSelector
 from ..reduce.base import Pending, ReduceContext, Reducer, RoundInfo
@@ -78,7 +77,7 @@ def build_method(method: Method, memory: AutoMemory) -> Reducer:
     if k in ("bf16", "fp16"):
         return CastWithMemory(BF16Compressor() if k == "bf16" else FP16Compressor(), memory)
     if method.quantised:  # Compression.quantize(bits)'s exchange over the shared memory
-        return QuantizedAllreduce(method.bits, block=DEFAULT_BLOCK, memory=memory, whole_round_alone=True)
+        return QuantizedAllreduce(method.bits, memory=memory, whole_round_alone=True)
     if k in ("topk", "dgc", "dgc_masked"):  # DGC: the sampled threshold over the same momentum-corrected
         # memory; dgc_masked's buckets also have their momentum masked where sent (AutoMemory.masked)
         return SparseAllgather(TopKSelector(d, "exact" if k == "topk" else "sampled", min_k=MIN_K), memory)

@@ -40,7 +40,7 @@ from ..buckets import Bucket
 from ..compress import nonfinite
 from ..compress.chunked import (ChunkLayout, check_chunk, chunk_plan, member_sizes, offset_bytes, pack_offsets,
                                 unpack_offsets)
-from ..compress.quantize import check_bits, decode, encode, encoded_bytes
+from ..compress.quantize import DEFAULT_BLOCK, check_bits, decode, encode, encoded_bytes
 from ..compress.selector import check_density
 from ..errors import ConfigError
 from ..fusion.pricing import Pricing, dense_pricing
@@ -96,7 +96,7 @@ class QuantizedAllreduce(Reducer):
     name = "quantize"
     holds_rank_state = True
 
-    def __init__(self, bits: int, density: float | None = None, block: int = 256, error_feedback: bool = True,
+    def __init__(self, bits: int, density: float | None = None, block: int = DEFAULT_BLOCK, error_feedback: bool = True,
                  nonfinite: str = "skip", chunk: int | None = None, ef_decay: float = 1.0,
                  mean_over: str = "ranks", memory: Memory | None = None, whole_round_alone: bool = False):
         self.bits, self.block = check_bits(bits, block)
