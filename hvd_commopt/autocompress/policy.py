@@ -116,6 +116,8 @@ class AutoPolicy(TrialChecks):
         # decision it is measured against (docs/auto-compression.md#trial)
         self._alternatives: list[dict[str, Method]] = []
         self._trial: tuple[dict[str, Method], float] | None = None
+        self._trial_decision: tuple[dict[str, Method], float] | None = None
+        self._confirming = False
         self._fit_cache: dict[tuple[tuple[str, ...], int], dict[str, SelectFit]] = {}
         self.restart()
 
@@ -243,7 +245,8 @@ class AutoPolicy(TrialChecks):
         self._previous = None if before_step0 else {b.name: self.reducer.method_of(b.name) for b in port.buckets}
         tries = not before_step0 and self.options.cost_model is None  # a given model: the user's link, not this one
         self._alternatives = [{k: Method.parse(v) for k, v in a.items()} for a in payload.get("alternatives", ())] if tries else []
-        self._trial = None
+        self._trial = self._trial_decision = None
+        self._confirming = False
         self._assign(port, {k: Method.parse(v) for k, v in payload["assignment"].items()})
         self.report = dict(payload["report"])
         if not before_step0:  # the step-0 decision is not a re-decision the report counts
