@@ -86,3 +86,19 @@ def test_readme_block_between_markers(tmp_path: Path) -> None:
     assert "int8 + EF: 8.00x" in text
     (tmp_path / "NOMARK.md").write_text("nothing")
     assert not T.update_readme(tmp_path / "NOMARK.md", tmp_path)
+
+
+def test_a_fixed_variant_that_misses_at_4_ranks_does_not_count(tmp_path: Path) -> None:
+    """The judge reads every row of the model's task, 4 ranks included (ResNet-18's task is rings):
+    DGC 1 % within at 2 ranks but 2 points short at 4 ranks does not count; int8 within at both does."""
+    def line(v, s, acc, ranks, density=None):
+        return "CONV " + json.dumps({"variant": v, "seed": s, "acc": acc, "task": "rings", "optimizer": "sgd",
+                                     "ranks": ranks, "epochs": 4, "density": density})
+    rows = [line("ssgd", s, 92.0, r) for s in (0, 1) for r in (2, 4)]
+    rows += [line("dgc", s, 91.8, 2, 0.01) for s in (0, 1)] + [line("dgc", s, 90.0, 4, 0.01) for s in (0, 1)]
+    rows += [line("quant8", s, 91.9, r) for s in (0, 1) for r in (2, 4)]
+    (tmp_path / "conv_rings.txt").write_text("\n".join(rows) + "\n")
+    v = T.fixed_verdicts(tmp_path)
+    assert v["dgc_1pct"]["resnet18"] == (False, "-0.20 pt (-0.20 to -0.20) [4 epochs]; -2.00 pt (-2.00 to -2.00) [4 epochs, 4 ranks]")
+    assert v["quant8"]["resnet18"][0] is True
+    assert v["dgc_1pct"]["deep_mlp"] == (None, "no convergence row")
