@@ -20,7 +20,7 @@ FAST = CostModel(AlphaBeta(1e-7, 1e-14), AlphaBeta(1e-7, 1e-14), AlphaBeta(1e-7,
 SPARSE = ["bf16", "topk", "dgc"]
 QUANT = ["quant8", "quant4"]
 STEPS = 1 + 3 + 5 + 1 + 5  # first step, warm-up, profile, settle, measure
-TRIALS = 2 * (1 + 5)  # without a given cost model: up to two uniform assignments measured after (trial.py)
+TRIALS = 3 * (1 + 5)  # without a given cost model: up to two uniform assignments measured after, and the decision again (trial.py)
 _LOCK = threading.Lock()
 _INIT: dict = {}
 
