@@ -154,7 +154,8 @@ RULES_MANY: Mapping[tuple[OptimizerKind, ModelKind], KindRule] = MappingProxyTyp
     ("sgd", "convolutional"): KindRule(("none", "bf16"), DEFAULT_MIN_DENSITY, "rings at 4 ranks", 4),
     ("sgd", "other"): KindRule(("none", "bf16"), DEFAULT_MIN_DENSITY,
                                "the digits CNN and the digits MLP at 4 ranks (bf16; int8 and int4 missed the CNN)", 4),
-    ("adaptive", "other"): KindRule(("none", "bf16"), DEFAULT_MIN_DENSITY, "the GPT under AdamW at 4 ranks", 4),
+    ("adaptive", "other"): KindRule(("none", "bf16", "quant8", "quant4"), DEFAULT_MIN_DENSITY,
+                                    "the GPT under AdamW at 4 ranks (bf16, int8, int4)", 4),
 })
 
 

@@ -37,7 +37,7 @@ def test_the_four_rank_table_above_two_ranks(ranks):
     # PROVISIONAL: the exact tuples follow the 4-rank runs (docs/auto-compression.md#kinds-ranks)
     assert rule_for("sgd", "convolutional", ranks).methods == ("none", "bf16")
     assert rule_for("sgd", "other", ranks).methods == ("none", "bf16")
-    assert rule_for("adaptive", "other", ranks).methods == ("none", "bf16")
+    assert rule_for("adaptive", "other", ranks).methods == INT4
     assert rule_for("adaptive", "convolutional", ranks) is EVERY_TASK_MANY
     assert rule_for("other", "convolutional", ranks) is EVERY_TASK_MANY
     assert EVERY_TASK_MANY.methods == ("none", "bf16")
