@@ -160,7 +160,8 @@ EVERY_TASK_MANY = KindRule(("none", "bf16"), DEFAULT_MIN_DENSITY,
 #: * SGD x other, the digits CNN and the digits MLP (the GPT under SGD has no 4-rank row): bf16
 #:   -0.46 and -0.09; **int4 missed the digits CNN (-0.74) and int8 missed it in one of two runs**
 #:   (-0.56 as ``auto`` chose it, -0.37 with only int8 allowed; six seed-runs -0.46, bf16's figure):
-#:   accuracy first, fp32 and bf16 only.
+#:   accuracy first, fp32 and bf16 only. Seeds 3-5 put all three above S-SGD (bf16 +0.37, int8
+#:   +0.18, int4 +0.56): the task cannot tell them apart; the rule follows the target's seeds 0-2.
 #: * Adam-type x other, the GPT under AdamW: bf16 -0.00 %, int8 +0.02 %, int4 +0.54 % (target 1 %):
 #:   fp32, bf16, int8, int4 (as at 2 ranks).
 #: * Adam-type x convolutional: no task at 4 ranks, :data:`EVERY_TASK_MANY` (no entry).
