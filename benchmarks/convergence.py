@@ -152,6 +152,9 @@ def variant_kwargs(name: str, steps_per_epoch: int, warmup: int) -> dict:
         **{f"auto_quant{b}{sfx}": (lambda b=b, beta=beta: {"compression": Compression.auto(
             cost_model=_link_model(1e-4, beta), allow=[f"quant{b}"])}) for b in (8, 4, 2)
            for sfx, beta in (("", 8e-8), ("_1mbit", 8e-6))},
+        # the same with only bf16 allowed: the cast as auto runs it (docs/auto-compression.md#kinds-ranks)
+        **{f"auto_bf16{sfx}": (lambda beta=beta: {"compression": Compression.auto(
+            cost_model=_link_model(1e-4, beta), allow=["bf16"])}) for sfx, beta in (("", 8e-8), ("_1mbit", 8e-6))},
         "od_reference": lambda: {"schedule": Schedule.od(warmup_steps=warmup, local="reference")},
         "ssd_reference": lambda: {"schedule": Schedule.ssd(warmup_steps=warmup, local="reference")},
         "cd_reference": lambda: {"schedule": Schedule.cd(warmup_steps=warmup, batch_size=BATCH,

@@ -216,7 +216,9 @@ class Compression:
                 default the methods within the accuracy target on every convergence task of the
                 wrapped optimizer's and the model's kind (:data:`~hvd_commopt.autocompress.kinds.RULES`,
                 docs/auto-compression.md#kinds): dense fp32, bf16, int8; plus int4 for a model that
-                is not convolutional, under SGD or Adam. Dense fp32 is always a candidate.
+                is not convolutional, under SGD or Adam. Above 2 ranks the cells are those the
+                4-rank runs back (:data:`~hvd_commopt.autocompress.kinds.RULES_MANY`,
+                docs/auto-compression.md#kinds-ranks). Dense fp32 is always a candidate.
             margin: re-decide when the measured step and the prediction differ by more than this
                 fraction (checked every ``period`` steps).
             period: at least this many steps between two decisions.

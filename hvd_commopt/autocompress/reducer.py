@@ -177,14 +177,15 @@ class AutoReducer(Reducer):
         (:attr:`splits_1d` changed): the engine rebuilds them before step 0."""
         return self._split_built is not None and self._split_built != self.splits_1d
 
-    def read_model(self, shapes: Sequence[Sequence[int]]) -> None:
+    def read_model(self, shapes: Sequence[Sequence[int]], ranks: int) -> None:
         """The model kind from the registered gradients' ``shapes``, and with the optimizer kind
-        of :meth:`bind_host` the default candidates (docs/auto-compression.md#kinds); what the
-        user set in ``allow=``/``min_density=`` stays. Every rank reads the same shapes."""
-        self._resolve(model_kind(shapes))
+        of :meth:`bind_host` and the job's rank count ``ranks`` (the communicator's size) the
+        default candidates (docs/auto-compression.md#kinds, #kinds-ranks); what the user set in
+        ``allow=``/``min_density=`` stays. Every rank reads the same shapes and size."""
+        self._resolve(model_kind(shapes), ranks)
 
-    def _resolve(self, model: ModelReading) -> None:
-        self.kinds = Kinds(self._optimizer_kind, model)
+    def _resolve(self, model: ModelReading, ranks: int) -> None:
+        self.kinds = Kinds(self._optimizer_kind, model, ranks)
         self.options = self.requested.under(self.kinds.rule)
         self.policy.options = self.options
 
@@ -205,7 +206,7 @@ class AutoReducer(Reducer):
         self.adaptive = bool(names) and is_adaptive(host)
         self._optimizer_kind = optimizer_kind(host)
         if self.kinds is not None:  # a host bound again: the optimizer kind may differ
-            self._resolve(self.kinds.model)
+            self._resolve(self.kinds.model, self.kinds.ranks)
         return bind_momentum_memory(self.memory, host, names)
 
     def relayout(self, ops: TensorOps, old: Sequence[Bucket], new: Sequence[Bucket]) -> None:

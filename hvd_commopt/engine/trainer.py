@@ -132,7 +132,8 @@ class Trainer:
         self.scheduler.attach(host)
         reducer = self.engine.reducer
         if isinstance(reducer, AutoReducer):  # compression="auto" prices before step 0
-            reducer.read_model([s.shape for s in self.engine.specs.values()])  # docs/auto-compression.md#kinds
+            reducer.read_model([s.shape for s in self.engine.specs.values()],  # docs/auto-compression.md#kinds
+                               self.engine.comm.size)  # the rank count picks the table (#kinds-ranks)
             if reducer.layout_stale and self.engine.plan and not self.engine.in_flight:  # e.g. Adam: S-SGD's
                 self.engine.set_plan(self.engine.plan)  # buckets (docs/auto-compression.md#adaptive-buckets)
             reducer.policy.prepare(self.engine, host)  # docs/auto-compression.md#before-step-0

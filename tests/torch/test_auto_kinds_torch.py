@@ -2,7 +2,7 @@
 and takes its default candidates from the table (docs/auto-compression.md#kinds): a conv net under
 SGD gets the every-task methods (rings, the convolutional task, trained int8 but not int4 or a
 sparse method at 2 and 4 ranks), an MLP under SGD and a GPT-like model under AdamW get int4 too;
-``allow=`` stays."""
+above 2 ranks the cells the 4-rank runs back (docs/auto-compression.md#kinds-ranks); ``allow=`` stays."""
 from __future__ import annotations
 
 import pytest
@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 import torch_plugin as hco  # noqa: E402
 from hvd_commopt import Compression, run_ranks  # noqa: E402
 from hvd_commopt.autocompress import DEFAULT_ALLOW  # noqa: E402
+from hvd_commopt.autocompress.kinds import rule_for  # noqa: E402
 from hvd_commopt.fusion import AlphaBeta, CostModel  # noqa: E402
 
 # a given cost model: no calibration before step 0
@@ -50,14 +51,14 @@ MODELS = {
 }
 
 
-def _run(comm, model_name: str, adam: bool, **auto):
+def _run(comm, model_name: str, adam: bool, cost=FAST, **auto):
     torch.manual_seed(0)
     make, data = MODELS[model_name]
     model = make()
     inner = (torch.optim.AdamW(model.parameters(), lr=1e-3) if adam
              else torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
     opt = hco.DistributedOptimizer(inner, named_parameters=model.named_parameters(), communicator=comm,
-                                   compression=Compression.auto(cost_model=FAST, **auto))
+                                   compression=Compression.auto(cost_model=cost, **auto))
     model(data()).float().sum().backward()
     opt.step()
     red = opt.comm_engine.reducer
@@ -88,3 +89,16 @@ def test_the_users_allow_stays_and_the_1d_tensors_follow_the_candidates():
     conv = run_ranks(2, lambda comm: _run(comm, "conv", False))[0]
     masked = run_ranks(2, lambda comm: _run(comm, "conv", False, allow=["dgc_masked"], min_density=0.03))[0]
     assert masked[2] == ("none", "dgc_masked") and masked[4] == conv[4] + 1  # a sparse method allowed: 1-D apart
+
+
+@pytest.mark.parametrize("model_name,adam,cell", [
+    ("mlp", False, ("sgd", "other")), ("gpt", True, ("adaptive", "other")), ("conv", False, ("sgd", "convolutional")),
+])
+def test_four_ranks_take_the_four_rank_cell(model_name, adam, cell):
+    fast4 = CostModel(AlphaBeta(1e-5, 1e-10), AlphaBeta(1e-5, 1e-10), None, ranks=4)
+    res = run_ranks(4, lambda comm: _run(comm, model_name, adam, cost=fast4))
+    assert all(r == res[0] for r in res)
+    assert res[0][:2] == cell and res[0][2] == rule_for(*cell, 4).methods
+    assert "; ranks: 4, the 4-rank rule (measured at 4, used above 2); " in res[0][3]
+    given = run_ranks(4, lambda comm: _run(comm, model_name, adam, cost=fast4, allow=["quant8", "quant4"]))[0]
+    assert given[2] == ("none", "quant8", "quant4")  # the user's allow= over the 4-rank cell

@@ -65,12 +65,12 @@ def test_optimizer_kind_from_the_hosts_family():
 
 
 def test_the_table_per_cell():
-    conv = rule_for("sgd", "convolutional")  # rings: int4 missed, every sparse method at 2 or 4 ranks
+    conv = rule_for("sgd", "convolutional", 2)  # rings: int4 missed, every sparse method at 2 or 4 ranks
     assert conv.methods == DEFAULT_ALLOW and conv.min_density == 0.1
-    assert rule_for("sgd", "other").methods == ("none", "bf16", "quant8", "quant4")
-    assert rule_for("adaptive", "other").methods == ("none", "bf16", "quant8", "quant4")
-    assert rule_for("adaptive", "convolutional") is EVERY_TASK  # no task measured
-    assert rule_for("other", "convolutional") is EVERY_TASK and rule_for("other", "other") is EVERY_TASK
+    assert rule_for("sgd", "other", 2).methods == ("none", "bf16", "quant8", "quant4")
+    assert rule_for("adaptive", "other", 2).methods == ("none", "bf16", "quant8", "quant4")
+    assert rule_for("adaptive", "convolutional", 2) is EVERY_TASK  # no task measured
+    assert rule_for("other", "convolutional", 2) is EVERY_TASK and rule_for("other", "other", 2) is EVERY_TASK
     assert EVERY_TASK.methods == DEFAULT_ALLOW and EVERY_TASK.min_density == 0.1
     for rule in RULES.values():  # no sparse method is a default in any cell; the floor stays 0.1
         assert not {"topk", "dgc", "dgc_masked", "gtopk", "oktopk", "randomk"} & set(rule.methods)
@@ -80,7 +80,7 @@ def test_the_table_per_cell():
 
 
 def test_the_users_allow_and_min_density_stay():
-    sgd_other = rule_for("sgd", "other")
+    sgd_other = rule_for("sgd", "other", 2)
     plain = AutoOptions()
     assert plain.allow == DEFAULT_ALLOW and not plain.allow_given and not plain.min_density_given
     assert plain.under(sgd_other).allow == sgd_other.methods
@@ -89,7 +89,7 @@ def test_the_users_allow_and_min_density_stay():
     assert given.min_density == sgd_other.min_density and given.densities == (0.1,)
     floor = AutoOptions(min_density=0.01).under(sgd_other)
     assert floor.allow == sgd_other.methods and floor.min_density == 0.01 and floor.min_density_given
-    both = AutoOptions(allow=("topk",), min_density=0.03).under(rule_for("adaptive", "other"))
+    both = AutoOptions(allow=("topk",), min_density=0.03).under(rule_for("adaptive", "other", 2))
     assert both.allow == ("none", "topk") and both.densities == (0.1, 0.03)
     assert AutoOptions(allow=DEFAULT_ALLOW).allow_given  # given, even when equal to the default
     with pytest.raises(ConfigError, match="excludes every candidate"):
@@ -99,13 +99,13 @@ def test_the_users_allow_and_min_density_stay():
 def _reducer(shapes, family, **opts) -> AutoReducer:
     red = AutoReducer(AutoOptions(**opts))
     red.bind_host(Host(family), [f"t{i}" for i in range(len(shapes))])
-    red.read_model(shapes)
+    red.read_model(shapes, 2)
     return red
 
 
 def test_the_reducer_reads_the_kinds_and_resolves_its_options():
     red = _reducer(MLP, "sgd")
-    assert red.kinds == Kinds("sgd", model_kind(MLP)) and red.options.allow == ("none", "bf16", "quant8", "quant4")
+    assert red.kinds == Kinds("sgd", model_kind(MLP), 2) and red.options.allow == ("none", "bf16", "quant8", "quant4")
     assert red.policy.options is red.options  # the policy decides with the resolved options
     assert red.requested.allow == DEFAULT_ALLOW  # what the user gave (nothing) is kept apart
     assert _reducer(RESNET_LIKE, "sgd").options.allow == DEFAULT_ALLOW
@@ -124,7 +124,7 @@ def test_the_layout_is_stale_when_the_kinds_change_the_1d_split():
     assert red.keeps_dense(TensorSpec("b", (4,), "float32"))  # built before the optimizer is known
     assert not red.layout_stale
     red.bind_host(Host(ADAPTIVE), ["b"])
-    red.read_model([(4,)])
+    red.read_model([(4,)], 2)
     assert red.layout_stale  # under Adam no sparse method: S-SGD's buckets
     assert not red.keeps_dense(TensorSpec("b", (4,), "float32")) and not red.layout_stale
     fresh = AutoReducer()
@@ -132,7 +132,7 @@ def test_the_layout_is_stale_when_the_kinds_change_the_1d_split():
     conv = AutoReducer(AutoOptions(allow=["dgc_masked"]))  # a sparse method allowed, before the optimizer
     assert conv.keeps_dense(TensorSpec("b", (4,), "float32"))
     conv.bind_host(Host("sgd"), ["w", "b"])
-    conv.read_model([(8, 4, 3, 3), (4,)])
+    conv.read_model([(8, 4, 3, 3), (4,)], 2)
     assert not conv.layout_stale  # SGD: the sparse method stays a candidate, the 1-D tensors apart
 
 
@@ -141,14 +141,15 @@ def test_the_report_says_the_kinds_read_and_why():
     text = red.kinds_text
     share = model_kind(RESNET_LIKE).conv_share
     assert text.startswith(f"model: convolutional, {share:.0%} of {model_kind(RESNET_LIKE).elements} gradient "
-                           f"elements in conv kernels (4-/5-D); optimizer: SGD; candidates: none, bf16, quant8 (")
+                           f"elements in conv kernels (4-/5-D); optimizer: SGD; ranks: 2, the 2-rank rule (used up to 2); "
+                           f"candidates: none, bf16, quant8 (")
     assert "rings" in text and "docs/auto-compression.md#kinds" in text
     assert "user's" not in text
     user = _reducer(MLP, ADAPTIVE, allow=["quant4", "topk"], min_density=0.01).kinds_text
     assert "optimizer: Adam-type" in user and "sparse methods: none under Adam" in user
     assert "the user's allow= and min_density= in place of the rule's" in user
     none = _reducer(RESNET_LIKE, ADAPTIVE).kinds_text
-    assert "no task of this kind measured: the rule of every task" in none
+    assert "no task of this kind measured at 2 ranks: the rule of every task at 2 ranks" in none
     assert AutoReducer().kinds_text.startswith("kinds not read")
     rep = {"predicted_s": 0.01, "dense_predicted_s": 0.02, "margin": 0.25, "period": 200, "kinds": text,
            "buckets": [{"bucket": "b0", "bytes": 4, "method": "quant8", "why": "fastest"}]}
