@@ -208,8 +208,7 @@ class Kinds:
     @property
     def measured_cell(self) -> bool:
         """The cell has tasks of its own at this rank count (else the every-task rule)."""
-        table = RULES_MANY if self.ranks > MANY_RANKS else RULES
-        return (self.optimizer, self.model.kind) in table
+        return self.rule is not EVERY_TASK and self.rule is not EVERY_TASK_MANY  # rule_for's fallbacks
 
     def describe(self, options: AutoOptions) -> str:
         """One line for the report: the kinds, why, and the candidates ``options`` (resolved by
