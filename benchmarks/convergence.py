@@ -147,14 +147,12 @@ def variant_kwargs(name: str, steps_per_epoch: int, warmup: int) -> dict:
                                                                     allow=["dgc_masked"], min_density=d)},
         # the low-bit quantiser with its own error feedback (docs/quantize.md#exchange), as users run it
         **{f"quant{b}": (lambda b=b: {"compression": Compression.quantize(b)}) for b in (8, 4, 2)},
-        # auto with only a quantiser allowed, priced on a 100 Mbit/s (or 1 Mbit/s: the small models'
-        # buckets pay for it there) link's model: the quantiser over auto's memory, as auto runs it
-        **{f"auto_quant{b}{sfx}": (lambda b=b, beta=beta: {"compression": Compression.auto(
-            cost_model=_link_model(1e-4, beta), allow=[f"quant{b}"])}) for b in (8, 4, 2)
+        # auto with only a quantiser (or the bf16 cast, docs/auto-compression.md#kinds-ranks) allowed,
+        # priced on a 100 Mbit/s (or 1 Mbit/s: the small models' buckets pay for it there) link's
+        # model: the method over auto's memory, as auto runs it (auto_quant8, ..., auto_bf16_1mbit)
+        **{f"auto_{m}{sfx}": (lambda m=m, beta=beta: {"compression": Compression.auto(
+            cost_model=_link_model(1e-4, beta), allow=[m])}) for m in ("quant8", "quant4", "quant2", "bf16")
            for sfx, beta in (("", 8e-8), ("_1mbit", 8e-6))},
-        # the same with only bf16 allowed: the cast as auto runs it (docs/auto-compression.md#kinds-ranks)
-        **{f"auto_bf16{sfx}": (lambda beta=beta: {"compression": Compression.auto(
-            cost_model=_link_model(1e-4, beta), allow=["bf16"])}) for sfx, beta in (("", 8e-8), ("_1mbit", 8e-6))},
         "od_reference": lambda: {"schedule": Schedule.od(warmup_steps=warmup, local="reference")},
         "ssd_reference": lambda: {"schedule": Schedule.ssd(warmup_steps=warmup, local="reference")},
         "cd_reference": lambda: {"schedule": Schedule.cd(warmup_steps=warmup, batch_size=BATCH,
