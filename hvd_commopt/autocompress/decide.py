@@ -20,7 +20,7 @@ from .choose import DENSE, choose, predict
 from .options import AutoOptions, Method
 from .pricing import SelectFit, bucket_costs
 
-__all__ = ["Profile", "decide", "TRIALS"]
+__all__ = ["Profile", "decide", "candidates", "measured_methods", "TRIALS"]
 
 #: How many uniform assignments are measured after a decision, at most (docs/auto-compression.md#trial).
 TRIALS = 2
@@ -45,6 +45,37 @@ class Profile:
         return cls(gaps, starts, statistics.median(s[0] for s in samples), len(samples))
 
 
+def candidates(buckets: Sequence[Any], options: AutoOptions, *, ranks: int, adaptive: bool,
+               banned: set[tuple[str, str]]) -> tuple[dict[str, tuple[Method, ...]], list[tuple[bool, str]]]:
+    """Per bucket, the methods the decision may give it (dense fp32 always), and per bucket whether
+    a compressor applies and, if not or if restricted, why. A pure function of what every rank
+    holds alike, so every rank can name the methods whose compute is measured
+    (docs/auto-compression.md#costs-every-rank)."""
+    notes = []
+    for b in buckets:
+        if b.dtype != "float32":
+            notes.append((False, f"{b.dtype} gradients: the casts and sparse methods here take float32"))
+        elif b.dense:
+            notes.append((True, "1-D tensors, sent whole (docs/topk.md#dense-1d)"))
+        elif adaptive:
+            notes.append((True, "Adam-type optimizer: sparse methods are not candidates "
+                                "(docs/auto-compression.md#adaptive)"))
+        else:
+            notes.append((True, ""))
+    if ranks == 1:
+        return {b.name: (DENSE,) for b in buckets}, [(False, "one rank: nothing is sent")] * len(buckets)
+    cands = {b.name: tuple(m for m in (options.candidates(sparse_ok=not (b.dense or adaptive)) if ok else (DENSE,))
+                           if m == DENSE or (b.name, m.kind) not in banned) for b, (ok, _) in zip(buckets, notes)}
+    return cands, notes
+
+
+def measured_methods(buckets: Sequence[Any], cands: dict[str, tuple[Method, ...]]) -> tuple[list[Method], int]:
+    """The methods whose compute :func:`decide` measures (every candidate but dense fp32, least
+    lossy first) and the largest bucket's elements, the largest size measured."""
+    methods = sorted({m for ms in cands.values() for m in ms if m != DENSE}, key=lambda m: m.lossiness)
+    return methods, max((b.numel for b in buckets), default=1)
+
+
 def decide(buckets: Sequence[Any], profile: Profile, current: Sequence[Method], cost: CostModel,
            options: AutoOptions, fits_for: Callable[[Sequence[Method], int], dict[str, SelectFit]], *,
            ranks: int, adaptive: bool, banned: set[tuple[str, str]], comm_cpu: float,
@@ -57,28 +88,13 @@ def decide(buckets: Sequence[Any], profile: Profile, current: Sequence[Method], 
     bucket that cannot take the method dense) that differ from the decision and are predicted
     within ``options.margin`` of it, which the policy measures after it. ``kinds``: the line on
     the optimizer and model kinds read and the candidates they gave (docs/auto-compression.md#kinds)."""
+    cands, notes = candidates(buckets, options, ranks=ranks, adaptive=adaptive, banned=banned)
     warning = None
-    notes = []
-    for b in buckets:
-        if b.dtype != "float32":
-            notes.append((False, f"{b.dtype} gradients: the casts and sparse methods here take float32"))
-        elif b.dense:
-            notes.append((True, "1-D tensors, sent whole (docs/topk.md#dense-1d)"))
-        elif adaptive:
-            notes.append((True, "Adam-type optimizer: sparse methods are not candidates "
-                                "(docs/auto-compression.md#adaptive)"))
-        else:
-            notes.append((True, ""))
-    cands = {b.name: tuple(m for m in (options.candidates(sparse_ok=not (b.dense or adaptive)) if ok else (DENSE,))
-                           if m == DENSE or (b.name, m.kind) not in banned) for b, (ok, _) in zip(buckets, notes)}
-    if ranks == 1:
-        cands = {b.name: (DENSE,) for b in buckets}
-        notes = [(False, "one rank: nothing is sent")] * len(buckets)
-    elif not any(ok for ok, _ in notes):
+    if ranks > 1 and not any(ok for ok, _ in notes):
         warning = (f"compression='auto': no compressor applies to these gradients ({notes[0][1]}); "
                    f"sending them dense")
-    methods = sorted({m for ms in cands.values() for m in ms if m != DENSE}, key=lambda m: m.lossiness)
-    fits = fits_for(methods, max((b.numel for b in buckets), default=1))
+    methods, max_numel = measured_methods(buckets, cands)
+    fits = fits_for(methods, max_numel)
     costs = [bucket_costs(b.name, b.numel * 4, profile.gaps[i], cands[b.name], cost, fits, notes[i][1])
              for i, b in enumerate(buckets)]
     current = [m if m in c.costs else DENSE for m, c in zip(current, costs)]

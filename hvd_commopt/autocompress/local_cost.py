@@ -12,6 +12,7 @@ bf16 cast of 2.8M elements that cost 14 ms once the cast back and the momentum w
 """
 from __future__ import annotations
 
+import statistics
 import time
 from typing import Any, Callable, Sequence
 
@@ -50,7 +51,7 @@ def _fit(xs: Sequence[int], ts: Sequence[float]) -> SelectFit:
 def measure_local_costs(ops: Any, like: Any, methods: Sequence[Method], max_numel: int, momentum: float,
                         nesterov: bool, build: Callable[[Method, AutoMemory], Any],
                         clock: Callable[[], float] = time.perf_counter, repeats: int = 5,
-                        passes: int = 2) -> dict[str, SelectFit]:
+                        passes: int = 2, sync: Callable[[], None] | None = None) -> dict[str, SelectFit]:
     """``{method.key: (s, c0)}``: the compute ``method`` adds to a bucket of x elements over dense
     fp32, ``c0 + s·x`` seconds (module docstring). A method that cannot run on one rank is left out.
 
@@ -61,7 +62,16 @@ def measure_local_costs(ops: Any, like: Any, methods: Sequence[Method], max_nume
     load on this shared 2-core machine landed on one method's whole measurement: on the deep MLP
     (2026-11-27 01:57 UTC, load 8) Top-k 1 % was fitted at 36 ms for 2.8M elements and DGC 1 % at
     6 ms, where each costs about 4 ms and 12 ms alone, and `auto` chose DGC, slower than dense
-    there (docs/auto-compression.md#interleaved-costs)."""
+    there (docs/auto-compression.md#interleaved-costs).
+
+    ``sync``: called before each row of repeats (one repeat of every method at one size); the
+    policy passes a barrier of all ranks, which run this at once, so that each method is timed
+    while every rank runs it, as the step runs every rank's compression of a bucket together. Then
+    each (method, size) keeps the **median** of its repeats: the rows still drift apart by up to a
+    method's time (4 ranks on 2 cores, 2026-11-27: int4 on 6.2M elements took 95-720 ms a repeat,
+    the fastest where the other ranks happened to be waiting), so the fastest repeat is the cost
+    without the contention, 95 ms against about 200 ms in the step; a burst of outside load on
+    fewer than half the repeats still does not move the median (docs/auto-compression.md#costs-every-rank)."""
     comm = Communicator(InProcBackend(InProcWorld(1), 0), timeout_s=60.0)
     try:
         ctx = ReduceContext(comm, ops)
@@ -74,13 +84,15 @@ def measure_local_costs(ops: Any, like: Any, methods: Sequence[Method], max_nume
             mem = AutoMemory()
             mem.bind_momentum(momentum, nesterov)
             reducers[m] = build(m, mem)
-        fastest = {(m, n): float("inf") for m in order for n in sizes}
+        times: dict[tuple[Method, int], list[float]] = {(m, n): [] for m in order for n in sizes}
         done = ops.from_numpy(np.zeros(1, np.int64), like)
         rnd = 0
         for p in range(passes):
             for n in sizes:
                 b = Bucket.of(0, [TensorSpec(f"probe{n}", (n, 1), "float32")])
                 for r in range(repeats + (0 if p else 1)):  # the first round allocates the memory's buffers
+                    if sync is not None:
+                        sync()
                     for m in list(reducers):
                         buf = ops.from_numpy(data[n], like)
                         t0 = clock()
@@ -91,11 +103,13 @@ def measure_local_costs(ops: Any, like: Any, methods: Sequence[Method], max_nume
                             continue
                         ops.to_numpy(ops.gather(res, done))  # to completion
                         if r or p:
-                            fastest[m, n] = min(fastest[m, n], clock() - t0)
+                            times[m, n].append(clock() - t0)
             rnd += repeats + 1
         if DENSE not in reducers:
             return {}
-        return {m.key: _fit(sizes, [max(0.0, fastest[m, n] - fastest[DENSE, n]) for n in sizes])
+        pick = min if sync is None else statistics.median
+        t = {k: pick(v) for k, v in times.items() if k[0] in reducers}
+        return {m.key: _fit(sizes, [max(0.0, t[m, n] - t[DENSE, n]) for n in sizes])
                 for m in reducers if m != DENSE}
     finally:
         comm.shutdown()

@@ -46,7 +46,7 @@ from ..fusion.cost_model import AlphaBeta, CostModel
 from ..host import ScheduleHost
 from ..reduce.base import Reducer
 from .choose import DENSE
-from .decide import Profile, decide
+from .decide import Profile, candidates, decide, measured_methods
 from .options import AutoOptions, Method
 from .local_cost import measure_local_costs
 from .methods import build_method
@@ -232,11 +232,12 @@ class AutoPolicy(TrialChecks):
         self.cost_model = self._cost_model(port)
         self._recalibrate = False
         payload: Any = None
-        if comm.rank == 0:
-            try:
+        try:
+            self._measure_compute(port)  # on every rank at once, as the step runs it
+            if comm.rank == 0:
                 payload = self._choose_on_rank0(port)
-            except (ConfigError, ValueError, OSError, KeyError) as e:
-                payload = {"error": f"{type(e).__name__}: {e}"}
+        except (ConfigError, ValueError, OSError, KeyError) as e:
+            payload = {"error": f"{type(e).__name__}: {e}"} if comm.rank == 0 else None
         payload = comm.broadcast_object(payload, root=0, name="autocompress.choice") if comm.size > 1 else payload
         if "error" in payload:
             self.phase = "failed"
@@ -278,9 +279,22 @@ class AutoPolicy(TrialChecks):
         key = (tuple(m.key for m in methods), int(max_numel))  # measured once per layout (module docstring)
         if key not in self._fit_cache:
             mem = self.reducer.memory
+            comm = port.comm
+            sync = (lambda: comm.barrier(name="autocompress.costs")) if comm.size > 1 else None
             self._fit_cache[key] = measure_local_costs(port.ops, like, methods, max_numel, float(mem.momentum or 0.0),
-                                                       bool(mem.nesterov), build_method)
+                                                       bool(mem.nesterov), build_method, sync=sync)
         return self._fit_cache[key]
+
+    def _measure_compute(self, port: PolicyPort) -> None:
+        """Every rank measures the candidates' compute at the same time, though only rank 0's
+        figures are used: the step runs every rank's compression at once, and where ranks share
+        cores (more ranks than cores, or emulated hosts on one machine) or memory bandwidth, a
+        method timed on rank 0 alone, the others waiting, costs less than in the step. On 4 ranks
+        sharing 2 cores the transformer's int4 was priced at half its cost and chosen over bf16,
+        then ran 0.87x its speed (docs/auto-compression.md#costs-every-rank)."""
+        cands, _ = candidates(port.buckets, self.options, ranks=port.comm.size, adaptive=self.reducer.adaptive,
+                              banned=self._banned)
+        self._fits(port, *measured_methods(port.buckets, cands))
 
     def _choose_on_rank0(self, port: PolicyPort) -> dict[str, Any]:
         buckets = port.buckets
