@@ -101,3 +101,23 @@ def test_a_first_time_cost_over_a_whole_pass_is_dropped_by_the_second_pass():
     s, c0 = fits["topk@0.01"]
     assert s == pytest.approx(COST["topk@0.01"][1] - COST["none"][1], rel=1e-9)
     assert c0 == pytest.approx(COST["topk@0.01"][0] - COST["none"][0], rel=1e-9)
+
+
+def test_with_a_barrier_each_row_is_synchronised_and_each_method_keeps_its_median_repeat():
+    # every rank runs the measurement at once (docs/auto-compression.md#costs-every-rank): a sync
+    # call before each row of repeats, and the median kept, so that repeats where the other ranks
+    # happened to be idle (here the fastest, rounds 1 and 2) do not stand for the contended cost
+    clock, calls, rows = _Clock(), [], []
+    contended = lambda key, n, r: 0.0 if r in (1, 2) else 0.01 if key == "topk@0.01" else 0.0  # noqa: E731
+    fits = measure_local_costs(NumpyOps(), None, METHODS, MAX, 0.9, False, _build(clock, calls, contended),
+                               clock=clock, repeats=5, sync=lambda: rows.append(len(calls)))
+    sizes = probe_sizes(MAX)
+    assert len(rows) == len(sizes) * (6 + 5)  # a row per repeat: 1 untimed + 5, then 5 in the second pass
+    assert rows == [4 * i for i in range(len(rows))]  # each before a row of the 4 methods
+    s, c0 = fits["topk@0.01"]  # 8 of its 10 timed repeats carry the 10 ms of contention
+    assert c0 == pytest.approx(COST["topk@0.01"][0] - COST["none"][0] + 0.01, rel=1e-9)
+    assert s == pytest.approx(COST["topk@0.01"][1] - COST["none"][1], rel=1e-6)
+    clock2 = _Clock()
+    unsynced = measure_local_costs(NumpyOps(), None, METHODS, MAX, 0.9, False, _build(clock2, [], contended),
+                                   clock=clock2, repeats=5)  # alone: the fastest repeat, as before
+    assert unsynced["topk@0.01"] == pytest.approx((COST["topk@0.01"][1] - COST["none"][1], COST["topk@0.01"][0] - COST["none"][0]))
