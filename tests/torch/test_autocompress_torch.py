@@ -187,9 +187,10 @@ def test_auto_calibrates_and_times_its_candidates_before_step_0_only(monkeypatch
             opt.step()
         return before, opt.compression_report
     res = run_ranks(2, body)
-    assert sorted(calls["calibrate"]) == [0, 1] and calls["local"] == [1]  # rank 0 times the candidates
+    # every rank times the candidates, at once (docs/auto-compression.md#costs-every-rank)
+    assert sorted(calls["calibrate"]) == [0, 1] and calls["local"] == [1, 1]
     for before, rep in res:
-        assert before == (2, 1)  # all of it before step 0
+        assert before == (2, 2)  # all of it before step 0
         assert rep["decisions"] == 1 and rep["phase"] == "watch"
 
 
