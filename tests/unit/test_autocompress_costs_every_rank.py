@@ -5,18 +5,13 @@ from __future__ import annotations
 
 import threading
 
-import numpy as np
-
 import hvd_commopt.autocompress.policy as P
-from hvd_commopt import build_engine, run_ranks
-from hvd_commopt.autocompress import AutoOptions, AutoReducer
-from hvd_commopt.numpy_ops import NumpyOps
+from hvd_commopt import run_ranks
 
-from tests.unit.test_autocompress_trial import BIG, SLOW, STEPS
+from tests.unit.test_autocompress_trial import run_with_given_model
 
 
 def test_every_rank_measures_the_same_candidates_once_and_rank0_decides_from_its_own(monkeypatch):
-    monkeypatch.setattr(P, "calibrate", lambda *a, **k: SLOW)
     calls: list[tuple[str, tuple[str, ...], int]] = []
     lock = threading.Lock()
     real = P.measure_local_costs
@@ -27,18 +22,7 @@ def test_every_rank_measures_the_same_candidates_once_and_rank0_decides_from_its
         return real(ops, like, methods, max_numel, *a, repeats=1, passes=1, **k)
     monkeypatch.setattr(P, "measure_local_costs", spy)
 
-    def body(comm):
-        t = [0.0]
-        red = AutoReducer(AutoOptions(cost_model=SLOW, period=1000, allow=("bf16", "topk")), clock=lambda: t[0])
-        eng = build_engine(comm, NumpyOps(), compression=red, fusion_threshold=0)
-        eng.register(BIG)
-        for _ in range(STEPS):
-            t[0] += 0.1
-            for n in eng.backward_names:
-                eng.grad_ready(n, np.ones((100, 1000), np.float32))
-            eng.reduce_step()
-        return red.policy.report
-    reports = run_ranks(2, body)
+    reports = run_ranks(2, lambda comm: run_with_given_model(comm).policy.report)  # the link model given
     # one measurement a rank (the step-0 decision and the profiled one share the layout)
     assert len(calls) == 2 and len({c[0] for c in calls}) == 2
     assert calls[0][1:] == calls[1][1:]

@@ -92,15 +92,21 @@ def test_no_trial_with_a_given_cost_model(monkeypatch):
     monkeypatch.setattr(P, "decide", lambda *a, **k: dict(real(*a, **k), alternatives=[{f"b{i}": "none" for i in range(3)}]))
 
     def body(comm):
-        t = [0.0]
-        red = AutoReducer(AutoOptions(cost_model=SLOW, period=1000, allow=("bf16", "topk")), clock=lambda: t[0])
-        eng = build_engine(comm, NumpyOps(), compression=red, fusion_threshold=0)
-        eng.register(BIG)
-        for _ in range(STEPS):
-            t[0] += 0.1
-            for n in eng.backward_names:
-                eng.grad_ready(n, np.ones((100, 1000), np.float32))
-            eng.reduce_step()
+        red = run_with_given_model(comm)
         return red.policy.phase, red.policy.report
     for phase, rep in run_ranks(2, body):
         assert phase == "watch" and "trial" not in rep and "trying" not in rep
+
+
+def run_with_given_model(comm) -> AutoReducer:
+    """STEPS steps of 100 ms on the fake clock with the link model SLOW given; the reducer."""
+    t = [0.0]
+    red = AutoReducer(AutoOptions(cost_model=SLOW, period=1000, allow=("bf16", "topk")), clock=lambda: t[0])
+    eng = build_engine(comm, NumpyOps(), compression=red, fusion_threshold=0)
+    eng.register(BIG)
+    for _ in range(STEPS):
+        t[0] += 0.1
+        for n in eng.backward_names:
+            eng.grad_ready(n, np.ones((100, 1000), np.float32))
+        eng.reduce_step()
+    return red
