@@ -62,15 +62,17 @@ def variants(h_small: int, h_mid: int, h_big: int) -> dict:
 
 
 _RECIPE = re.compile(r"diloco_h(\d+)(?:_olr([\d.]+))?(?:_om([\d.]+))?"
-                     r"(?:_topk([\d.]+)_int(\d)(?:_c(\d+))?(?:_ef([\d.]+))?(?:_b(\d+))?(_snd)?)?$")
+                     r"(?:(?:_topk([\d.]+))?_int(\d)(?:_c(\d+))?(?:_ef([\d.]+))?(?:_b(\d+))?(_snd)?)?$")
 
 
 def parse_variant(name: str):
     """A variant outside the table, for sweeps of the outer step and of SparseLoCo's settings:
-    ``diloco_h{H}[_olr{lr}][_om{mu}][_topk{percent}_int{bits}[_c{chunk}][_ef{decay}][_b{block}][_snd]]``
+    ``diloco_h{H}[_olr{lr}][_om{mu}][[_topk{percent}]_int{bits}[_c{chunk}][_ef{decay}][_b{block}][_snd]]``
     (Nesterov outer step with lr and momentum; top-k at percent % with bits-bit values and error
     feedback, chosen per chunk of ``chunk`` elements, the error feedback decayed by ``decay``,
-    one scale per ``block`` values, ``_snd``: each value averaged over the ranks that sent it)."""
+    one scale per ``block`` values, ``_snd``: each value averaged over the ranks that sent it;
+    ``_int{bits}`` without ``_topk``: every value of the pseudo-gradient quantised to bits bits,
+    the dense quantised reduce-scatter then all-gather, ``Compression.quantize(bits)``)."""
     m = _RECIPE.match(name)
     if m is None:
         raise SystemExit(f"unknown variant {name!r}")
@@ -78,8 +80,8 @@ def parse_variant(name: str):
     kw = {"outer_lr": float(lr or 0.7), "outer_momentum": float(mu or 0.9)}
     ckw = {"chunk": None if chunk is None else int(chunk), "ef_decay": float(decay or 1.0),
            "block": int(block or 256), "mean_over": "senders" if snd else "ranks"}
-    comp = (lambda: None) if pct is None else \
-        (lambda: Compression.quantize(int(bits), density=float(pct) / 100, **ckw))
+    comp = (lambda: None) if bits is None else \
+        (lambda: Compression.quantize(int(bits), density=None if pct is None else float(pct) / 100, **ckw))
     return (lambda: Schedule.diloco(int(h), **kw)), comp
 
 
