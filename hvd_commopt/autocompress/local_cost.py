@@ -48,6 +48,16 @@ def _fit(xs: Sequence[int], ts: Sequence[float]) -> SelectFit:
     return s, 0.0
 
 
+def _kept(per_pass: Sequence[Sequence[float]], synced: bool) -> float:
+    """The cost kept of one (method, size): alone, its fastest repeat of all passes; synced, the
+    fastest pass's median, so that a first-time cost over a whole pass is dropped as it is alone
+    (over both passes, its 5 of 10 repeats would put the median halfway to it)."""
+    timed = [v for v in per_pass if v]
+    if not synced:
+        return min(min(v) for v in timed)
+    return min(statistics.median(v) for v in timed)
+
+
 def measure_local_costs(ops: Any, like: Any, methods: Sequence[Method], max_numel: int, momentum: float,
                         nesterov: bool, build: Callable[[Method, AutoMemory], Any],
                         clock: Callable[[], float] = time.perf_counter, repeats: int = 5,
@@ -71,7 +81,9 @@ def measure_local_costs(ops: Any, like: Any, methods: Sequence[Method], max_nume
     method's time (4 ranks on 2 cores, 2026-11-27: int4 on 6.2M elements took 95-720 ms a repeat,
     the fastest where the other ranks happened to be waiting), so the fastest repeat is the cost
     without the contention, 95 ms against about 200 ms in the step; a burst of outside load on
-    fewer than half the repeats still does not move the median (docs/auto-compression.md#costs-every-rank)."""
+    fewer than half of a pass's repeats still does not move the median, and of the passes the one
+    with the lower median is kept, so a first-time cost over a whole pass is dropped as it is
+    without ``sync`` (docs/auto-compression.md#costs-every-rank)."""
     comm = Communicator(InProcBackend(InProcWorld(1), 0), timeout_s=60.0)
     try:
         ctx = ReduceContext(comm, ops)
@@ -84,7 +96,9 @@ def measure_local_costs(ops: Any, like: Any, methods: Sequence[Method], max_nume
             mem = AutoMemory()
             mem.bind_momentum(momentum, nesterov)
             reducers[m] = build(m, mem)
-        times: dict[tuple[Method, int], list[float]] = {(m, n): [] for m in order for n in sizes}
+        # times[m, n][p]: the timed repeats of (method, size) in pass p
+        times: dict[tuple[Method, int], list[list[float]]] = {(m, n): [[] for _ in range(passes)]
+                                                               for m in order for n in sizes}
         done = ops.from_numpy(np.zeros(1, np.int64), like)
         rnd = 0
         for p in range(passes):
@@ -103,12 +117,11 @@ def measure_local_costs(ops: Any, like: Any, methods: Sequence[Method], max_nume
                             continue
                         ops.to_numpy(ops.gather(res, done))  # to completion
                         if r or p:
-                            times[m, n].append(clock() - t0)
+                            times[m, n][p].append(clock() - t0)
             rnd += repeats + 1
         if DENSE not in reducers:
             return {}
-        pick = min if sync is None else statistics.median
-        t = {k: pick(v) for k, v in times.items() if k[0] in reducers}
+        t = {k: _kept(v, sync is not None) for k, v in times.items() if k[0] in reducers}
         return {m.key: _fit(sizes, [max(0.0, t[m, n] - t[DENSE, n]) for n in sizes])
                 for m in reducers if m != DENSE}
     finally:
