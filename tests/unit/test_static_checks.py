@@ -1,4 +1,4 @@
-"""The static checks of CI's fast tier: ruff over the library, the adapters and the tests, and mypy
+"""The static checks of CI's fast tier: ruff over the library, the adapters, the tests, the benchmarks and the examples, and mypy
 over hvd_commopt/ (rules and strictness in pyproject.toml; the test extra installs both, pinned)."""
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_ruff() -> None:
-    r = _run("ruff", "check", "--no-cache", "hvd_commopt", "torch_plugin", "tf_plugin", "tests", "setup.py")
+    r = _run("ruff", "check", "--no-cache", "hvd_commopt", "torch_plugin", "tf_plugin", "tests", "benchmarks", "examples",
+             "setup.py")
     assert r.returncode == 0, r.stdout + r.stderr
 
 
