@@ -1,5 +1,6 @@
-"""The static checks of CI's fast tier: ruff over the library, the adapters, the tests, the benchmarks and the examples, and mypy
-over hvd_commopt/ (rules and strictness in pyproject.toml; the test extra installs both, pinned)."""
+"""The static checks of CI's fast tier: ruff over the library, the adapters, the tests, the
+benchmarks and the examples, and mypy over hvd_commopt/ (rules and strictness in pyproject.toml;
+the test extra installs both, pinned)."""
 from __future__ import annotations
 
 import subprocess
