@@ -125,8 +125,8 @@ def test_with_a_barrier_each_row_is_synchronised_and_each_method_keeps_its_media
 
 def test_with_a_barrier_a_first_time_cost_over_a_whole_pass_is_dropped_too():
     # synced, each pass keeps its median and the lower of the passes' medians is the cost: a
-    # first-time cost over every repeat of the first pass (half of all the timed repeats, which the
-    # median over both passes would keep) is dropped as the fastest repeat drops it alone
+    # first-time cost over every repeat of the first pass (half of all the timed repeats, which put
+    # the median over both passes halfway to it) is dropped as the fastest repeat drops it alone
     clock, calls = _Clock(), []
     first = lambda key, n, r: 0.03 if key == "topk@0.01" and n == MAX and r < 6 else 0.0  # noqa: E731
     fits = measure_local_costs(NumpyOps(), None, METHODS, MAX, 0.9, False, _build(clock, calls, first), clock=clock,
