@@ -58,6 +58,9 @@ setup(
                            extra_compile_args=["-O3", "-ffp-contract=off"], optional=True),
                  # the MPI backend's bfloat16 ring sum in one pass (docs/backends.md#half-ring); optional too
                  Extension("hvd_commopt.comm._halfsum", ["hvd_commopt/comm/_halfsum.c"],
+                           extra_compile_args=["-O3", "-ffp-contract=off"], optional=True),
+                 # the low-bit quantiser's encode and decode in one pass each (docs/quantize.md#native); optional too
+                 Extension("hvd_commopt.compress._quantkernels", ["hvd_commopt/compress/_quantkernels.c"],
                            extra_compile_args=["-O3", "-ffp-contract=off"], optional=True)],
     entry_points={"console_scripts": [
         "hvd_commopt-run = hvd_commopt.run:main",

@@ -40,7 +40,8 @@ from ..buckets import Bucket
 from ..compress import nonfinite
 from ..compress.chunked import (ChunkLayout, check_chunk, chunk_plan, member_sizes, offset_bytes, pack_offsets,
                                 unpack_offsets)
-from ..compress.quantize import DEFAULT_BLOCK, check_bits, decode, encode, encoded_bytes
+from ..compress.quantize import (DEFAULT_BLOCK, check_bits, decode, decode_parts, decode_sum, encode, encode_parts,
+                                 encode_payload, encoded_bytes)
 from ..compress.selector import check_density
 from ..errors import ConfigError
 from ..fusion.pricing import Pricing, dense_pricing
@@ -67,6 +68,7 @@ class _Quant:
     post: float
     local: Any = None  # one rank: the decoded contribution is the result
     layout: ChunkLayout | None = None  # chunk-wise top-k: the bucket's chunks and their maps
+    bucket: str = ""   # the bucket's name: its buffers (QuantizedAllreduce._work_for)
 
 
 class QuantizedAllreduce(Reducer):
@@ -123,6 +125,7 @@ class QuantizedAllreduce(Reducer):
         self.whole_round_alone = bool(whole_round_alone) and self.rho is None
         self._layouts: dict[tuple[int, ...], ChunkLayout] = {}  # planned once per bucket layout
         self._scales: dict[tuple[str, str, float, int], Any] = {}  # _senders_scale, uploaded once per device
+        self._work: dict[str, Any] = {}  # per bucket: the decoded values' buffer (_work_for)
 
     @property
     def density(self) -> float | None:
@@ -139,6 +142,15 @@ class QuantizedAllreduce(Reducer):
         if sizes not in self._layouts:
             self._layouts[sizes] = ChunkLayout(chunk_plan(sizes, self.chunk, self.rho))
         return self._layouts[sizes]
+
+    def _work_for(self, ops: TensorOps, name: str, n: int, like: Any) -> Any:
+        """A float32 buffer of n elements on like's device, made once per ``name`` and size: bucket
+        ``name``'s decoded values, read by the memory's update within :meth:`start`, or its owned
+        part's sum (``name:part``), read by the second quantisation within the same call."""
+        buf = self._work.get(name)
+        if buf is None or ops.numel(buf) != n or ops.device_name(buf) != ops.device_name(like):
+            buf = self._work[name] = ops.empty(n, "float32", like=like)
+        return buf
 
     def _senders_scale_on(self, ops: TensorOps, like: Any, post: float, size: int) -> Any:
         """:func:`_senders_scale` on like's device, uploaded once (not a host copy every round)."""
@@ -163,7 +175,7 @@ class QuantizedAllreduce(Reducer):
             acc = flat
         x = ops.flatten(acc)
         n, size = ops.numel(x), comm.size
-        st = _Quant(n, [], flat, ctx.postscale)
+        st = _Quant(n, [], flat, ctx.postscale, bucket=bucket.name)
         if self.rho is not None and self.chunk is not None:
             st.layout = self._layout(bucket, n)
             idx, local = st.layout.select(ops, x)
@@ -178,13 +190,10 @@ class QuantizedAllreduce(Reducer):
             msg = ops.cat([ops.as_bytes(ops.cast(idx, "int32")), payload])
         else:
             st.counts = split_counts(n, size)
-            parts, decs, off = [], [], 0
-            for c in st.counts:
-                p, d = encode(ops, ops.slice(x, off, off + c), self.bits, self.block)
-                parts.append(p)
-                decs.append(d)
-                off += c
-            sent, msg = ops.cat(decs), ops.cat(parts)
+            # the decoded values only feed the memory's update when the round is exchanged: then into a
+            # buffer of this bucket's, reused (docs/quantize.md#native); alone they are the result
+            work = self._work_for(ops, bucket.name, n, x) if size > 1 or self.whole_round_alone else None
+            msg, sent = encode_parts(ops, x, st.counts, self.bits, self.block, dec_into=work)
         if ops.all_finite(acc):
             self.memory.update_quantized(ops, bucket.name, acc, ops.reshape(sent, ops.shape(acc)))
         if size == 1 and not self.whole_round_alone:
@@ -240,19 +249,16 @@ class QuantizedAllreduce(Reducer):
     def _reduce_scatter_allgather(self, pending: Pending, ctx: ReduceContext, st: _Quant) -> Any:
         ops, comm = ctx.ops, ctx.comm
         recv, lens = comm.wait(pending.handles[0])
-        mine, off = st.counts[comm.rank], 0
-        part = ops.zeros(mine, "float32", like=st.like)
+        mine, off, contributions = st.counts[comm.rank], 0, []
         for ln in lens:  # the P contributions to my part, in rank order
-            part = ops.add(part, decode(ops, ops.slice(recv, off, off + ln), mine, self.bits, self.block))
+            contributions.append(ops.slice(recv, off, off + ln))
             off += ln
-        payload, _ = encode(ops, part, self.bits, self.block)  # the second quantisation
+        part = decode_sum(ops, contributions, mine, self.bits, self.block,
+                          into=self._work_for(ops, st.bucket + ":part", mine, st.like))
+        payload = encode_payload(ops, part, self.bits, self.block)  # the second quantisation
         h = comm.allgather_tensor_async(ops, payload, f"{pending.name}:qag")
         got, sizes = comm.wait(h)
-        outs, off = [], 0
-        for c, ln in zip(st.counts, sizes):
-            outs.append(decode(ops, ops.slice(got, off, off + ln), c, self.bits, self.block))
-            off += ln
-        return ops.cat(outs)
+        return decode_parts(ops, got, st.counts, sizes, self.bits, self.block, st.like)
 
     def settle(self, bucket: Bucket, rnd: RoundInfo, out: Any, ctx: ReduceContext,
                pending: Pending | None = None, flags: tuple[bool, ...] | None = None) -> bool:
