@@ -67,6 +67,7 @@ class Runner:
     ours: bool = False
     native_kernels: bool = True  # False: the NumPy host kernels (docs/selection.md#native-sweep)
     native_half_sum: bool = True  # False: MPI's bf16 ring adds through NumPy (docs/backends.md#half-ring)
+    native_quant: bool = True  # False: the quantisers' composed torch ops on the host too (docs/quantize.md#native)
     pair_sum: bool = True  # False: small sums at 2 ranks by Gloo's allreduce (docs/backends.md#pair-sum)
     direct: bool = True  # False: every collective through the progress thread (docs/backends.md#direct-start)
     long_wait_pauses: bool = True  # False: the waiter polls every 200 us however long (docs/backends.md#direct-wait)

@@ -244,6 +244,10 @@ VARIANTS: dict[str, tuple[Callable[[nn.Module, Ctx], Runner], str]] = {
                "int8 quantiser with error feedback (all-to-all, then allgather of the re-quantised sums)"),
     "quant4": (lambda m, c: _ours("quant4", m, c, compression=_hco().Compression.quantize(4)),
                "int4 quantiser with error feedback (all-to-all, then allgather of the re-quantised sums)"),
+    "quant8_composed": (ab_variant(lambda m, c: VARIANTS["quant8"][0](m, c), "quant8_composed", native_quant=False),
+                        "int8 quantiser encoding through the composed torch ops, not the native host kernel"),
+    "quant4_composed": (ab_variant(lambda m, c: VARIANTS["quant4"][0](m, c), "quant4_composed", native_quant=False),
+                        "int4 quantiser encoding through the composed torch ops, not the native host kernel"),
     "randomk": (b_sparse("randomk"), "Random-k (shared seed, allreduce of k values)"),
     "od": (b_schedule("od"), "OD-SGD (one-step delayed global update)"),
     "ssd": (b_schedule("ssd"), "SSD-SGD (k = 5 delay, GLU)"),
@@ -266,7 +270,7 @@ VARIANTS: dict[str, tuple[Callable[[nn.Module, Ctx], Runner], str]] = {
 # the runs without it never did. Across hosts our variants run on Gloo by default now
 # (docs/backends.md#choice); `--backend both` times each of them on both backends.
 # the _np variants are opt-in as well: an A/B of the native host kernels, not methods of their own.
-NATIVE_AB = ("topk_np", "dgc_np", "lags_fused_np", "bf16_nphalf", "auto_nphalf")
+NATIVE_AB = ("topk_np", "dgc_np", "lags_fused_np", "bf16_nphalf", "auto_nphalf", "quant8_composed", "quant4_composed")
 BACKEND_AB = ("topk_ar", "lags_queued")  # opt-in A/Bs of a backend choice, like the _np ones
 BACKEND_AB += ("ssgd_poll200",)
 TRUST_ROWS = ("topk_10pct", "topk_1pct", "dgc_1pct", "topk_01pct", "dgc_01pct")  # opt-in: the trust table's fixed densities

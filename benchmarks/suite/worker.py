@@ -32,6 +32,7 @@ import torch
 
 from hvd_commopt import timeline
 from hvd_commopt.comm import direct, half_sum
+from hvd_commopt.compress import quant_native
 from hvd_commopt.select import host_native
 from torch_plugin import pair_sum
 
@@ -45,6 +46,7 @@ __all__ = ["main", "timed_step", "apply_ab_switches", "add_ready_instants"]
 
 _PAIR_SUM_BYTES = pair_sum.MAX_BYTES  # the library's bound, restored after a topk_ar step
 _LONG_WAIT = (direct.PAUSE_MAX_S, direct.LATE_FRACTION)  # the library's, restored after an ssgd_poll200 step
+_QUANT_KERNELS = quant_native._native  # the built kernels, hidden during a *_composed step
 
 
 def add_ready_instants(model: torch.nn.Module) -> None:
@@ -66,6 +68,8 @@ def apply_ab_switches(r: V.Runner) -> None:
     every other variant gets the library's defaults back)."""
     host_native.USE_NATIVE = bool(r.native_kernels)  # the _np variants: the NumPy host kernels
     half_sum.USE_NATIVE = bool(r.native_half_sum)  # the _nphalf variants: MPI's bf16 ring sums through NumPy
+    # the _composed variants: the quantisers' host kernels hidden, so the composed torch ops encode
+    quant_native._native = _QUANT_KERNELS if r.native_quant else None
     # topk_ar / lags_queued: the library's module defaults for small sums and direct starts,
     # switched for this variant's step (docs/backends.md#pair-sum, docs/backends.md#direct-start); *_nolane
     # runs on a backend built without the MPI lane (variants.py)
