@@ -66,6 +66,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--lm-eval-every", type=int, default=None, help="steps between validations (default 25; quick 10)")
     ap.add_argument("--lm-target", type=float, default=2.5, help="validation loss target of the transformer (nats/byte)")
     ap.add_argument("--lm-optimizer", default="adamw", choices=["adamw", "sgd"])
+    ap.add_argument("--lm-seed", type=int, default=0,
+                    help="the transformer job's seed (initial weights and training windows; the same for every variant)")
     ap.add_argument("--blocks", type=int, default=None, help="interleaved blocks per variant (default 3; quick 2)")
     ap.add_argument("--steps", type=int, default=None, help="timed steps per block = averaging period (default 4; quick 2)")
     ap.add_argument("--warmup", type=int, default=None, help="untimed steps per variant first (default 3; quick 2)")
@@ -282,7 +284,8 @@ def run_net(net: str, args: argparse.Namespace, prog: _Progress) -> dict[str, An
             argv = ["benchmarks.suite.tta_lm", "--variants", args.variants, "--steps", str(args.lm_steps),
                     "--eval-every", str(args.lm_eval_every), "--target", str(args.lm_target),
                     "--optimizer", args.lm_optimizer, "--device", args.device, "--shape", args.transformer_shape,
-                    "--schedule-warmup", "5" if args.quick else "20"] + (["--quick"] if args.quick else [])
+                    "--schedule-warmup", "5" if args.quick else "20", "--seed", str(args.lm_seed)] + \
+                (["--quick"] if args.quick else [])
             job = _run_job_retry(cl, args, argv, work, f"{tag}_tta_lm", nvar * _intervals(args), prog,
                                  f"{net} transformer")
             job.setdefault("task", "lm")

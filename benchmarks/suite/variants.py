@@ -261,6 +261,11 @@ VARIANTS: dict[str, tuple[Callable[[nn.Module, Ctx], Runner], str]] = {
     "auto_dgcm": (lambda m, c: _ours("auto", m, c, compression=_hco().Compression.auto(
         cost_model=c.cost_model or None, verbose=True, allow=["none", "bf16", "quant8", "dgc_masked"], min_density=0.03)),
         "auto with DGC with momentum masking >= 3 % allowed: not a default (docs/auto-compression.md#kinds-measured)"),
+    "bf16_fusion": (lambda m, c: _ours("bf16_fusion", m, c, compression=_hco().Compression.bf16, **_fusion_kw(c, "auto")),
+                    "bf16 on the buckets fusion='auto' plans (the simulator's fastest planner)"),
+    "auto_fusion": (lambda m, c: _ours("auto_fusion", m, c, compression=_hco().Compression.auto(
+        cost_model=c.cost_model or None, verbose=True), **_fusion_kw(c, "auto")),
+        "compression='auto' on the buckets fusion='auto' plans"),
     "auto_nphalf": (ab_variant(lambda m, c: VARIANTS["auto"][0](m, c), "auto_nphalf", native_half_sum=False),
                     "auto with MPI's half-precision ring adding through NumPy in every step (its trial included)"),
 }
@@ -276,6 +281,7 @@ BACKEND_AB += ("ssgd_poll200",)
 TRUST_ROWS = ("topk_10pct", "topk_1pct", "dgc_1pct", "topk_01pct", "dgc_01pct")  # opt-in: the trust table's fixed densities
 TRUST_ROWS += ("quant8", "quant4")  # opt-in too: the trust table's fixed quantisers
 TRUST_ROWS += ("auto_dgcm",)  # opt-in too: auto with the masked DGC allowed, the trust rows' A/B
+TRUST_ROWS += ("bf16_fusion", "auto_fusion")  # opt-in too: with fusion="auto"
 DEFAULT = [n for n in VARIANTS if n != "ssgd_gloo" and n not in NATIVE_AB + BACKEND_AB + TRUST_ROWS]
 QUICK = ["compute", "ddp", "ddp_bf16", "ddp_powersgd1", "ssgd", "mgwfbp", "fp16", "topk", "gtopk", "dgc", "od", "local_sgd"]
 
