@@ -28,8 +28,8 @@ from ..errors import ConfigError
 from ..tensor_ops import TensorOps
 from . import quant_native
 
-__all__ = ["check_bits", "levels", "encode", "encode_payload", "decode", "encode_parts", "decode_sum", "decode_parts", "encoded_bytes",
-           "DEFAULT_BLOCK"]
+__all__ = ["check_bits", "levels", "encode", "encode_payload", "encode_parts", "decode", "decode_sum", "decode_parts",
+           "encoded_bytes", "DEFAULT_BLOCK"]
 
 Tensor = Any
 

@@ -144,9 +144,12 @@ class QuantizedAllreduce(Reducer):
         return self._layouts[sizes]
 
     def _work_for(self, ops: TensorOps, name: str, n: int, like: Any) -> Any:
-        """A float32 buffer of n elements on like's device, made once per ``name`` and size: bucket
-        ``name``'s decoded values, read by the memory's update within :meth:`start`, or its owned
-        part's sum (``name:part``), read by the second quantisation within the same call."""
+        """A float32 host buffer of n elements, made once per ``name`` and size, for the host
+        kernels to write into: bucket ``name``'s decoded values, read by the memory's update within
+        :meth:`start`, or its owned part's sum (``name:part``), read by the second quantisation
+        within the same call. None for a device tensor (its kernels make their own results)."""
+        if ops.on_device(like):
+            return None
         buf = self._work.get(name)
         if buf is None or ops.numel(buf) != n or ops.device_name(buf) != ops.device_name(like):
             buf = self._work[name] = ops.empty(n, "float32", like=like)
@@ -272,6 +275,7 @@ class QuantizedAllreduce(Reducer):
 
     def relayout(self, ops: TensorOps, old: Sequence[Bucket], new: Sequence[Bucket]) -> None:
         self.memory.relayout(ops, old, new)
+        self._work.clear()  # scratch of the old buckets: the new ones make theirs on first use
 
     def config(self) -> dict:
         return {"reducer": self.name, "bits": self.bits, "block": self.block, "density": self.rho,
