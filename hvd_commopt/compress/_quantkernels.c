@@ -42,10 +42,12 @@ static inline void put(bitwriter *w, uint32_t code, int bits) {
     }
 }
 
-/* rint(v) for |v| <= 2**22 or non-finite v, without a call into libm (the x86-64 baseline has no
- * rounding instruction, and rintf's call made the encode 5x slower): adding and subtracting
- * 1.5 * 2**23 rounds to nearest even in the default rounding mode; copysign keeps rint's sign of
- * a zero (rint(-0.3) is -0.0). The quotients here are at most q = 127 in magnitude (|x| <= max|x|). */
+/* rint(v) for |v| <= 2**22 or non-finite v, without a call into libm: the x86-64 baseline has no
+ * rounding instruction, so rintf is a call per element, which keeps the loop from being vectorised
+ * (30 ms for 6.1M elements in int8 with it, 7.8 ms with this and the branch-free loops). Adding and
+ * subtracting 1.5 * 2**23 rounds to nearest even in the default rounding mode; copysign keeps
+ * rint's sign of a zero (rint(-0.3) is -0.0). The quotients here are at most 1.5 q in magnitude
+ * (q where the scale is a normal float; a subnormal scale rounds by up to half a unit). */
 static inline float round_even(float v) {
     const float magic = 12582912.0f;
     return copysignf((v + magic) - magic, v);
