@@ -34,10 +34,6 @@ def available() -> bool:
     return _native is not None
 
 
-def _encoded_bytes(n: int, bits: int, block: int) -> int:
-    return 4 * (-(-n // block)) + (n * bits + 7) // 8  # compress.quantize.encoded_bytes (no import cycle)
-
-
 def host_float32(ops: Any, t: Any) -> np.ndarray | None:
     """t's float32 values as a flat contiguous host array without a copy where the kernels apply
     (built, t in host memory), else None."""
@@ -64,19 +60,21 @@ def empty_float32(n: int) -> np.ndarray:
     return np.empty(n, np.float32)
 
 
-def encode(x: np.ndarray, bits: int, block: int, decoded: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
-    """(payload uint8, decoded float32 or None) of the flat float32 host array x: the scales, then the codes."""
-    out = np.empty(_encoded_bytes(x.size, bits, block), np.uint8)
+def encode(x: np.ndarray, bits: int, block: int, nbytes: int,
+           decoded: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
+    """(payload uint8 of ``nbytes``, decoded float32 or None) of the flat float32 host array x: the
+    scales, then the codes (``nbytes``: compress.quantize.encoded_bytes, which imports this module)."""
+    out = np.empty(nbytes, np.uint8)
     dec = np.empty(x.size, np.float32) if decoded else None
     _native.encode(x, bits, block, out, dec)
     return out, dec
 
 
-def encode_parts(x: np.ndarray, counts: Sequence[int], bits: int, block: int,
+def encode_parts(x: np.ndarray, counts: Sequence[int], sizes: Sequence[int], bits: int, block: int,
                  dec: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The payloads of x's consecutive parts (``counts`` elements each, every part blocked on its
-    own) one after the other, and the decoded values of all of x (into ``dec`` when given)."""
-    sizes = [_encoded_bytes(c, bits, block) for c in counts]
+    own, ``sizes`` bytes each) one after the other, and the decoded values of all of x (into
+    ``dec`` when given)."""
     out = np.empty(sum(sizes), np.uint8)
     dec = np.empty(x.size, np.float32) if dec is None else dec
     off = boff = 0

@@ -63,7 +63,7 @@ def encode(ops: TensorOps, x: Tensor, bits: int, block: int) -> tuple[Tensor, Te
     are the float32 scales, then the codes packed ``bits`` bits each (a uint8 tensor on x's device)."""
     hx = quant_native.host_float32(ops, x)
     if hx is not None:
-        out, dec = quant_native.encode(hx, bits, block)
+        out, dec = quant_native.encode(hx, bits, block, encoded_bytes(hx.size, bits, block))
         return ops.from_numpy(out, like=x), ops.from_numpy(dec, like=x)
     scales, codes, dec = ops.quantize_blocks(x, bits, block)
     return ops.cat([ops.as_bytes(scales), ops.pack_bits(codes, bits)]), dec
@@ -73,7 +73,8 @@ def encode_payload(ops: TensorOps, x: Tensor, bits: int, block: int) -> Tensor:
     """:func:`encode`'s bytes alone (the decoded values are not written where the kernel runs)."""
     hx = quant_native.host_float32(ops, x)
     if hx is not None:
-        return ops.from_numpy(quant_native.encode(hx, bits, block, decoded=False)[0], like=x)
+        return ops.from_numpy(quant_native.encode(hx, bits, block, encoded_bytes(hx.size, bits, block),
+                                                  decoded=False)[0], like=x)
     return encode(ops, x, bits, block)[0]
 
 
@@ -87,7 +88,8 @@ def encode_parts(ops: TensorOps, x: Tensor, counts: Sequence[int], bits: int, bl
     hx = quant_native.host_float32(ops, x)
     if hx is not None:  # straight into the message and the decoded vector: no per-part buffers, no cat
         into = quant_native.host_float32(ops, dec_into) if dec_into is not None and ops.slices_are_views else None
-        out, dec = quant_native.encode_parts(hx, counts, bits, block, into)
+        out, dec = quant_native.encode_parts(hx, counts, [encoded_bytes(c, bits, block) for c in counts], bits, block,
+                                             into)
         return ops.from_numpy(out, like=x), (dec_into if into is not None else ops.from_numpy(dec, like=x))
     parts, decs, off = [], [], 0
     for c in counts:
@@ -100,19 +102,17 @@ def encode_parts(ops: TensorOps, x: Tensor, counts: Sequence[int], bits: int, bl
 
 def decode_sum(ops: TensorOps, payloads: Sequence[Tensor], n: int, bits: int, block: int,
                into: Tensor | None = None) -> Tensor:
-    """The float32 sum, in order, of the decoded payloads (n elements each): ``0 + d0 + d1 + ...``
+    """The float32 sum, in order, of the decoded payloads (at least one, n elements each): ``0 + d0 + d1 + ...``
     (a decoded value is never -0.0, so the first sum is the first decoding). ``into``: a mutable
     float32 tensor of n elements the sum may be written into where the kernel runs (the caller's
     buffer, reused); the result is then that tensor."""
-    hbs = [quant_native.host_bytes(ops, p) for p in payloads] if quant_native.available() else [None]
+    hbs = [quant_native.host_bytes(ops, p) for p in payloads]  # None where the kernels do not apply
     if all(hb is not None for hb in hbs):
         hi = quant_native.host_float32(ops, into) if into is not None and ops.slices_are_views else None
         out = quant_native.empty_float32(n) if hi is None else hi
-        if not hbs:
-            out.fill(0.0)
         for j, hb in enumerate(hbs):
             quant_native.decode_into(hb, n, bits, block, out, accumulate=j > 0)
-        return into if hi is not None else ops.from_numpy(out, like=payloads[0] if payloads else into)
+        return into if hi is not None else ops.from_numpy(out, like=payloads[0])
     out = ops.zeros(n, "float32", like=payloads[0])
     for p in payloads:
         out = ops.add(out, decode(ops, p, n, bits, block))
