@@ -27,6 +27,7 @@ from typing import Any
 
 from .. import host_memory
 from ..buckets import Bucket
+from ..compress import nonfinite
 from ..memory.momentum import MomentumCorrection
 from ..memory.sent import zero_sent
 from ..reduce.base import Pending, ReduceContext, Reducer, RoundInfo
@@ -35,7 +36,7 @@ from ..reduce.sparse import prescaled
 from ..select.kernels import device_route
 from ..tensor_ops import TensorOps
 
-__all__ = ["AutoMemory", "DenseMomentum", "MomentumAverage", "average_flags", "settle_average"]
+__all__ = ["AutoMemory", "DenseFlush", "DenseMomentum", "MomentumAverage", "average_flags", "settle_average"]
 
 
 class AutoMemory(MomentumCorrection):
@@ -63,6 +64,17 @@ class AutoMemory(MomentumCorrection):
         ``v``, outside the snapshot) as ``sent``; the momentum is kept, as a sparse round keeps it
         (docs/auto-compression.md#quantised). ``sent + v == acc`` bit for bit (docs/quantize.md#invariants)."""
         self._v.set(name, ops.sub(acc, sent))
+
+    def flush(self, ops: TensorOps, name: str, flat: Any) -> Any:
+        """The whole velocity to send before a bucket's first dense round: ``acc = v + (mu*u + g)``
+        (:meth:`compensate`, into the second buffers the snapshot leaves free), after which ``v``
+        and ``u`` are zero, as a sparse round that sends every element leaves them (:meth:`update`).
+        ``acc`` is a buffer the memory no longer holds: the allreduce may reduce it in place."""
+        acc = self.compensate(ops, name, flat)
+        n, dt = ops.numel(acc), ops.dtype_name(acc)
+        self._v.set(name, ops.zeros(n, dt, like=acc))
+        self._u.set(name, ops.zeros(n, dt, like=acc))
+        return acc
 
     def finish_average(self, ops: TensorOps, name: str, x: Any, post: float, verdict: bool = True) -> tuple[Any, Any]:
         """``(out, finite)`` of a bucket whose reduced sum is ``x`` (``x`` is written): ``out`` is
@@ -150,6 +162,54 @@ class DenseMomentum(MomentumAverage):
         out, pending.finite = self.memory.finish_average(ctx.ops, st.key, x, st.post, self.verdict)
         return out
 
+
+class DenseFlush(MomentumAverage):
+    """The round that empties a bucket's memory before its first dense round (a switch from a
+    sparse method or a quantiser to dense fp32 or a cast; docs/auto-compression.md#flush): the
+    allreduce(sum) of every rank's whole velocity ``v + (mu*u + g)`` (:meth:`AutoMemory.flush`),
+    after which the velocity and the momentum are zero on every rank, so the dense rounds that
+    follow apply the same update everywhere (docs/auto-compression.md#auto-memory).
+
+    It was a Top-k round at density 1 through the sparse allgather: the same values, but a full
+    selection and twice the bytes (values and indices), 1.0 s more than a bf16 step on the GPT's
+    24.6 MB bucket at 1 Gbit/s (docs/auto-compression.md#flush). A rank whose gradient holds
+    NaN/Inf sends it as it is, the memory left alone (every rank's result is then non-finite and
+    the step skipped, the flush owed again: ``AutoReducer.settle``); on the device route the
+    memory is flushed whatever the data and rolled back by the settle's flag
+    (docs/selection.md#device-route)."""
+
+    name = "auto-flush"
+
+    def __init__(self, memory: AutoMemory):
+        self.memory = memory
+        self.verdict = True
+
+    def start(self, bucket: Bucket, rnd: RoundInfo, flat: Any, ctx: ReduceContext) -> Pending:
+        ops, comm, mem = ctx.ops, ctx.comm, self.memory
+        flat = prescaled(flat, ctx)
+        mem.snapshot(ops, bucket.name, flat, rnd.step)
+        if device_route(ops, flat):
+            x = ops.where(ops.finite_flag(flat), mem.flush(ops, bucket.name, flat), flat)
+        elif ops.all_finite(flat):
+            x = mem.flush(ops, bucket.name, flat)
+        else:
+            nonfinite.report(mem.nonfinite, comm.rank, bucket.name)
+            mem.skip(bucket.name)
+            x = flat
+        name = rnd.wire(bucket)
+        st = _DenseRound(x, None, ctx.postscale, bucket.name)
+        if comm.size == 1:
+            return Pending(name, st)
+        return Pending(name, st, (comm.allreduce_tensor_async(ops, x, "sum", name),))
+
+    def finish(self, pending: Pending, ctx: ReduceContext) -> Any:
+        st: _DenseRound = pending.state
+        ops = ctx.ops
+        x = ctx.comm.wait(pending.handles[0]) if pending.handles else st.payload
+        if st.post != 1.0:
+            x = ops.scale(x, st.post)
+        pending.finite = ops.finite_flag(x) if device_route(ops, x) else ops.all_finite(x)
+        return x
 
 
 def average_flags(pending: Pending) -> tuple[Any, ...] | None:

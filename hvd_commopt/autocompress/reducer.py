@@ -10,10 +10,11 @@ Shared memory (docs/auto-compression.md#shared-memory): every sub-reducer holds 
 correction when the wrapped optimizer has momentum, as ``Compression.topk``'s default), keyed by
 bucket name. A bucket that changes from one sparse method or density to another keeps its
 residual (velocity) and momentum as they are: nothing to move. A bucket that changes from a
-sparse method to a dense one first sends its residual: its next round is a selection of *every*
-element (``_flush``: Top-k at density 1 through the sparse path, which clears the residual
-exactly as a sparse round does), and only the round after that is dense. No gradient mass is lost
-(tests/unit/test_autocompress_reducer.py proves it exactly).
+sparse method or a quantiser to a dense one first sends its residual: its next round is the
+allreduce of its whole velocity (``_flush``, :class:`~hvd_commopt.autocompress.dense.DenseFlush`,
+which leaves the velocity and the momentum zero, as a sparse round sending every element would),
+and only the round after that is dense; a flush round skipped for a NaN/Inf is owed again. No
+gradient mass is lost (tests/unit/test_autocompress_reducer.py proves it exactly).
 
 Dense fp32 is S-SGD's allreduce with the momentum of momentum correction applied to the average
 in one pass (:class:`~hvd_commopt.autocompress.dense.DenseMomentum`, docs/auto-compression.md#dense-path):
@@ -27,15 +28,13 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from ..buckets import Bucket
-from ..compress.topk import TopKSelector
 from ..host import ScheduleHost
 from ..reduce.base import Pending, ReduceContext, Reducer, RoundInfo
 from ..reduce.adaptive import is_adaptive
 from ..reduce.momentum import bind_momentum_memory
-from ..reduce.sparse_allgather import SparseAllgather
 from ..tensor_ops import TensorOps
 from .choose import DENSE
-from .dense import AutoMemory, MomentumAverage
+from .dense import AutoMemory, DenseFlush, MomentumAverage
 from .kinds import Kinds, ModelReading, model_kind, optimizer_kind
 from .methods import build_method
 from .options import AutoOptions, Method
@@ -80,9 +79,10 @@ class AutoReducer(Reducer):
         self._split_built: bool | None = None  # whether the layout in use splits off the 1-D tensors
         self.memory = AutoMemory()
         self._subs: dict[Method, Reducer] = {}
-        self._flush = SparseAllgather(TopKSelector(1.0, min_k=1), self.memory, dense_when_full=False)
+        self._flush = DenseFlush(self.memory)
         self.assignment: dict[str, Method] = {}
         self._flush_next: set[str] = set()
+        self._flushing: dict[str, int] = {}  # bucket -> the step of its last flush round (a rollback owes it again)
         self.timing = BucketTiming(clock)
         self.like: Any = None  # a float32 tensor on this engine's device (for timing selections on rank 0)
         self.adaptive = False  # an Adam-type optimizer is wrapped: dense candidates only (bind_host)
@@ -132,6 +132,7 @@ class AutoReducer(Reducer):
         sub: Reducer
         if bucket.name in self._flush_next:
             self._flush_next.discard(bucket.name)
+            self._flushing[bucket.name] = rnd.step
             sub = self._flush
         else:
             sub = self.sub(self.method_of(bucket.name))
@@ -152,12 +153,25 @@ class AutoReducer(Reducer):
     def settle(self, bucket: Bucket, rnd: RoundInfo, out: Any, ctx: ReduceContext,
                pending: Pending | None = None, flags: tuple[bool, ...] | None = None) -> bool:
         if pending is None:
-            return self.sub(self.method_of(bucket.name)).settle(bucket, rnd, out, ctx, None, flags)
-        st: _Routed = pending.state
-        return st.sub.settle(bucket, rnd, out, ctx, st.inner, flags)
+            finite = self.sub(self.method_of(bucket.name)).settle(bucket, rnd, out, ctx, None, flags)
+        else:
+            st: _Routed = pending.state
+            finite = st.sub.settle(bucket, rnd, out, ctx, st.inner, flags)
+        self._flush_settled(bucket, rnd, finite)
+        return finite
 
     def rollback(self, bucket: Bucket, rnd: RoundInfo, ctx: ReduceContext) -> None:
         self.sub(self.method_of(bucket.name)).rollback(bucket, rnd, ctx)
+        self._flush_settled(bucket, rnd, False)
+
+    def _flush_settled(self, bucket: Bucket, rnd: RoundInfo, kept: bool) -> None:
+        """A flush round that was skipped (a NaN/Inf step, in this bucket or another one settled
+        after it: the memory is rolled back, the velocity still held) is owed again by the
+        bucket's next round, so no dense round runs over a memory that was not sent."""
+        if not kept and self._flushing.get(bucket.name) == rnd.step:
+            del self._flushing[bucket.name]
+            if not self.method_of(bucket.name).holds_residual:
+                self._flush_next.add(bucket.name)
 
     @property
     def splits_1d(self) -> bool:
@@ -217,6 +231,7 @@ class AutoReducer(Reducer):
         moved = {t for b in old if self.method_of(b.name).holds_residual for t in b.names}
         self.assignment = {}
         self._flush_next = {b.name for b in new if moved.intersection(b.names)}
+        self._flushing.clear()
         self._tell_masked()
         self._tell_verdict()
         self.policy.restart()
@@ -232,6 +247,7 @@ class AutoReducer(Reducer):
         self.memory.load_state_dict(dict(state.get("memory", {})))
         self.assignment = {k: Method.parse(v) for k, v in dict(state.get("assignment", {})).items()}
         self._flush_next = set(state.get("flush", ()))
+        self._flushing.clear()
         self._tell_masked()
         self._tell_verdict()
 

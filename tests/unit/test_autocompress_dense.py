@@ -4,6 +4,8 @@ with the momentum applied once, in one pass. Exact: the values are S-SGD with mo
 -> dense switches, and a NaN/Inf step leaves the momentum as it was."""
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -218,3 +220,93 @@ def test_without_momentum_every_bucket_dense_checks_nothing():
     assert dense.verdict is False
     red.assign({"b0": Method.parse("topk@0.1"), "b1": DENSE})
     assert dense.verdict is True
+
+
+class _OldFlush(AutoReducer):
+    """The A/B reference: the flush as a Top-k round at density 1 through the sparse allgather."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self._flush = SparseAllgather(TopKSelector(1.0, min_k=1), self.memory, dense_when_full=False)
+
+
+FLUSHES = ["topk@0.1", "quant8", "bf16", "none", "quant4", "dgc@0.1", "none", "topk@0.1", "bf16"]
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_the_flush_is_one_allreduce_with_the_sparse_flushs_values(ranks):
+    """docs/auto-compression.md#flush: the switches to a dense method (steps 2, 3 through the
+    quantiser, 6, 8) send ``v + mu*u + g`` whole by one allreduce: what the density-1 Top-k round
+    applied and left in the memory, bit for bit (momentum 0.5, integer gradients: every value is
+    exact), at the bytes of a dense fp32 round instead of values and int32 indices gathered."""
+    mu = 0.5
+
+    def body(comm, cls):
+        red = cls(AutoOptions(allow=("bf16", "quant8", "quant4", "topk", "dgc"), min_density=0.1,
+                              warmup_steps=10 ** 6))
+        eng = _engine(comm, red, mu)
+        rows = []
+        for t, key in enumerate(FLUSHES):
+            red.assign({b.name: Method.parse(key) for b in eng.buckets})
+            before = comm.traffic.bytes_sent
+            out = _step(eng, _int(comm.rank, t))
+            sd = red.memory.state_dict()
+            rows.append((out, _copies(sd.get("momentums", {})), _copies(sd.get("velocities", {})),
+                         comm.traffic.bytes_sent - before))
+        return rows
+
+    new = run_ranks(ranks, lambda c: body(c, AutoReducer))
+    old = run_ranks(ranks, lambda c: body(c, _OldFlush))
+    n = sum(int(np.prod(s.shape)) for s in SPECS)
+    for r in range(ranks):
+        for t, key in enumerate(FLUSHES):
+            for part in range(3):
+                assert new[r][t][part].keys() == old[r][t][part].keys()
+                for k in new[r][t][part]:
+                    assert new[r][t][part][k].tobytes() == old[r][t][part][k].tobytes(), (t, part, k)
+            if t in (2, 6, 8):  # flushes: the bytes of step 3's dense fp32 round, against 8n gathered
+                assert new[r][t][3] == new[r][3][3]
+                assert old[r][t][3] == 8 * n * (ranks - 1)
+        for t in (2, 6, 8):
+            for d in (new[r][t][1], new[r][t][2]):
+                for v in d.values():
+                    assert not np.any(v)
+
+
+def test_a_flush_round_skipped_for_a_nan_is_owed_again():
+    """NaN on rank 1 in the flush round: every rank's result is non-finite, the memory stays as it
+    was, and the next round flushes instead of running bf16 over an unsent velocity; from there on
+    the run equals one that never had the bad step."""
+    def body(comm, skip):
+        red = AutoReducer(AutoOptions(allow=("bf16", "topk"), min_density=0.1))
+        eng = _engine(comm, red, MU)
+        outs = []
+        for t, key in enumerate(["topk@0.1", "bf16", "bf16", "bf16"]):
+            red.assign({b.name: Method.parse(key) for b in eng.buckets})
+            g = _normal(comm.rank, t)
+            if t == 1:
+                if skip:
+                    continue
+                if comm.rank == 1:
+                    g[eng.buckets[0].names[0]][3] = np.nan
+            before = {part: _copies(d) for part, d in red.memory.state_dict().items()}
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # rank 1 names its NaN
+                out = _step(eng, g)
+            outs.append(out)
+            if t == 1:
+                assert not all(np.isfinite(v).all() for v in out.values())
+                after = red.memory.state_dict()
+                for part in ("momentums", "velocities"):
+                    for k in before[part]:
+                        assert np.asarray(after[part][k]).tobytes() == np.asarray(before[part][k]).tobytes()
+                assert red._flush_next == {b.name for b in eng.buckets}
+        assert not red._flush_next
+        return outs
+
+    bad = run_ranks(2, lambda c: body(c, False))
+    clean = run_ranks(2, lambda c: body(c, True))
+    for r in range(2):
+        for t_bad, t_clean in ((0, 0), (2, 1), (3, 2)):
+            for k in bad[r][t_bad]:
+                assert bad[r][t_bad][k].tobytes() == clean[r][t_clean][k].tobytes()
