@@ -233,12 +233,18 @@ class _OldFlush(AutoReducer):
 FLUSHES = ["topk@0.1", "quant8", "bf16", "none", "quant4", "dgc@0.1", "none", "topk@0.1", "bf16"]
 
 
-@pytest.mark.parametrize("ranks", [2, 3])
-def test_the_flush_is_one_allreduce_with_the_sparse_flushs_values(ranks):
+@pytest.mark.parametrize("ranks,device", [(2, False), (3, False), (2, True)])
+def test_the_flush_is_one_allreduce_with_the_sparse_flushs_values(ranks, device, monkeypatch):
     """docs/auto-compression.md#flush: the switches to a dense method (steps 2, 3 through the
     quantiser, 6, 8) send ``v + mu*u + g`` whole by one allreduce: what the density-1 Top-k round
     applied and left in the memory, bit for bit (momentum 0.5, integer gradients: every value is
-    exact), at the bytes of a dense fp32 round instead of values and int32 indices gathered."""
+    exact), at the bytes of a dense fp32 round instead of values and int32 indices gathered. Also
+    on the device route (no host decision, docs/selection.md#device-route), taken here by host
+    memory with the host kernels off (Top-k for DGC there: NumPy has no device route for DGC's
+    sampled threshold)."""
+    from hvd_commopt.select import kernels
+    monkeypatch.setattr(kernels, "HOST_KERNELS", not device)
+    keys = [k.replace("dgc", "topk") for k in FLUSHES] if device else FLUSHES
     mu = 0.5
 
     def body(comm, cls):
@@ -246,7 +252,7 @@ def test_the_flush_is_one_allreduce_with_the_sparse_flushs_values(ranks):
                               warmup_steps=10 ** 6))
         eng = _engine(comm, red, mu)
         rows = []
-        for t, key in enumerate(FLUSHES):
+        for t, key in enumerate(keys):
             red.assign({b.name: Method.parse(key) for b in eng.buckets})
             before = comm.traffic.bytes_sent
             out = _step(eng, _int(comm.rank, t))
@@ -259,7 +265,7 @@ def test_the_flush_is_one_allreduce_with_the_sparse_flushs_values(ranks):
     old = run_ranks(ranks, lambda c: body(c, _OldFlush))
     n = sum(int(np.prod(s.shape)) for s in SPECS)
     for r in range(ranks):
-        for t, key in enumerate(FLUSHES):
+        for t, key in enumerate(keys):
             for part in range(3):
                 assert new[r][t][part].keys() == old[r][t][part].keys()
                 for k in new[r][t][part]:
@@ -273,10 +279,15 @@ def test_the_flush_is_one_allreduce_with_the_sparse_flushs_values(ranks):
                     assert not np.any(v)
 
 
-def test_a_flush_round_skipped_for_a_nan_is_owed_again():
+@pytest.mark.parametrize("device", [False, True])
+def test_a_flush_round_skipped_for_a_nan_is_owed_again(device, monkeypatch):
     """NaN on rank 1 in the flush round: every rank's result is non-finite, the memory stays as it
     was, and the next round flushes instead of running bf16 over an unsent velocity; from there on
-    the run equals one that never had the bad step."""
+    the run equals one that never had the bad step. On the device route too (the memory flushed
+    whatever the data, then rolled back by the settle's flag)."""
+    from hvd_commopt.select import kernels
+    monkeypatch.setattr(kernels, "HOST_KERNELS", not device)
+
     def body(comm, skip):
         red = AutoReducer(AutoOptions(allow=("bf16", "topk"), min_density=0.1))
         eng = _engine(comm, red, MU)
