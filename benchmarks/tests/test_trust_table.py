@@ -102,3 +102,16 @@ def test_a_fixed_variant_that_misses_at_4_ranks_does_not_count(tmp_path: Path) -
     assert v["dgc_1pct"]["resnet18"] == (False, "-0.20 pt (-0.20 to -0.20) [4 epochs]; -2.00 pt (-2.00 to -2.00) [4 epochs, 4 ranks]")
     assert v["quant8"]["resnet18"][0] is True
     assert v["dgc_1pct"]["deep_mlp"] == (None, "no convergence row")
+
+
+def test_auto_against_the_faster_baseline_shows_its_paired_blocks(tmp_path: Path) -> None:
+    """The verdict is on the medians' ratio; beside it the range of each block's auto against the
+    faster baseline's block in the same round (here DDP + bf16): 1.0/1.05, 0.5/0.5, 0.6/0.5."""
+    _write(tmp_path)
+    run = json.loads((tmp_path / "bench_1gbit.json").read_text())
+    res = run["jobs"][0]["results"]
+    res["ddp_bf16"]["block_step_s_rank0"] = [1.0, 0.5, 0.6]
+    res["auto"].update(step_s=0.5, block_step_s_rank0=[1.05, 0.5, 0.5])
+    (tmp_path / "bench_1gbit.json").write_text(json.dumps(run))
+    row = next(line for line in T.section(tmp_path) if line.startswith("| 1 Gbit/s | deep MLP"))
+    assert "1.00 met (blocks 0.95-1.20)" in row
