@@ -2,6 +2,7 @@
 
     python -m benchmarks.trust_table [--results benchmarks/results/trust]   # print the section
     python -m benchmarks.trust_table --readme README.md                     # and rewrite README's table
+    python -m benchmarks.trust_table --report benchmarks/REPORT.md          # and REPORT.md's section
     (benchmarks/report.py puts it into REPORT.md, and its table into README.md between the
     ``trust table`` markers)
 
@@ -38,7 +39,7 @@ from benchmarks.suite.report import paired_ratio, paired_ratios  # noqa: E402
 from benchmarks.trust_accuracy import (CONV_OF, FIXED, MODELS, TASK_OF, conv_table, fixed_table,  # noqa: E402,F401
                                        fixed_verdicts)
 
-__all__ = ["section", "readme_block", "update_readme", "RESULTS", "FIXED", "CONV_OF", "TASK_OF", "fixed_verdicts"]
+__all__ = ["section", "readme_block", "update_readme", "update_report", "RESULTS", "FIXED", "CONV_OF", "TASK_OF", "fixed_verdicts"]
 
 RESULTS = ROOT / "benchmarks" / "results" / "trust"
 LINKS = {"loopback": "loopback", "10gbit": "10 Gbit/s", "1gbit": "1 Gbit/s", "100mbit": "100 Mbit/s"}
@@ -195,6 +196,7 @@ def throughput_table(results: Path, acc: dict[str, dict[str, Any]]) -> list[str]
     for net, label, run in rows:
         jobs = _jobs(run, "throughput")
         for m, j in jobs.items():
+            j.setdefault("started", (run or {}).get("started", "?"))  # a merged job keeps its own
             j["_logs"] = sorted((results / ("hosts2x2" if label else "") / "work").glob(f"{net}_{m}*.log"))
             if not j.get("error") and "compression_report" not in j.get("results", {}).get("auto", {}):
                 j["_chose_from_log"] = chose_from_log(results / ("hosts2x2" if label else "") / "work" / f"{net}_{m}.log")
@@ -259,25 +261,13 @@ def section(results: Path = RESULTS) -> list[str]:
             "Throughput relative to `DDP(model)` in the same job (paired ratio in brackets), 2 ranks unless "
             "stated, emulated links, interleaved blocks (the last column: when the job ran, its blocks x steps), "
             "the slowest rank's median block; the transformer with AdamW, the others SGD with momentum 0.9. "
-            "\"Best fixed\" is the fastest of Top-k and DGC at densities 0.1 % and 1 %, Top-k at 10 % and the int8 "
-            "and int4 quantisers with error feedback *that the convergence runs show within the accuracy target on the "
-            "model's task* (the table after the next); load is the 1-minute load average at the job's start-end (2 cores, shared; "
-            "from 21:40 on 2026-11-26 the other sessions' jobs ran at nice 19). How it was run: "
-            "docs/benchmarking.md#trust-table.", "",
+            "\"Best fixed\" is the fastest of the fixed variants in the job (Top-k and DGC at densities 0.1 % and "
+            "1 %, Top-k at 10 %, the int8 and int4 quantisers with error feedback) *that the convergence runs show "
+            "within the accuracy target on the model's task* (the table after the next); load is the 1-minute load "
+            "average at the job's start-end (2 cores). A median of 3 blocks resolves about 5-10 % on this machine: "
+            "the range of the paired blocks beside each verdict says how far a block went either way. "
+            "How it was run: docs/benchmarking.md#trust-table.", "",
             *throughput_table(results, acc), "",
-            "DDP + PowerSGD rank 1 on ResNet-18: its hook's Gloo connection was reset and ended every ResNet-18 job "
-            "it was in (both attempts at each link), so the ResNet-18 jobs that completed ran without it (\"not in "
-            "the job\"). The runs before 21:40 on 2026-11-26 had `auto`'s dense fp32 on the sparse reducers' "
-            "density-1 path (two finiteness passes, the momentum and a copy per bucket and step); the later runs "
-            "have S-SGD's allreduce with the momentum in one pass (docs/auto-compression.md#dense-path). From "
-            "2026-11-27 01:55 `auto` prices a send on host memory as the rank's own work, takes the fastest "
-            "density and its tie over the whole assignment, and decides before step 0 "
-            "(docs/auto-compression.md#comm-cpu, docs/auto-compression.md#ties, "
-            "docs/auto-compression.md#before-step-0). From 2026-11-27 04:52 it prices Top-k and DGC as the one "
-            "packed allgather they send, times its candidates interleaved, and measures the fastest predicted "
-            "uniform assignments after its decision, keeping the fastest measured "
-            "(docs/auto-compression.md#sparse-wire, docs/auto-compression.md#interleaved-costs, "
-            "docs/auto-compression.md#trial); rows that ran before say so by their date.", "",
             "Which fixed variant counts as reaching the accuracy target, per model (`benchmarks.convergence` "
             "against S-SGD, mean over seeds, every row of the variant that ran on the model's task at any rank count: the "
             "digits MLP for the deep MLP, rings for ResNet-18, the GPT under AdamW for the transformer; "
@@ -308,12 +298,32 @@ def update_readme(path: Path, results: Path = RESULTS) -> bool:
     return True
 
 
+def update_report(path: Path, results: Path = RESULTS) -> bool:
+    """Rewrite REPORT.md's trust-table section (its heading to the next ``## `` heading) from the
+    runs under ``results``, the rest of the report as it is: the trust runs take hours and are
+    rerun apart from the report's own jobs. False when the report has no such section."""
+    lines = path.read_text().splitlines() if path.exists() else []
+    head = next((i for i, line in enumerate(lines) if line.startswith("## The trust table")), None)
+    if head is None:
+        return False
+    end = next((i for i in range(head + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+    new = section(results)[1:]  # the section without its leading blank line
+    while new and not new[-1]:
+        new.pop()
+    path.write_text("\n".join(lines[:head] + new + [""] + lines[end:]) + "\n")
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.trust_table", description=__doc__.split("\n")[0])
     ap.add_argument("--results", default=str(RESULTS))
     ap.add_argument("--readme", default="", help="also rewrite this README's trust table (between its markers)")
+    ap.add_argument("--report", default="", help="also rewrite this REPORT.md's trust-table section")
     a = ap.parse_args(argv)
     print("\n".join(section(Path(a.results))))
+    if a.report and not update_report(Path(a.report), Path(a.results)):
+        print(f"{a.report} has no section starting '## The trust table'", file=sys.stderr)
+        return 2
     if a.readme and not update_readme(Path(a.readme), Path(a.results)):
         print(f"{a.readme} has no trust table markers ({BEGIN} ... {END})", file=sys.stderr)
         return 1

@@ -115,3 +115,16 @@ def test_auto_against_the_faster_baseline_shows_its_paired_blocks(tmp_path: Path
     (tmp_path / "bench_1gbit.json").write_text(json.dumps(run))
     row = next(line for line in T.section(tmp_path) if line.startswith("| 1 Gbit/s | deep MLP"))
     assert "1.00 met (blocks 0.95-1.20)" in row
+
+
+def test_report_section_is_replaced_and_the_rest_kept(tmp_path: Path) -> None:
+    _write(tmp_path)
+    rep = tmp_path / "REPORT.md"
+    rep.write_text("# Benchmark report\n\n## Against DDP\n\nkept\n\n## The trust table: old\n\nold rows\n\n"
+                   "## On a GPU\n\nkept too\n")
+    assert T.update_report(rep, tmp_path)
+    text = rep.read_text()
+    assert "old rows" not in text and "| 1 Gbit/s | deep MLP |" in text
+    assert text.startswith("# Benchmark report\n\n## Against DDP\n\nkept\n\n## The trust table: `auto`")
+    assert text.endswith("\n\n## On a GPU\n\nkept too\n")
+    assert not T.update_report(tmp_path / "missing.md", tmp_path)
