@@ -69,7 +69,7 @@ def _run(comm, model_name: str, adam: bool, cost=FAST, **auto):
 @pytest.mark.parametrize("model_name,adam,kinds,allow", [
     ("conv", False, ("sgd", "convolutional"), DEFAULT_ALLOW),
     ("mlp", False, ("sgd", "other"), INT4),
-    ("gpt", True, ("adaptive", "other"), INT4),
+    ("gpt", True, ("adaptive", "other"), ("none", "bf16", "quant8")),  # int4 missed the 6.4M GPT under AdamW
     ("conv", True, ("adaptive", "convolutional"), DEFAULT_ALLOW),  # no task measured: every task's rule
 ])
 def test_auto_reads_the_kinds_and_takes_the_cells_candidates(model_name, adam, kinds, allow):

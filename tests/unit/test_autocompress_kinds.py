@@ -68,7 +68,9 @@ def test_the_table_per_cell():
     conv = rule_for("sgd", "convolutional", 2)  # rings: int4 missed, every sparse method at 2 or 4 ranks
     assert conv.methods == DEFAULT_ALLOW and conv.min_density == 0.1
     assert rule_for("sgd", "other", 2).methods == ("none", "bf16", "quant8", "quant4")
-    assert rule_for("adaptive", "other", 2).methods == ("none", "bf16", "quant8", "quant4")
+    # the GPT under AdamW: int8; int4 missed the suite's 6.4M GPT (+13.8 %) though within on the tiny one
+    assert rule_for("adaptive", "other", 2).methods == DEFAULT_ALLOW
+    assert rule_for("adaptive", "other", 4).methods == DEFAULT_ALLOW
     assert rule_for("adaptive", "convolutional", 2) is EVERY_TASK  # no task measured
     assert rule_for("other", "convolutional", 2) is EVERY_TASK and rule_for("other", "other", 2) is EVERY_TASK
     assert EVERY_TASK.methods == DEFAULT_ALLOW and EVERY_TASK.min_density == 0.1
@@ -109,12 +111,12 @@ def test_the_reducer_reads_the_kinds_and_resolves_its_options():
     assert red.policy.options is red.options  # the policy decides with the resolved options
     assert red.requested.allow == DEFAULT_ALLOW  # what the user gave (nothing) is kept apart
     assert _reducer(RESNET_LIKE, "sgd").options.allow == DEFAULT_ALLOW
-    assert _reducer(VIT_LIKE, ADAPTIVE).options.allow == ("none", "bf16", "quant8", "quant4")
+    assert _reducer(VIT_LIKE, ADAPTIVE).options.allow == ("none", "bf16", "quant8")
     assert _reducer(RESNET_LIKE, ADAPTIVE).options.allow == DEFAULT_ALLOW
     assert _reducer(MLP, "sgd", allow=["bf16"]).options.allow == ("none", "bf16")
     # a host bound again re-reads the optimizer kind over the same model reading
     red.bind_host(Host(ADAPTIVE), ["t0"])
-    assert red.kinds.optimizer == "adaptive" and red.options.allow == ("none", "bf16", "quant8", "quant4")
+    assert red.kinds.optimizer == "adaptive" and red.options.allow == ("none", "bf16", "quant8")
     red.bind_host(GradientCapture(), ["t0"])
     assert red.kinds.optimizer == "other" and red.options.allow == DEFAULT_ALLOW
 
