@@ -147,14 +147,10 @@ class DenseMomentum(MomentumAverage):
         self.verdict = True
 
     def start(self, bucket: Bucket, rnd: RoundInfo, flat: Any, ctx: ReduceContext) -> Pending:
-        ops, comm = ctx.ops, ctx.comm
+        ops = ctx.ops
         flat = prescaled(flat, ctx)
         self.memory.snapshot(ops, bucket.name, flat, rnd.step)  # no copy: for a rollback of the momentum
-        name = rnd.wire(bucket)
-        st = _DenseRound(flat, None, ctx.postscale, bucket.name)
-        if comm.size == 1:
-            return Pending(name, st)
-        return Pending(name, st, (comm.allreduce_tensor_async(ops, flat, "sum", name),))
+        return _allreduce_sum(bucket, rnd, flat, ctx)
 
     def finish(self, pending: Pending, ctx: ReduceContext) -> Any:
         st: _DenseRound = pending.state
@@ -196,11 +192,7 @@ class DenseFlush(MomentumAverage):
             nonfinite.report(mem.nonfinite, comm.rank, bucket.name)
             mem.skip(bucket.name)
             x = flat
-        name = rnd.wire(bucket)
-        st = _DenseRound(x, None, ctx.postscale, bucket.name)
-        if comm.size == 1:
-            return Pending(name, st)
-        return Pending(name, st, (comm.allreduce_tensor_async(ops, x, "sum", name),))
+        return _allreduce_sum(bucket, rnd, x, ctx)
 
     def finish(self, pending: Pending, ctx: ReduceContext) -> Any:
         st: _DenseRound = pending.state
@@ -210,6 +202,16 @@ class DenseFlush(MomentumAverage):
             x = ops.scale(x, st.post)
         pending.finite = ops.finite_flag(x) if device_route(ops, x) else ops.all_finite(x)
         return x
+
+
+def _allreduce_sum(bucket: Bucket, rnd: RoundInfo, x: Any, ctx: ReduceContext) -> Pending:
+    """The round of ``x`` in flight: its allreduce(sum) (nothing to send on one rank), the
+    postscale and the bucket kept for the finish."""
+    name = rnd.wire(bucket)
+    st = _DenseRound(x, None, ctx.postscale, bucket.name)
+    if ctx.comm.size == 1:
+        return Pending(name, st)
+    return Pending(name, st, (ctx.comm.allreduce_tensor_async(ctx.ops, x, "sum", name),))
 
 
 def average_flags(pending: Pending) -> tuple[Any, ...] | None:

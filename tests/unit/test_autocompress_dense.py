@@ -177,6 +177,22 @@ def test_dense_sparse_dense_keeps_the_momentum_and_loses_no_mass():
             np.testing.assert_array_equal(v, 0 * v)
 
 
+def _memory_unchanged(before: dict, after: dict) -> None:
+    for part in ("momentums", "velocities"):
+        for k in before[part]:
+            assert np.asarray(after[part][k]).tobytes() == np.asarray(before[part][k]).tobytes()
+
+
+def _equals_the_run_without_step_1(body) -> None:
+    """``body(comm, skip)`` with the bad step 1 against the run that skips it: the same bits after."""
+    bad = run_ranks(2, lambda c: body(c, False))
+    clean = run_ranks(2, lambda c: body(c, True))
+    for r in range(2):
+        for t_bad, t_clean in ((0, 0), (2, 1), (3, 2)):
+            for k in bad[r][t_bad]:
+                assert bad[r][t_bad][k].tobytes() == clean[r][t_clean][k].tobytes()
+
+
 def test_a_nonfinite_dense_step_keeps_the_momentum_and_is_skipped_everywhere():
     """NaN on one rank in a dense bucket: every rank gets a non-finite result, the momentum is
     the one before the step, a sparse bucket's velocity too (the whole step is skipped,
@@ -196,19 +212,11 @@ def test_a_nonfinite_dense_step_keeps_the_momentum_and_is_skipped_everywhere():
             out = _step(eng, g)
             outs.append(out)
             if t == 1:
-                after = red.memory.state_dict()
-                for part in ("momentums", "velocities"):
-                    for k in before[part]:
-                        np.testing.assert_array_equal(np.asarray(after[part][k]), np.asarray(before[part][k]))
+                _memory_unchanged(before, red.memory.state_dict())
                 assert not all(np.isfinite(v).all() for v in out.values())
         return outs
 
-    bad = run_ranks(2, lambda c: body(c, False))
-    clean = run_ranks(2, lambda c: body(c, True))
-    for r in range(2):
-        for t_bad, t_clean in ((0, 0), (2, 1), (3, 2)):
-            for k in bad[r][t_bad]:
-                assert bad[r][t_bad][k].tobytes() == clean[r][t_clean][k].tobytes()
+    _equals_the_run_without_step_1(body)
 
 
 def test_without_momentum_every_bucket_dense_checks_nothing():
@@ -307,17 +315,9 @@ def test_a_flush_round_skipped_for_a_nan_is_owed_again(device, monkeypatch):
             outs.append(out)
             if t == 1:
                 assert not all(np.isfinite(v).all() for v in out.values())
-                after = red.memory.state_dict()
-                for part in ("momentums", "velocities"):
-                    for k in before[part]:
-                        assert np.asarray(after[part][k]).tobytes() == np.asarray(before[part][k]).tobytes()
+                _memory_unchanged(before, red.memory.state_dict())
                 assert red._flush_next == {b.name for b in eng.buckets}
         assert not red._flush_next
         return outs
 
-    bad = run_ranks(2, lambda c: body(c, False))
-    clean = run_ranks(2, lambda c: body(c, True))
-    for r in range(2):
-        for t_bad, t_clean in ((0, 0), (2, 1), (3, 2)):
-            for k in bad[r][t_bad]:
-                assert bad[r][t_bad][k].tobytes() == clean[r][t_clean][k].tobytes()
+    _equals_the_run_without_step_1(body)
