@@ -75,6 +75,6 @@ def test_keras_models_get_the_candidates_of_their_kinds():
                                  keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(4)])
     img = np.ones((2, 8, 8, 3), np.float32)
     assert _kinds_after_one_step(conv, lambda: keras.optimizers.SGD(0.05), img) == (
-        "sgd", "convolutional", ("none", "bf16", "quant8"))
+        "sgd", "convolutional", ("none", "bf16", "quant8", "quant4"))
     assert _kinds_after_one_step(make_model, lambda: keras.optimizers.Adam(1e-3), np.ones((2, 16), np.float32)) == (
         "adaptive", "other", ("none", "bf16", "quant8"))  # int4 missed the 6.4M GPT under AdamW
