@@ -133,10 +133,13 @@ EVERY_TASK = KindRule(DEFAULT_ALLOW, DEFAULT_MIN_DENSITY,
 #:   **+13.8 %** above S-SGD on the 6.4M GPT (2026-11-28, docs/auto-compression.md#int4-adam), so
 #:   it is not a default; no sparse method under Adam (docs/auto-compression.md#adaptive).
 #: * Adam-type x convolutional: no task measured, the every-task rule (no entry).
+#: The every-task methods and int4: the SGD cells' candidates where int4 trained every task of the cell.
+_WITH_INT4 = DEFAULT_ALLOW + ("quant4",)
+
 RULES: Mapping[tuple[OptimizerKind, ModelKind], KindRule] = MappingProxyType({
-    ("sgd", "convolutional"): KindRule(("none", "bf16", "quant8", "quant4"), DEFAULT_MIN_DENSITY,
+    ("sgd", "convolutional"): KindRule(_WITH_INT4, DEFAULT_MIN_DENSITY,
                                        "rings (int8, int4 over ten seeds; sparse below 10 % missed)"),
-    ("sgd", "other"): KindRule(("none", "bf16", "quant8", "quant4"), DEFAULT_MIN_DENSITY,
+    ("sgd", "other"): KindRule(_WITH_INT4, DEFAULT_MIN_DENSITY,
                                "the digits CNN, the digits MLP and the GPT under SGD (int8, int4; sparse missed the GPT)"),
     ("adaptive", "other"): KindRule(DEFAULT_ALLOW, DEFAULT_MIN_DENSITY,
                                     "the GPT under AdamW (int8; int4 missed the 6.4M GPT; no sparse method under Adam)"),
@@ -172,7 +175,7 @@ EVERY_TASK_MANY = KindRule(("none", "bf16"), DEFAULT_MIN_DENSITY,
 #:   on the tiny GPT: fp32, bf16, int8 (int4 not: it missed the 6.4M GPT at 2 ranks, as above).
 #: * Adam-type x convolutional: no task at 4 ranks, :data:`EVERY_TASK_MANY` (no entry).
 RULES_MANY: Mapping[tuple[OptimizerKind, ModelKind], KindRule] = MappingProxyType({
-    ("sgd", "convolutional"): KindRule(("none", "bf16", "quant8", "quant4"), DEFAULT_MIN_DENSITY,
+    ("sgd", "convolutional"): KindRule(_WITH_INT4, DEFAULT_MIN_DENSITY,
                                        "rings at 4 ranks (bf16, int8, int4)", 4),
     ("sgd", "other"): KindRule(("none", "bf16"), DEFAULT_MIN_DENSITY, "the digits CNN and the digits MLP at 4 ranks "
                                "(bf16; int4 missed the CNN, int8 in one of two runs)", 4),

@@ -110,8 +110,9 @@ def test_the_reducer_reads_the_kinds_and_resolves_its_options():
     assert red.kinds == Kinds("sgd", model_kind(MLP), 2) and red.options.allow == ("none", "bf16", "quant8", "quant4")
     assert red.policy.options is red.options  # the policy decides with the resolved options
     assert red.requested.allow == DEFAULT_ALLOW  # what the user gave (nothing) is kept apart
-    assert _reducer(RESNET_LIKE, "sgd").options.allow == ("none", "bf16", "quant8", "quant4")  # rings
-    assert _reducer(RESNET_LIKE, "sgd").kinds.rule is RULES[("sgd", "convolutional")]  # its own cell
+    conv = _reducer(RESNET_LIKE, "sgd")
+    assert conv.options.allow == ("none", "bf16", "quant8", "quant4")  # rings
+    assert conv.kinds.rule is RULES[("sgd", "convolutional")]  # its own cell
     assert _reducer(VIT_LIKE, ADAPTIVE).options.allow == ("none", "bf16", "quant8")
     assert _reducer(RESNET_LIKE, ADAPTIVE).options.allow == DEFAULT_ALLOW
     assert _reducer(MLP, "sgd", allow=["bf16"]).options.allow == ("none", "bf16")
