@@ -23,9 +23,16 @@ and only for an exception that nothing caught. A rank that ends its script norma
 still wait for it is handled at exit instead (the MPI backend's "left" notice), as is a script
 that replaced ``sys.excepthook`` after ``init()``. Exceptions in other threads do not end a
 process, so ``threading.excepthook`` is left alone.
+
+A hook installed after ``init()`` that calls ours may hold ``sys.stderr`` pointed at a buffer
+while it does, to print the buffer after ours returns: ``torch.distributed.init_process_group``
+installs one that prefixes each line with the rank. Ours never returns, so before it ends the job
+it prints what such a buffer holds (the traceback) to the process's real stderr; without that the
+job ended with nothing but ``MPI_ABORT was invoked`` (docs/usage.md#captured-stderr).
 """
 from __future__ import annotations
 
+import io
 import sys
 import time
 from typing import Any, Callable
@@ -62,11 +69,24 @@ def _excepthook(exc_type, exc, tb) -> None:
             _end_job(comm, exc_type, exc)
 
 
+def _real_stderr():
+    """The process's stderr, after printing there what an outer hook captured (module docstring)."""
+    err, real = sys.stderr, sys.__stderr__
+    if real is None or err is real:
+        return err
+    if isinstance(err, io.StringIO):
+        real.write(err.getvalue())
+        err.seek(0)
+        err.truncate()
+    return real
+
+
 def _end_job(comm, exc_type, exc) -> None:
     backend = comm.backend
-    sys.stderr.write(f"hvd_commopt: rank {comm.rank}: uncaught {exc_type.__name__}; ending the job "
-                     f"on all {comm.size} ranks\n")
-    sys.stderr.flush()
+    out = _real_stderr()
+    out.write(f"hvd_commopt: rank {comm.rank}: uncaught {exc_type.__name__}; ending the job "
+              f"on all {comm.size} ranks\n")
+    out.flush()
     if isinstance(exc, RankFailedError):  # the failed rank has told everyone already
         time.sleep(_SIBLINGS_S)
     else:

@@ -42,6 +42,28 @@ if scenario == "raise":
         train_step(model, opt)
     sys.exit(f"rank {R}: trained 200 steps although rank {failing} raised")
 
+if scenario == "raise_after_dist_init":
+    # As "raise", after the script set up torch.distributed itself (a DDP model beside ours):
+    # torch's exception hook then wraps ours and holds stderr in a buffer while ours runs.
+    import socket
+
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        port = None
+        if R == 0:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+        port = hco.broadcast_object(port, root_rank=0)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=R, world_size=P)
+    model, opt = build()
+    for step in range(200):
+        if R == failing and step == 3:
+            print(f"rank {R}: raising at t={time.time():.3f}", flush=True)
+            raise ValueError(f"boom on rank {R}")
+        train_step(model, opt)
+    sys.exit(f"rank {R}: trained 200 steps although rank {failing} raised")
+
 if scenario == "exit_early":
     # Rank 1 ends its script after 3 steps (as with unequal data shards) without any error.
     model, opt = build()

@@ -64,6 +64,16 @@ def test_exception_on_rank_0_ends_the_job():
 
 
 @pytest.mark.slow
+def test_traceback_shown_when_torch_distributed_wrapped_our_hook():
+    """torch.distributed.init_process_group after init() wraps our exception hook in one that
+    buffers stderr while ours runs (docs/usage.md#captured-stderr): the traceback still shows."""
+    rc, out, ended = run_job(["raise_after_dist_init", "1"])
+    assert_ended_by(rc, out, ended, 1, "raising", [0], "failed with ValueError: boom on rank 1")
+    assert "Traceback (most recent call last)" in out and "ValueError: boom on rank 1" in out, out
+    assert "hvd_commopt: rank 1: uncaught ValueError; ending the job on all 2 ranks" in out, out
+
+
+@pytest.mark.slow
 def test_backward_passes_per_step_misuse_on_one_rank_ends_the_job():
     rc, out, ended = run_job(["bpps"])
     assert_ended_by(rc, out, ended, 1, "second backward", [0],
