@@ -3,6 +3,7 @@
     python -m benchmarks.layer_overhead_bench                  # re-launches itself on 2 local ranks
     HVD_COMMOPT_BACKEND=gloo HVD_COMMOPT_MPI_SMALL_BYTES=65536 python -m benchmarks.layer_overhead_bench
     HVD_COMMOPT_BACKEND=gloo python -m benchmarks.layer_overhead_bench --variants ssgd,ddp   # dense, DDP
+    python -m benchmarks.layer_overhead_bench --variants bf16,ddp_bf16    # bf16 against DDP's hook
 
 The model is the suite's ``deep_mlp`` (48 weight layers of up to 65k elements, batch 32), one
 thread per rank, on loopback. Two variants, interleaved block by block so machine noise hits both
@@ -22,7 +23,9 @@ library's main-thread work per layer, in µs. Printed figures are medians over b
 per-block mean, on rank 0 (the ranks agree to a few %).
 
 ``--variants`` adds the dense path: ``ssgd`` (the same SGD wrapped with the library's defaults) and
-``ddp`` (``DistributedDataParallel`` on a Gloo group of its own, its defaults). DDP's reducer hooks
+``ddp`` (``DistributedDataParallel`` on a Gloo group of its own, its defaults), and the bf16 pair:
+``bf16`` (the library's ``Compression.bf16``) and ``ddp_bf16`` (DDP with torch's
+``bf16_compress_hook``, as the suite's baseline). DDP's reducer hooks
 run inside autograd, not between the bracketing hooks, so its ``in hooks`` column is only the
 brackets' own cost and its work shows in ``main CPU``. On loopback both ranks share the two cores,
 so ``wall`` there is a rough parity check; ``main CPU`` is the per-rank work to compare.
@@ -42,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import block_order, relaunch_under_mpirun, table  # noqa: E402
 
 FIELDS = ("main", "hooks", "step", "wall")
-VARIANTS = ("compute", "lags", "ssgd", "ddp")
+VARIANTS = ("compute", "lags", "ssgd", "ddp", "bf16", "ddp_bf16")
 
 
 def _hook_pair(params, acc: dict) -> tuple[list, list]:
@@ -65,7 +68,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--density", type=float, default=0.01)
     p.add_argument("--variants", default="compute,lags",
-                   help="comma-separated, from compute (always run), lags, ssgd, ddp")
+                   help="comma-separated, from compute (always run), lags, ssgd, ddp, bf16, ddp_bf16")
     args = p.parse_args()
     names = ["compute"] + [v for v in args.variants.split(",") if v and v != "compute"]
     unknown = sorted(set(names) - set(VARIANTS))
@@ -101,7 +104,9 @@ def main() -> None:
                                            compression=hco.Compression.topk(args.density), fusion_threshold=0)
         elif name == "ssgd":  # the library's defaults: dense, DDP's bucket rule
             opt = hco.DistributedOptimizer(opt, named_parameters=m.named_parameters())
-        elif name == "ddp":  # its own Gloo group, DDP's defaults (1 MiB first bucket, then 25 MiB)
+        elif name == "bf16":
+            opt = hco.DistributedOptimizer(opt, named_parameters=m.named_parameters(), compression=hco.Compression.bf16)
+        elif name in ("ddp", "ddp_bf16"):  # its own Gloo group, DDP's defaults (1 MiB first bucket, then 25 MiB)
             import datetime
 
             import torch.distributed as dist
@@ -114,6 +119,9 @@ def main() -> None:
                 init_default_group("gloo", env.detect_launch(), datetime.timedelta(minutes=2),
                                    runtime.communicator().backend)
             fwd = DistributedDataParallel(m, process_group=dist.new_group(backend="gloo"))
+            if name == "ddp_bf16":
+                from benchmarks.suite.baselines import bf16_hook
+                fwd.register_comm_hook(None, bf16_hook)
         for q, h in zip(params, after):
             q.register_post_accumulate_grad_hook(h)
 
