@@ -6,7 +6,7 @@ runs a ring of its own and adds each received chunk here, in float32, rounded ba
 (``_halfsum.bf16_add``, built with the package where a C compiler exists) does it in one pass.
 The NumPy route (:mod:`hvd_commopt.dtypes`' conversions) gives the same bits in about ten passes
 with three temporaries: measured on 2 local ranks, a 6.1M-element bfloat16 allreduce took 143 ms
-through it against Gloo's 21 ms (2026-11-27, load 20; docs/auto-compression.md#dense-parity).
+through it against Gloo's 21 ms (2026-11-27, load 20; docs/auto-compression-measured.md#dense-parity).
 float16 keeps NumPy's route, whose conversions are vectorised already.
 """
 from __future__ import annotations
