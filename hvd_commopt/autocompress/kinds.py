@@ -126,8 +126,9 @@ EVERY_TASK = KindRule(DEFAULT_ALLOW, DEFAULT_MIN_DENSITY,
 #:   ResNet results (Lin et al., ICLR 2018) support it, a user may allow it.
 #: * SGD x other, the digits CNN (12 % of its elements in conv kernels: its dense layer dominates),
 #:   the digits MLP and the GPT under SGD: int8 (+0.09, -0.37, +0.00 %) and int4 (+0.09, -0.28,
-#:   +0.18 %) as ``auto`` runs them; the sparse methods missed the GPT at every density (10 %: Top-k
-#:   +1.88 %, DGC +1.90 %), Top-k 10 % the digits MLP at 8 epochs (-0.56).
+#:   +0.18 %) as ``auto`` runs them; on the suite's 6.4M GPT under SGD int4 is -1.39 % over ten
+#:   seeds (lr 0.05; docs/auto-compression.md#gpt-sgd-ten-seeds); the sparse methods missed the GPT
+#:   at every density (10 %: Top-k +1.88 %, DGC +1.90 %), Top-k 10 % the digits MLP at 8 epochs (-0.56).
 #: * Adam-type x other, the GPT under AdamW: int8 (-0.00 % on the tiny GPT at 400 steps, +0.23 % on
 #:   the suite's 6.4M GPT at 150 steps); int4 was within on the tiny GPT (+0.55 %) but ended
 #:   **+13.8 %** above S-SGD on the 6.4M GPT (2026-11-28, docs/auto-compression.md#int4-adam), so
