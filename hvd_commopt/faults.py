@@ -70,14 +70,15 @@ def _excepthook(exc_type, exc, tb) -> None:
 
 
 def _real_stderr():
-    """The process's stderr, after printing there what an outer hook captured (module docstring)."""
+    """Where to write: ``sys.stderr``, unless an outer hook pointed it at an in-memory buffer; then
+    the process's stderr, after printing there what the buffer holds (module docstring). A
+    stderr the script redirected to a file or a logger is kept."""
     err, real = sys.stderr, sys.__stderr__
-    if real is None or err is real:
+    if real is None or err is real or not isinstance(err, io.StringIO):
         return err
-    if isinstance(err, io.StringIO):
-        real.write(err.getvalue())
-        err.seek(0)
-        err.truncate()
+    real.write(err.getvalue())
+    err.seek(0)
+    err.truncate()
     return real
 
 

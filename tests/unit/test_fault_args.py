@@ -75,6 +75,21 @@ def test_single_rank_keeps_the_default_excepthook(fresh_runtime):
     assert sys.excepthook is not faults._excepthook
 
 
+def test_end_of_job_message_prints_what_an_outer_hook_buffered(monkeypatch):
+    """torch.distributed's exception hook runs ours with sys.stderr pointed at a StringIO that it
+    prints after ours returns; ours never returns, so it prints the buffer (docs/usage.md#captured-stderr)."""
+    import io
+    real, captured = io.StringIO(), io.StringIO("Traceback ...\nValueError: boom\n")
+    captured.seek(0, io.SEEK_END)
+    monkeypatch.setattr(sys, "__stderr__", real)
+    monkeypatch.setattr(sys, "stderr", captured)
+    assert faults._real_stderr() is real
+    assert real.getvalue() == "Traceback ...\nValueError: boom\n" and captured.getvalue() == ""
+    # a stderr the script redirected elsewhere (a file, a logger) is where the message goes
+    monkeypatch.setattr(sys, "stderr", own := io.TextIOWrapper(io.BytesIO()))
+    assert faults._real_stderr() is own
+
+
 def _build(argv):
     args = run._parser().parse_args(["--mpirun", "/x/mpirun"] + argv)
     return run.build_command(args, {"PATH": "/bin"})
