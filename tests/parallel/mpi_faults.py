@@ -35,19 +35,17 @@ if scenario in ("raise", "raise_after_dist_init"):
     # Rank `failing` raises at step 3; the others are then waiting in step 3's allreduce (or
     # reach it soon) and would sit there for the whole collective timeout without the notice.
     if scenario == "raise_after_dist_init":
-        # the script set up torch.distributed itself (a DDP model beside ours): torch's exception
-        # hook then wraps ours and holds stderr in a buffer while ours runs
-        import socket
+        # torch.distributed set up after init() (a DDP model beside ours, as the suite's baselines
+        # do it): torch's exception hook then wraps ours and holds stderr in a buffer while ours runs
+        import datetime
 
         import torch.distributed as dist
+
+        from hvd_commopt import env, runtime
+        from torch_plugin.rendezvous import init_default_group
         if not dist.is_initialized():
-            port = None
-            if R == 0:
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", 0))
-                    port = s.getsockname()[1]
-            port = hco.broadcast_object(port, root_rank=0)
-            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=R, world_size=P)
+            init_default_group("gloo", env.detect_launch(), datetime.timedelta(minutes=2),
+                               runtime.communicator().backend)
     model, opt = build()
     for step in range(200):
         if R == failing and step == 3:
